@@ -1,0 +1,1 @@
+"""Studies a user runs: `python -m analyses.<name> ...`."""

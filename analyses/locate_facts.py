@@ -1,0 +1,187 @@
+"""python -m analyses.locate_facts CKPT/ : where does the model keep each fact?
+
+For every fact (s, r) it measures, through the model's hooks: accuracy over many
+contexts, direct logit attribution of each head / the MLP / the direct path, zero- and
+mean-ablations, ROME-style activation patching of the subject and of the relation,
+associative-memory recall probes on the OV circuit and on the MLP, and per head the
+attention-denoising scores. A decision rule (probe/storage.py) labels each fact
+attention, mlp, both, distributed or not_stored. Writes facts.csv, heads.csv,
+head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_facts).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from analyses import plots
+from analyses.output import write_csv, write_summary
+from models import load
+from models.cli import run_cli
+from probe.ablation import ablations, n_ablation_runs
+from probe.accuracy import per_fact_accuracy
+from probe.attribution import direct_logit_attribution
+from probe.denoising import denoising_scores, head_token_table, specialisation
+from probe.memory import recall_probes
+from probe.patching import activation_patching
+from probe.stats import with_interval
+from probe.storage import LABELS, StorageRule
+from probe.task import FactualRecallTask
+
+KEYS = ["subject", "relation", "answer"]
+
+
+@dataclass
+class Located:
+    facts: pd.DataFrame  # one row per fact: measurements and label
+    heads: pd.DataFrame  # one row per head: denoising scores, specialisation, per-head effects
+    head_tokens: pd.DataFrame  # [head x token] attention mass on each subject / relation
+    summary: dict
+
+
+def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: int = 2, seed: int = 0,
+           rule: StorageRule = StorageRule(), progress: bool = True) -> Located:
+    """Every locate_facts measurement on a TransformerBridge `model` and its task."""
+    if contexts < 2 or patch_contexts < 1:
+        raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
+    start = time.perf_counter()
+    bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
+
+    def step(frame):
+        bar.update(1)
+        return frame
+
+    parts = [step(per_fact_accuracy(model, task, contexts, seed)),
+             step(direct_logit_attribution(model, task, contexts, seed)),
+             ablations(model, task, contexts, seed, progress=lambda: bar.update(1)),
+             step(activation_patching(model, task, "subject", patch_contexts, seed)),
+             step(activation_patching(model, task, "relation", patch_contexts, seed)),
+             step(recall_probes(model, task, contexts, seed))]
+    facts = parts[0]
+    for part in parts[1:]:
+        facts = facts.merge(part, on=KEYS)
+    facts = facts.copy()  # defragment after the merges
+    facts["label"] = rule.label(facts)
+    head_tokens = head_token_table(model, task, contexts, seed)
+    heads = step(denoising_scores(model, task, contexts, seed)).merge(specialisation(head_tokens), on="head")
+    heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
+    bar.close()
+    summary = _summary(facts, heads, task, rule, seed)
+    summary["settings"] = {"contexts": contexts, "patch_contexts": patch_contexts, "seed": seed,
+                           "rule": asdict(rule), "device": str(next(model.parameters()).device)}
+    summary["seconds"] = round(time.perf_counter() - start, 2)
+    return Located(facts, heads, head_tokens, summary)
+
+
+def _per_head_effects(facts: pd.DataFrame, n_heads: int) -> pd.DataFrame:
+    """Per head, averaged over facts: its margin, zero/mean-ablation accuracy, OV recall,
+    and the share of the logit difference it restores under subject/relation patching."""
+    rows = []
+    for h in range(n_heads):
+        rows.append({"head": h, "mean_margin": facts[f"head{h}_margin"].mean(),
+                     "zero_ablation_accuracy": facts[f"zero_ablate_head{h}_accuracy"].mean(),
+                     "mean_ablation_accuracy": facts[f"mean_ablate_head{h}_accuracy"].mean(),
+                     "ov_recall": facts[f"ov_probe_head{h}"].mean(),
+                     "patch_subject_restored": facts[f"patch_subject_head{h}"].mean(),
+                     "patch_relation_restored": facts[f"patch_relation_head{h}"].mean()})
+    return pd.DataFrame(rows)
+
+
+def _over_facts(name: str, values: pd.Series, seed: int) -> dict:
+    """A mean over facts with its 95% bootstrap interval, as plain floats."""
+    cols = with_interval(name, torch.tensor(values.to_numpy(dtype=float)), seed)
+    return {"value": float(cols[name]), "low": float(cols[f"{name}_low"]), "high": float(cols[f"{name}_high"])}
+
+
+def _summary(facts: pd.DataFrame, heads: pd.DataFrame, task: FactualRecallTask, rule: StorageRule, seed: int) -> dict:
+    counts = {label: int((facts["label"] == label).sum()) for label in LABELS}
+    n = len(facts)
+    top = heads.sort_values("denoising_score", ascending=False)
+    return {
+        "accuracy": float(facts["accuracy"].mean()),
+        "accuracy_interval": _over_facts("accuracy", facts["accuracy"], seed),
+        "n_facts": n,
+        "label_counts": counts,
+        "label_shares": {label: counts[label] / n for label in LABELS},
+        "label_share_intervals": {label: _over_facts(label, (facts["label"] == label).astype(float), seed)
+                                  for label in LABELS},
+        "recall": {name: _over_facts(name, facts[name].dropna(), seed)
+                   for name in ("ov_probe", "mlp_probe") if facts[name].notna().any()},
+        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed) for name in ("attention", "mlp")},
+        "top_heads": [{"head": int(r.head), "denoising_score": float(r.denoising_score),
+                       "subject_score": float(r.subject_score), "relation_score": float(r.relation_score)}
+                      for r in top.itertuples()],
+        "task": repr(task),
+    }
+
+
+def report(located: Located, ckpt: str, out: Path) -> str:
+    """The short human summary printed by the CLI."""
+    s = located.summary
+    acc = s["accuracy_interval"]
+    lines = [f"{ckpt}: {s['n_facts']} facts, accuracy {acc['value']:.3f} [95% CI {acc['low']:.3f}, {acc['high']:.3f}]",
+             "where the facts live:"]
+    for label in LABELS:
+        ci = s["label_share_intervals"][label]
+        lines.append(f"  {label:<12}{s['label_counts'][label]:>6}  {100 * s['label_shares'][label]:5.1f}%"
+                     f"  [{100 * ci['low']:.1f}, {100 * ci['high']:.1f}]")
+    lines.append("top heads by denoising score (1 = all attention on the token, 0 = uniform):")
+    heads = located.heads.set_index("head")
+    for h in s["top_heads"][:4]:
+        row = heads.loc[h["head"]]
+        picks = _abbreviate(f"{row.subjects} {row.relations}".split())
+        lines.append(f"  head {h['head']}: subject {h['subject_score']:.2f}, relation {h['relation_score']:.2f}; "
+                     f"attends to {picks}")
+    lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in {s['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def _abbreviate(tokens: list[str], keep: int = 6) -> str:
+    if not tokens:
+        return "no single token (>= 0.5 of its attention)"
+    return " ".join(tokens[:keep]) + (f" ... (+{len(tokens) - keep})" if len(tokens) > keep else "")
+
+
+def write(located: Located, out: Path, task: FactualRecallTask) -> None:
+    write_csv(out / "facts.csv", located.facts)
+    write_csv(out / "heads.csv", located.heads)
+    write_csv(out / "head_tokens.csv", located.head_tokens.reset_index())
+    write_summary(out / "summary.json", located.summary)
+    plots.labels_per_relation(located.facts, out / "labels_per_relation.png")
+    plots.head_token_heatmap(located.head_tokens, out / "head_tokens.png")
+    plots.margin_scatter(located.facts, out / "margins.png")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analyses.locate_facts", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/locate_facts)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--contexts", type=int, default=8, help="prompts per fact for accuracy, attribution, ablations (default 8)")
+    p.add_argument("--patch-contexts", type=int, default=2, help="prompts per fact for activation patching (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap intervals (default 0)")
+    p.add_argument("--step", type=int, default=None, help="analyse the snapshot of this training step instead of the final weights")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    model, task = load(args.ckpt, args.device, args.step)
+    out = args.out or Path(args.ckpt) / "analysis" / "locate_facts"
+    located = locate(model, task, args.contexts, args.patch_contexts, args.seed, progress=not args.quiet)
+    located.summary["checkpoint"] = str(args.ckpt)
+    located.summary["step"] = args.step
+    write(located, out, task)
+    print(report(located, args.ckpt, out))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,71 @@
+"""The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights.
+
+Analyses read activations through its hooks (`blocks.0.attn.hook_pattern`,
+`blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from models.checkpoint import CheckpointError, load_checkpoint
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' -> CUDA when present, else CPU; a named device must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N.") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but this machine has no CUDA GPU.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s).")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    return dev
+
+
+def bridge_config(model: dict):
+    """TransformerBridgeConfig from a config.json `model` section (`attention` left out)."""
+    from transformer_lens.config import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(
+        n_layers=1, d_model=model["d_model"], n_heads=model["n_heads"], d_head=model["d_head"],
+        d_mlp=None if model.get("attn_only") else model["d_mlp"], d_vocab=model["d_vocab"],
+        d_vocab_out=model["d_vocab_out"], n_ctx=model["n_ctx"], act_fn="relu",
+        normalization_type=None, attn_only=bool(model.get("attn_only", False)),
+        init_weights=False, positional_embedding_type="standard")
+
+
+def build_bridge(model: dict, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu"):
+    """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode."""
+    from transformer_lens.model_bridge import TransformerBridge
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    if model.get("attention", "softmax") != "softmax":
+        raise CheckpointError("linear-attention checkpoints have no TransformerBridge model yet; "
+                              "only softmax attention is supported by the analyses.")
+    cfg = bridge_config(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_native(cfg, device=torch.device(device))
+    state = convert_tl_checkpoint(weights, cfg)
+    bridge.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True)
+    bridge.eval()
+    for p in bridge.parameters():
+        p.requires_grad_(False)
+    return bridge
+
+
+def load(ckpt: str | Path, device: str = "auto", step: int | None = None):
+    """(TransformerBridge, FactualRecallTask) for a checkpoint directory (final weights, or
+    snapshot `step`), ready for run_with_cache / run_with_hooks."""
+    checkpoint = load_checkpoint(ckpt, step)
+    return build_bridge(checkpoint.model, checkpoint.weights, resolve_device(device)), checkpoint.task

@@ -1,0 +1,218 @@
+"""Read and write checkpoints in the format of ../shared/CHECKPOINT_FORMAT.md (version 1).
+
+safetensors and JSON only, nothing is unpickled. Every write goes to a temporary name in
+the same directory and is renamed into place, so an interrupted run never leaves a
+half-written file. Readers refuse bad input with a CheckpointError whose message is one
+line naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.weights import shapes
+from probe.task import FactualRecallTask
+
+FORMAT = "factual-recall-ckpt"
+FORMAT_VERSION = 1
+SNAPSHOT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
+MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out",
+                "act_fn", "normalization_type")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not follow the format; the message is one line."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: dict  # the whole config.json
+    task: FactualRecallTask
+    weights: dict[str, torch.Tensor]  # HookedTransformer-format keys, float32, CPU
+
+    @property
+    def model(self) -> dict:
+        return self.config["model"]
+
+    @property
+    def attention(self) -> str:
+        return self.model.get("attention", "softmax")
+
+
+# --------------------------------------------------------------------------- reading
+def read_config(ckpt: str | Path) -> tuple[dict, FactualRecallTask]:
+    """config.json, validated, and the task it describes."""
+    ckpt = Path(ckpt)
+    if ckpt.is_file() and ckpt.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt"):
+        raise CheckpointError(f"{ckpt}: a pickle file, which is never loaded; a checkpoint is a directory "
+                              "with config.json and model.safetensors.")
+    if not ckpt.is_dir():
+        raise CheckpointError(f"{ckpt}: not a checkpoint directory ({'not a directory' if ckpt.exists() else 'no such directory'}).")
+    path = ckpt / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (every checkpoint needs config.json).")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.__class__.__name__}: {str(e).splitlines()[0]}).") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, found {type(config).__name__}.")
+    for key in ("format", "format_version", "model", "task", "training"):
+        if key not in config:
+            raise CheckpointError(f"{path}: lacks the required field '{key}'.")
+    if config["format"] != FORMAT:
+        raise CheckpointError(f"{path}: format is {config['format']!r}, expected {FORMAT!r}.")
+    if config["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} (this reader knows {FORMAT_VERSION}).")
+    model, task_cfg = config["model"], config["task"]
+    if not isinstance(model, dict) or not isinstance(task_cfg, dict):
+        raise CheckpointError(f"{path}: 'model' and 'task' must be JSON objects.")
+    kind = task_cfg.get("kind", "factual_recall")
+    if kind != "factual_recall":
+        raise CheckpointError(f"{path}: task kind {kind!r} is not a factual-recall task; this tool reads factual_recall checkpoints only.")
+    _check_model_section(path, model)
+    try:
+        task = FactualRecallTask.from_config(task_cfg)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: task: {e}") from None
+    if task_cfg["seq_len"] != model["n_ctx"]:
+        raise CheckpointError(f"{path}: task.seq_len {task_cfg['seq_len']} differs from model.n_ctx {model['n_ctx']}.")
+    if model["d_vocab"] != task.d_vocab:
+        raise CheckpointError(f"{path}: model.d_vocab {model['d_vocab']} differs from S + R + N + 1 = {task.d_vocab}.")
+    if model["d_vocab_out"] != task.d_vocab_out:
+        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from R * D = {task.d_vocab_out}.")
+    return config, task
+
+
+def _check_model_section(path: Path, model: dict) -> None:
+    missing = [k for k in MODEL_FIELDS if k not in model]
+    if missing:
+        raise CheckpointError(f"{path}: model section lacks {', '.join(missing)}.")
+    for k in ("d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out"):
+        if isinstance(model[k], bool) or not isinstance(model[k], int) or model[k] < 1:
+            raise CheckpointError(f"{path}: model.{k} must be a positive integer, got {model[k]!r}.")
+    if model["n_layers"] != 1:
+        raise CheckpointError(f"{path}: model.n_layers is {model['n_layers']!r}; only one-layer models are supported.")
+    if model["normalization_type"] is not None:
+        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), got {model['normalization_type']!r}.")
+    if model["act_fn"] != "relu":
+        raise CheckpointError(f"{path}: model.act_fn must be 'relu', got {model['act_fn']!r}.")
+    if model.get("attention", "softmax") not in ("softmax", "linear"):
+        raise CheckpointError(f"{path}: model.attention must be 'softmax' or 'linear', got {model['attention']!r}.")
+    if not model.get("attn_only", False):
+        m = model.get("d_mlp")
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise CheckpointError(f"{path}: model.d_mlp must be a positive integer unless attn_only, got {m!r}.")
+
+
+def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
+    """The tensors a model needs from one safetensors file, checked against the config's
+    shapes, as float32 on the CPU. Unknown tensors are dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing.")
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for every malformation
+        raise CheckpointError(f"{path}: not a valid safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}).") from None
+    weights = {}
+    for key, shape in shapes(model).items():
+        if key not in tensors:
+            raise CheckpointError(f"{path}: lacks the tensor {key}.")
+        t = tensors[key]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{path}: tensor {key} has shape {list(t.shape)}, expected {list(shape)}.")
+        if not t.is_floating_point():
+            raise CheckpointError(f"{path}: tensor {key} has dtype {t.dtype}, expected a float type.")
+        weights[key] = t.float()
+    return weights
+
+
+def load_checkpoint(ckpt: str | Path, step: int | None = None) -> Checkpoint:
+    """A validated checkpoint: the final weights, or those of snapshot `step`."""
+    config, task = read_config(ckpt)
+    ckpt = Path(ckpt)
+    file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
+    return Checkpoint(ckpt, config, task, read_weights(file, config["model"]))
+
+
+def snapshot_path(ckpt: str | Path, step: int) -> Path:
+    return Path(ckpt) / "snapshots" / f"step_{step:08d}.safetensors"
+
+
+def snapshot_steps(ckpt: str | Path) -> list[int]:
+    """Steps of the snapshots present, ascending."""
+    folder = Path(ckpt) / "snapshots"
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := SNAPSHOT_RE.match(p.name)))
+
+
+def read_metrics(ckpt: str | Path) -> list[dict]:
+    """metrics.jsonl as a list of dicts ([] when absent)."""
+    path = Path(ckpt) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise CheckpointError(f"{path}: line {i} is not valid JSON.") from None
+    return rows
+
+
+# --------------------------------------------------------------------------- writing
+def atomic_write(path: str | Path, write) -> None:
+    """Call write(tmp_path) on a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Indented JSON whose integer lists (fact table rows) stay on one line each."""
+    text = json.dumps(obj, indent=1)
+    text = re.sub(r"\[[\d,\s-]*\]", lambda m: json.dumps(json.loads(m.group())), text)
+    write_text(path, text + "\n")
+
+
+def write_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> None:
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+
+
+def write_checkpoint(ckpt: str | Path, model: dict, task: FactualRecallTask, training: dict,
+                     weights: dict[str, torch.Tensor], metrics: list[dict] = (),
+                     snapshots: dict[int, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Write a whole checkpoint directory; config.json goes last, so a directory with a
+    config.json is complete."""
+    ckpt = Path(ckpt)
+    for step, snapshot in sorted((snapshots or {}).items()):
+        write_weights(snapshot_path(ckpt, step), snapshot)
+    write_weights(ckpt / "model.safetensors", weights)
+    write_text(ckpt / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in metrics))
+    write_json(ckpt / "config.json", {"format": FORMAT, "format_version": FORMAT_VERSION,
+                                      "model": model, "task": task.to_config(), "training": training})
+    return ckpt

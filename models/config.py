@@ -1,0 +1,148 @@
+"""Frozen configs for a run (task, model, training) and the named presets.
+
+Every field carries its help text, so `python -m models.train --help` documents it and a
+flag `--field-name` overrides it (see models/cli.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from probe.task import FactualRecallTask
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    n_subjects: int = _f(16, "S, number of subjects")
+    n_relations: int = _f(4, "R, number of relations")
+    answers_per_relation: int = _f(4, "D, answers per relation (|A_r|)")
+    n_noise: int = _f(16, "N, number of noise tokens")
+    seq_len: int = _f(12, "T, sequence length (= n_ctx), EOS included")
+    subject_zipf: float = _f(0.0, "Zipf exponent of subject frequencies (0 = uniform)")
+    relation_zipf: float = _f(0.0, "Zipf exponent of relation frequencies (0 = uniform)")
+    facts: str = _f("random", "fact table: random | structured", choices=("random", "structured"))
+    fact_seed: int = _f(0, "seed of the random fact table")
+
+    def build(self) -> FactualRecallTask:
+        return FactualRecallTask(self.n_subjects, self.n_relations, self.answers_per_relation,
+                                 self.n_noise, self.seq_len, self.subject_zipf,
+                                 self.relation_zipf, facts=self.facts, fact_seed=self.fact_seed)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = _f(32, "d, embedding dimension")
+    n_heads: int = _f(4, "H, number of attention heads")
+    d_head: int = _f(8, "d_h, head dimension")
+    d_mlp: int = _f(64, "m, MLP width")
+    attn_only: bool = _f(False, "no MLP: facts can only be stored in the attention OV circuit")
+    attention: str = _f("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
+    embedding: str = _f("sphere", "frozen random embeddings/unembeddings: sphere (unit norm) | gaussian (N(0, 1/d) entries)",
+                        choices=("sphere", "gaussian"))
+    init_scale: float = _f(1.0, "multiplier on the trainable weights' initial standard deviation")
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not self.init_scale >= 0:
+            raise ValueError(f"init_scale must be >= 0, got {self.init_scale!r}.")
+
+    def checkpoint_section(self, task: FactualRecallTask) -> dict:
+        """The `model` section of config.json (TransformerLens field names)."""
+        self.validate()
+        return {
+            "n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads,
+            "d_head": self.d_head, "d_mlp": None if self.attn_only else self.d_mlp,
+            "attn_only": self.attn_only, "act_fn": "relu", "normalization_type": None,
+            "n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out,
+            "attention": self.attention,
+        }
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: tuple[float, ...] = _f((1e-2,), "learning rate(s); a comma list trains one model per value at once")
+    seed: tuple[int, ...] = _f((0,), "seed(s) of initialisation and data; a comma list trains one model per seed")
+    optimizer: str = _f("adam", "adam | sgd (plain gradient descent)", choices=("adam", "sgd"))
+    batch_size: int = _f(1024, "fresh samples per step (population loss)")
+    steps: int = _f(3000, "maximum number of steps")
+    eval_every: int = _f(50, "evaluate on the held-out set every this many steps")
+    eval_size: int = _f(4096, "held-out prompts per evaluation")
+    target_accuracy: float = _f(0.99, "stop once the best model reaches this held-out accuracy (> 1: never)")
+    snapshots_per_octave: int = _f(2, "log-spaced weight snapshots per doubling of the step (0: none)")
+    freeze_ov: bool = _f(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
+    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+
+    @property
+    def runs(self) -> list[tuple[float, int]]:
+        """The K (lr, seed) pairs trained together, seed-major."""
+        return [(lr, seed) for seed in self.seed for lr in self.lr]
+
+    def validate(self) -> None:
+        if not self.lr or any(not lr > 0 for lr in self.lr):
+            raise ValueError(f"learning rates must be > 0, got {self.lr}.")
+        for name in ("batch_size", "steps", "eval_every", "eval_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.snapshots_per_octave < 0:
+            raise ValueError("snapshots_per_octave must be >= 0.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+
+
+def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelConfig:
+    """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4)."""
+    d_head, d_mlp = alpha * d_model / n_heads, beta * d_model
+    if d_head != int(d_head) or d_head < 1 or d_mlp != int(d_mlp) or d_mlp < 1:
+        raise ValueError(f"shape alpha={alpha}, beta={beta}, H={n_heads} gives d_head={d_head:g}, "
+                         f"d_mlp={d_mlp:g} at d={d_model}; both must be positive integers.")
+    return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=int(d_head), d_mlp=int(d_mlp))
+
+
+_PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
+
+PRESETS: dict[str, RunConfig] = {
+    # Small enough to reach >= 99% on a CPU in seconds; the default model.
+    "tiny": RunConfig(),
+    # Figure 4 right's task with a mid-grid model (H = 8, m = 64), lr 1e-2 as the official code.
+    "paper-tradeoff": RunConfig(
+        task=_PAPER_TASK,
+        model=ModelConfig(d_model=32, n_heads=8, d_head=8, d_mlp=64),
+        train=TrainConfig(lr=(1e-2,), steps=16384, eval_every=128)),
+    # The benchmark's config A.
+    "config-a": RunConfig(
+        task=_PAPER_TASK,
+        model=ModelConfig(d_model=64, n_heads=8, d_head=8, d_mlp=256),
+        train=TrainConfig(lr=(1e-2,), steps=16384, eval_every=128)),
+}
+
+
+def preset(name: str) -> RunConfig:
+    """A named preset, or a shape family member `shape:ALPHA,BETA,H,D` on the paper's task
+    with the Figure 4 left learning-rate sweep."""
+    if name.startswith("shape:"):
+        try:
+            alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))
+        except ValueError:
+            raise ValueError(f"shape preset must read shape:ALPHA,BETA,H,D, got {name!r}.") from None
+        return RunConfig(task=_PAPER_TASK, model=shape_model(alpha, beta, int(heads), int(d)),
+                         train=TrainConfig(lr=(1e-3, 3e-3, 1e-2), steps=16384, eval_every=128))
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D.")
+    return PRESETS[name]
+
+
+def override(config, values: dict):
+    """`config` with the given fields replaced (unknown names are ignored)."""
+    names = {f.name for f in fields(config)}
+    return replace(config, **{k: v for k, v in values.items() if k in names})

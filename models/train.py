@@ -1,0 +1,76 @@
+"""python -m models.train --preset tiny --out ckpt/ : train one-layer models on the
+factual-recall task and write the best as a checkpoint (../shared/CHECKPOINT_FORMAT.md).
+
+Every task, model and training field of the preset can be overridden by a flag; comma
+lists in --lr and --seed train one model per (lr, seed) at once and keep the best.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from models.cli import add_config_flags, given, run_cli
+from models.config import ModelConfig, PRESETS, RunConfig, TaskConfig, TrainConfig, override, preset
+from models.trainer import save_replacing, train
+from models.weights import parameter_count
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m models.train", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny",
+                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
+    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--wandb", metavar="PROJECT", default=None,
+                   help="log to Weights & Biases (offline unless WANDB_MODE=online)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_flags(p, TaskConfig, "task")
+    add_config_flags(p, ModelConfig, "model")
+    add_config_flags(p, TrainConfig, "training")
+    return p
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    base = preset(args.preset)
+    return RunConfig(task=override(base.task, given(args, TaskConfig)),
+                     model=override(base.model, given(args, ModelConfig)),
+                     train=override(base.train, given(args, TrainConfig)))
+
+
+def summary(result, out: Path) -> str:
+    t, task = result.training, result.task
+    counts = parameter_count(result.model)
+    lines = [
+        f"task      {task}  ({task.n_facts} facts)",
+        f"model     d={result.model['d_model']} H={result.model['n_heads']} d_h={result.model['d_head']} "
+        f"m={result.model['d_mlp']} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
+        f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
+    ]
+    if len(t["runs"]) > 1:
+        lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
+                  for r in t["runs"]]
+    lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
+              f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] else
+                                             f"  (target {t['target_accuracy']} not reached)"),
+              f"wrote     {out}/"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    run = run_config(args)
+    out = args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory.")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
+    result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=args.preset)
+    save_replacing(result, out)
+    print(summary(result, out))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,207 @@
+"""The batched trainer: K models (a learning-rate sweep, several seeds) trained as one job.
+
+Every tensor carries a leading model axis [K, ...]; the loss is the sum over models of each
+model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
+data stream equal those of its separate run. Training reads only the last position through
+models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from models.bridge import resolve_device
+from models.checkpoint import write_checkpoint
+from models.config import RunConfig
+from models.forward import last_position_logits
+from models.weights import init_weights, model_weights, stack, trainable_keys
+from probe.task import FactualRecallTask
+
+EVAL_SEED = 999  # the held-out set; training data streams use seed + DATA_SEED_OFFSET
+DATA_SEED_OFFSET = 1_000_000
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+
+
+@dataclass
+class TrainResult:
+    task: FactualRecallTask
+    model: dict  # the config.json model section
+    weights: dict[str, torch.Tensor]  # the kept model, CPU
+    training: dict  # the config.json training section
+    metrics: list[dict]
+    snapshots: dict[int, dict[str, torch.Tensor]]
+    stacked: dict[str, torch.Tensor]  # all K final models [K, ...], CPU
+
+    def save(self, out: str | Path) -> Path:
+        return write_checkpoint(out, self.model, self.task, self.training, self.weights,
+                                self.metrics, self.snapshots)
+
+
+def snapshot_schedule(max_steps: int, per_octave: int) -> set[int]:
+    """Log-spaced steps: 0 and round(2^(i/per_octave)) up to max_steps."""
+    if per_octave == 0:
+        return set()
+    n = int(math.log2(max(max_steps, 1)) * per_octave) + 1
+    steps = {0} | {round(2 ** (i / per_octave)) for i in range(n + 1)}
+    return {s for s in steps if s <= max_steps}
+
+
+def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str):
+    """Held-out loss (nats) and accuracy per model: two [K] tensors."""
+    K = next(iter(weights.values())).shape[0]
+    with torch.no_grad():
+        logits = last_position_logits(weights, tokens.expand(K, *tokens.shape), attention)  # [K, B, O]
+        loss = F.cross_entropy(logits.transpose(1, 2), answers.expand(K, -1), reduction="none").mean(-1)
+        accuracy = (logits.argmax(-1) == answers).float().mean(-1)
+    return loss, accuracy
+
+
+class Optimizer:
+    """Adam or plain gradient descent with one learning rate per model ([K])."""
+
+    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
+        self.params, self.kind, self.t = params, kind, 0
+        self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
+        if kind == "adam":
+            self.m = {k: torch.zeros_like(p) for k, p in params.items()}
+            self.v = {k: torch.zeros_like(p) for k, p in params.items()}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = ADAM_BETAS
+        for key, p in self.params.items():
+            g = p.grad
+            if self.kind == "sgd":
+                p.sub_(self.lr[key] * g)
+                continue
+            self.m[key].lerp_(g, 1 - b1)
+            self.v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (self.v[key].sqrt() / math.sqrt(1 - b2 ** self.t)).add_(ADAM_EPS)
+            p.sub_(self.lr[key] / (1 - b1 ** self.t) * self.m[key] / denom)
+            p.grad = None
+
+
+def train(run: RunConfig, progress: bool = True, wandb_project: str | None = None,
+          preset_name: str | None = None) -> TrainResult:
+    """Train the K = len(lr) x len(seed) models of `run` together; keep the best."""
+    cfg = run.train
+    cfg.validate()
+    task = run.task.build()
+    model_section = run.model.checkpoint_section(task)
+    device = resolve_device(cfg.device)
+    runs = cfg.runs
+    K = len(runs)
+
+    weights = {k: t.to(device) for k, t in stack([init_weights(run.model, task, seed) for _, seed in runs]).items()}
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, cfg.freeze_ov)}
+    optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
+    seeds = sorted({seed for _, seed in runs})
+    generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
+    held_out = task.eval_set(cfg.eval_size, EVAL_SEED, device)
+    schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
+    logger = _wandb(wandb_project, run, preset_name) if wandb_project else None
+
+    metrics, snapshots = [], {}
+    start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}", unit="step")
+    step = 0
+    while True:
+        if step in schedule:
+            snapshots[step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            loss, acc = evaluate(weights, held_out.tokens, held_out.answers, run.model.attention)
+            row = {"step": step, "seconds": round(time.perf_counter() - start, 3),
+                   "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
+                              for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
+            metrics.append(row)
+            best = max(row["models"], key=lambda m: (m["accuracy"], -m["loss"]))
+            bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
+            if logger:
+                logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
+                            for key in ("loss", "accuracy")}, step=step)
+            if step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
+                break
+        tokens, answers = training_batch(task, generators, runs, cfg.batch_size)
+        train_step(weights, optimizer, tokens, answers, run.model.attention)
+        step += 1
+        bar.update(1)
+    bar.close()
+    if logger:
+        logger.finish()
+    if step not in snapshots and schedule:
+        snapshots[step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+
+    final = metrics[-1]["models"]
+    kept = max(range(K), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
+    for row in metrics:  # the kept model's curve is the checkpoint's curve; all K stay under "models"
+        row.update(loss=row["models"][kept]["loss"], accuracy=row["models"][kept]["accuracy"])
+    stacked = {k: t.detach().to("cpu") for k, t in weights.items()}
+    kept_weights = model_weights(stacked, kept)
+    training = {
+        **{k: v for k, v in asdict(cfg).items() if k not in ("lr", "seed")},
+        "lr": runs[kept][0], "seed": runs[kept][1], "preset": preset_name,
+        "steps_run": step, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
+        "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
+        "kept_model": kept, "runs": final, "device": str(device),
+        "seconds": round(time.perf_counter() - start, 2), "batch_seeds": "seed + 1000000",
+        "trainer": "models.trainer", "trainable": sorted(params),
+        "task_config": asdict(run.task), "model_config": asdict(run.model),
+    }
+    return TrainResult(task, model_section, kept_weights, training, metrics,
+                       {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()},
+                       stacked)
+
+
+def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,
+               attention: str = "softmax") -> torch.Tensor:
+    """One update of every model on tokens [K, B, T], answers [K, B]; returns the summed loss."""
+    logits = last_position_logits(weights, tokens, attention)  # [K, B, O]
+    loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / tokens.shape[1]
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def training_batch(task, generators, runs, batch_size):
+    """Tokens [K, B, T] and answers [K, B]: one fresh batch per seed, shared by that seed's models."""
+    batches = {s: task.sample(batch_size, g) for s, g in generators.items()}
+    tokens = torch.stack([batches[s].tokens for _, s in runs])
+    answers = torch.stack([batches[s].answers for _, s in runs])
+    return tokens, answers
+
+
+def _wandb(project: str, run: RunConfig, preset_name: str | None):
+    """A Weights & Biases run; offline unless WANDB_MODE says otherwise (no network needed)."""
+    import os
+
+    import wandb
+
+    return wandb.init(project=project, config={"preset": preset_name, **asdict(run)},
+                      mode=os.environ.get("WANDB_MODE", "offline"), dir=tempfile.gettempdir())
+
+
+def save_replacing(result: TrainResult, out: str | Path) -> Path:
+    """Write the checkpoint into a fresh sibling directory, then swap it in for `out`: a
+    reader never sees a half-written checkpoint and an old one is only dropped at the end."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+    fresh.chmod(0o755)
+    result.save(fresh)
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        out.rename(old / "ckpt")
+        fresh.rename(out)
+        shutil.rmtree(old)
+    else:
+        fresh.rename(out)
+    return out

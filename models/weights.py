@@ -1,0 +1,88 @@
+"""Weights in the HookedTransformer state-dict format, stacked along a leading model axis.
+
+A *stack* maps each checkpoint key (`blocks.0.attn.W_Q`, ...) to a tensor [K, *shape]: K
+models trained at once. `model_weights(stack, k)` is model k's plain checkpoint dict.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from models.config import ModelConfig
+from probe.task import FactualRecallTask
+
+ATTN = "blocks.0.attn."
+MLP = "blocks.0.mlp."
+# Written to the residual stream at random and never trained (paper section 2).
+FROZEN = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U")
+# Biases are zero and stay zero: the paper counts 4*H*d_h*d attention and 2*m*d MLP parameters.
+BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
+OV = (ATTN + "W_V", ATTN + "b_V", ATTN + "W_O", ATTN + "b_O")
+
+
+def shapes(model_section: dict) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape for a config.json `model` section."""
+    d, H, dh = model_section["d_model"], model_section["n_heads"], model_section["d_head"]
+    V, O, T = model_section["d_vocab"], model_section["d_vocab_out"], model_section["n_ctx"]
+    out = {
+        "embed.W_E": (V, d), "pos_embed.W_pos": (T, d),
+        ATTN + "W_Q": (H, d, dh), ATTN + "W_K": (H, d, dh), ATTN + "W_V": (H, d, dh),
+        ATTN + "b_Q": (H, dh), ATTN + "b_K": (H, dh), ATTN + "b_V": (H, dh),
+        ATTN + "W_O": (H, dh, d), ATTN + "b_O": (d,),
+        "unembed.W_U": (d, O), "unembed.b_U": (O,),
+    }
+    if not model_section.get("attn_only", False):
+        m = model_section["d_mlp"]
+        out.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
+    return out
+
+
+def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """n random vectors in R^d [n, d]: unit-norm ("sphere") or N(0, 1/d) entries ("gaussian")."""
+    x = torch.randn(n, d, generator=generator)
+    if kind == "sphere":
+        return x / x.norm(dim=-1, keepdim=True)
+    if kind == "gaussian":
+        return x / math.sqrt(d)
+    raise ValueError(f"embedding must be 'sphere' or 'gaussian', got {kind!r}.")
+
+
+def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
+    """One model's initial weights (CPU, float32): frozen random embeddings and unembedding,
+    zero positional embedding and biases, N(0, init_scale^2/fan_in) trainable matrices."""
+    section = model.checkpoint_section(task)
+    g = torch.Generator().manual_seed(seed)
+    d, H, dh = model.d_model, model.n_heads, model.d_head
+    w = {key: torch.zeros(shape) for key, shape in shapes(section).items()}
+    w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
+    w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()
+    fan_in = {ATTN + "W_Q": d, ATTN + "W_K": d, ATTN + "W_V": d, ATTN + "W_O": H * dh}
+    if not model.attn_only:
+        fan_in.update({MLP + "W_in": d, MLP + "W_out": model.d_mlp})
+    for key, n_in in fan_in.items():
+        w[key] = torch.randn(w[key].shape, generator=g) * (model.init_scale / math.sqrt(n_in))
+    return w
+
+
+def trainable_keys(weights: dict, freeze_ov: bool = False) -> list[str]:
+    """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen)."""
+    frozen = set(FROZEN) | set(BIASES) | (set(OV) if freeze_ov else set())
+    return [key for key in weights if key not in frozen]
+
+
+def stack(models: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """K checkpoint dicts -> one stack [K, ...]."""
+    return {key: torch.stack([m[key] for m in models]) for key in models[0]}
+
+
+def model_weights(weights: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Model k of a stack, as a contiguous CPU checkpoint dict."""
+    return {key: t[k].detach().to("cpu").contiguous() for key, t in weights.items()}
+
+
+def parameter_count(model_section: dict) -> dict[str, int]:
+    """The paper's counts: attention 4*H*d_h*d, MLP 2*m*d (0 when attention-only)."""
+    d, H, dh = model_section["d_model"], model_section["n_heads"], model_section["d_head"]
+    mlp = 0 if model_section.get("attn_only") else 2 * model_section["d_mlp"] * d
+    return {"attention": 4 * H * dh * d, "mlp": mlp, "total": 4 * H * dh * d + mlp}

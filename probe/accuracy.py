@@ -1,0 +1,39 @@
+"""Per-fact accuracy over many contexts (random positions and noise)."""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.contexts import correct, fact_batch, per_fact
+from probe.hooks import Hook, clean_run, last_position_logits
+from probe.stats import with_interval
+from probe.task import FactualRecallTask
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def facts_frame(task: FactualRecallTask) -> pd.DataFrame:
+    """One row per fact (s, r) with its answer a*(s, r), subject-major."""
+    subjects, relations, answers = task.all_facts()
+    return pd.DataFrame({"subject": subjects.numpy(), "relation": relations.numpy(), "answer": answers.numpy()})
+
+
+def columns(frame: pd.DataFrame, values: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """`frame` with tensor columns [n_facts] added."""
+    return frame.assign(**{k: v.detach().cpu().numpy() for k, v in values.items()})
+
+
+def per_fact_accuracy(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                      fwd_hooks: tuple[Hook, ...] = (), name: str = "accuracy") -> pd.DataFrame:
+    """Share of a fact's `contexts` prompts whose top answer (over all R*D) is a*, with its
+    95% bootstrap interval over contexts; `fwd_hooks` edit the run (ablations)."""
+    if fwd_hooks:
+        batch = fact_batch(task, contexts, seed, model_device(model))
+        logits = last_position_logits(model, batch.tokens, fwd_hooks)
+    else:
+        batch, run = clean_run(model, task, contexts, seed)
+        logits = run["logits"]
+    hits = correct(logits, batch.answers)  # [n]
+    return columns(facts_frame(task), with_interval(name, per_fact(hits, contexts), seed))

@@ -1,0 +1,63 @@
+"""Attention-denoising scores: which heads pick the subject and the relation out of the
+noise at the EOS query, and which subjects and relations each head specialises in."""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.hooks import clean_run
+from probe.stats import with_interval
+from probe.task import FactualRecallTask
+
+
+def _patterns(model, task, contexts, seed):
+    batch, run = clean_run(model, task, contexts, seed)
+    pattern = run["pattern"]  # [n, H, T]
+    rows = torch.arange(len(batch), device=pattern.device)
+    return batch, pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos], pattern[:, :, -1]
+
+
+def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+    """Per head: mean attention mass of the EOS query on the subject, the relation, EOS and
+    the noise (with 95% intervals over prompts), the uniform baseline 1/T, and the scores
+    (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform."""
+    batch, subject, relation, eos = _patterns(model, task, contexts, seed)
+    T = task.seq_len
+    rows = []
+    for h in range(subject.shape[1]):
+        row = {"head": h, "uniform_mass": 1 / T}
+        for name, mass in (("subject", subject[:, h]), ("relation", relation[:, h]), ("eos", eos[:, h]),
+                           ("noise", 1 - subject[:, h] - relation[:, h] - eos[:, h])):
+            row.update({k: float(v) for k, v in with_interval(f"{name}_mass", mass, seed + h).items()})
+        row["subject_score"] = (row["subject_mass"] - 1 / T) / (1 - 1 / T)
+        row["relation_score"] = (row["relation_mass"] - 1 / T) / (1 - 1 / T)
+        row["denoising_score"] = max(row["subject_score"], row["relation_score"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+    """Mean attention mass [head x token] each head puts on subject S<i> (resp. relation
+    R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0..."""
+    batch, subject, relation, _ = _patterns(model, task, contexts, seed)
+    H = subject.shape[1]
+    def by_token(mass, ids, count):  # [n, H] -> [H, count] mean over prompts holding each id
+        total = torch.zeros(count, H, device=mass.device).index_add_(0, ids, mass)
+        return (total / torch.bincount(ids, minlength=count).clamp(min=1)[:, None]).T
+    table = torch.cat([by_token(subject, batch.subjects, task.n_subjects),
+                       by_token(relation, batch.relations, task.n_relations)], 1).cpu().numpy()
+    labels = [f"S{i}" for i in range(task.n_subjects)] + [f"R{j}" for j in range(task.n_relations)]
+    return pd.DataFrame(table, columns=labels, index=pd.Index(range(H), name="head"))
+
+
+def specialisation(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
+    """Per head, the subjects and relations it gives at least `threshold` of its attention."""
+    rows = []
+    for head, masses in table.iterrows():
+        picked = masses[masses >= threshold]
+        rows.append({"head": head,
+                     "subjects": " ".join(k for k in picked.index if k.startswith("S")),
+                     "relations": " ".join(k for k in picked.index if k.startswith("R")),
+                     "n_subjects": sum(k.startswith("S") for k in picked.index),
+                     "n_relations": sum(k.startswith("R") for k in picked.index)})
+    return pd.DataFrame(rows)

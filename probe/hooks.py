@@ -1,0 +1,87 @@
+"""Hook names of the one-layer TransformerBridge and a chunked last-position runner.
+
+Every instrument reads or edits activations through these hooks; only the last position
+(EOS) is read, because the task is scored there.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import torch
+
+HOOK_Z = "blocks.0.attn.hook_z"  # [batch, pos, head, d_head] per-head mix of values
+HOOK_PATTERN = "blocks.0.attn.hook_pattern"  # [batch, head, query, key]
+HOOK_ATTN_OUT = "blocks.0.hook_attn_out"  # [batch, pos, d_model] all heads + b_O
+HOOK_MLP_OUT = "blocks.0.hook_mlp_out"  # [batch, pos, d_model]
+HOOK_RESID_MID = "blocks.0.hook_resid_mid"  # [batch, pos, d_model] embedding + attention
+HOOK_RESID_POST = "blocks.0.hook_resid_post"  # [batch, pos, d_model] what the unembedding reads
+
+Hook = tuple[str, Callable]
+CHUNK = 256  # prompts per forward: the bridge's [batch, head, T, T] tensors stay in cache
+
+
+def has_mlp(model) -> bool:
+    return not model.cfg.attn_only
+
+
+def last_position_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] = (),
+                         chunk: int = CHUNK) -> torch.Tensor:
+    """Logits at the last position [n, d_vocab_out] of `model` run with `fwd_hooks`, in chunks.
+    A hook may read `hook.ctx["rows"]`, the slice of `tokens` being run."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(tokens), chunk):
+            rows = slice(start, start + chunk)
+            hooks = [(name, _with_rows(fn, rows)) for name, fn in fwd_hooks]
+            out.append(model.run_with_hooks(tokens[rows], fwd_hooks=hooks)[:, -1])
+    return torch.cat(out)
+
+
+def _with_rows(fn, rows):
+    def hook(x, hook):
+        hook.ctx["rows"] = rows
+        return fn(x, hook)
+    return hook
+
+
+def set_last(value: torch.Tensor | float, head: int | None = None, per_prompt: bool = False) -> Callable:
+    """A hook that overwrites the last position (of one head, on hook_z) with `value`: a
+    constant (0: zero-ablation, a mean: mean-ablation) or, with per_prompt, rows [n, ...]."""
+    target = (slice(None), -1) if head is None else (slice(None), -1, head)
+
+    def hook(x, hook):
+        x = x.clone()
+        x[target] = value[hook.ctx["rows"]] if per_prompt else value
+        return x
+    return hook
+
+
+def cached_last_position(model, tokens: torch.Tensor, chunk: int = CHUNK) -> dict[str, torch.Tensor]:
+    """One clean run, read at the last position: logits [n, O], per-head outputs
+    `head_results` [n, head, d] (ActivationCache.stack_head_results), `mlp_out` [n, d]
+    (zeros without an MLP), `attn_out` [n, d], `z` [n, head, d_head], and `pattern`
+    [n, head, key] of the EOS query."""
+    names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT}
+    parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern")}
+    with torch.inference_mode():
+        for start in range(0, len(tokens), chunk):
+            logits, cache = model.run_with_cache(tokens[start:start + chunk], names_filter=lambda n: n in names)
+            parts["logits"].append(logits[:, -1])
+            parts["head_results"].append(cache.stack_head_results(layer=-1, pos_slice=-1).transpose(0, 1))
+            attn_out = cache[HOOK_ATTN_OUT][:, -1]
+            parts["attn_out"].append(attn_out)
+            parts["mlp_out"].append(cache[HOOK_MLP_OUT][:, -1] if has_mlp(model) else torch.zeros_like(attn_out))
+            parts["z"].append(cache[HOOK_Z][:, -1])
+            parts["pattern"].append(cache[HOOK_PATTERN][:, :, -1])
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+@lru_cache(maxsize=4)
+def clean_run(model, task, contexts: int, seed: int):
+    """(batch, cached_last_position) for `contexts` prompts per fact; shared by the
+    instruments that read the same clean run (model and task are keyed by identity)."""
+    from probe.contexts import fact_batch
+
+    batch = fact_batch(task, contexts, seed, next(model.parameters()).device)
+    return batch, cached_last_position(model, batch.tokens)

@@ -1,0 +1,58 @@
+"""Associative-memory recall probes read from the weights (Bietti's memory recall probe
+R(W_hat, W*), candidates restricted to A_r), with each head's measured attention.
+
+OV probe: does u_a^T W_OV^h (alpha_s^h e_s + alpha_r^h e_r) rank a* first in A_r, per head
+and summed over heads, alpha being the head's mean attention to the subject and relation?
+MLP probe: does the MLP, applied to the attention output that this idealised attention
+writes (plus the EOS embedding, noise attention at its mean), rank a* first?
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.accuracy import columns, facts_frame, model_device
+from probe.contexts import per_fact, ranks_first_in_block
+from probe.hooks import clean_run, has_mlp
+from probe.task import FactualRecallTask
+
+
+def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Mean attention of each head's EOS query, per fact [F, H]: on the subject, the
+    relation, EOS and noise (probability mass)."""
+    batch, run = clean_run(model, task, contexts, seed)
+    pattern = run["pattern"]  # [n, H, T]
+    rows = torch.arange(len(batch), device=pattern.device)
+    subject = pattern[rows, :, batch.subject_pos]  # [n, H]
+    relation = pattern[rows, :, batch.relation_pos]
+    eos = pattern[:, :, -1]
+    mass = {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
+    return {k: per_fact(v, contexts).mean(1) for k, v in mass.items()}
+
+
+def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+    """Per fact: `ov_probe_head<h>` and `ov_probe` (heads summed), `mlp_probe`: 1.0 where
+    the probe ranks a* first within A_r (NaN for mlp_probe without an MLP)."""
+    alpha = fact_attention(model, task, contexts, seed)
+    subjects, relations, answers = (t.to(model_device(model)) for t in task.all_facts())
+    E, OV, W_U = model.W_E, model.OV.AB[0], model.W_U  # [V, d], [H, d, d], [d, O]
+    S, D = task.n_subjects, task.answers_per_relation
+    e_s, e_r = E[subjects], E[S + relations]  # [F, d]
+    # each head's write for the fact: W_OV^h applied to its attended subject and relation
+    write = torch.einsum("fh,fd,hde->fhe", alpha["subject"], e_s, OV) \
+        + torch.einsum("fh,fd,hde->fhe", alpha["relation"], e_r, OV)  # [F, H, d]
+    cols = {}
+    for h in range(write.shape[1]):
+        cols[f"ov_probe_head{h}"] = ranks_first_in_block(write[:, h] @ W_U, relations, answers, D)[0]
+    cols["ov_probe"] = ranks_first_in_block(write.sum(1) @ W_U, relations, answers, D)[0]
+    if has_mlp(model):
+        noise = E[list(task.noise_tokens)].mean(0) if task.n_noise else torch.zeros_like(E[0])
+        e_eos = E[task.eos]
+        rest = torch.einsum("fh,d,hde->fe", alpha["eos"], e_eos, OV) + torch.einsum("fh,d,hde->fe", alpha["noise"], noise, OV)
+        mid = e_eos + write.sum(1) + rest + model.b_O[0]  # [F, d] the idealised residual the MLP reads
+        with torch.inference_mode():
+            mlp_out = model.blocks[0].mlp(mid[:, None])[:, 0]  # the model's own MLP module
+        cols["mlp_probe"] = ranks_first_in_block(mlp_out @ W_U, relations, answers, D)[0]
+    else:
+        cols["mlp_probe"] = torch.full((task.n_facts,), float("nan"))
+    return columns(facts_frame(task), cols)

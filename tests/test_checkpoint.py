@@ -1,0 +1,102 @@
+"""Checkpoint round trip and every bad-input case of the format's spec."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models import CheckpointError, build_bridge, load, load_checkpoint
+from models.checkpoint import read_metrics, snapshot_steps
+
+
+def test_round_trip_same_logits(tiny_result, tiny_ckpt):
+    ckpt = load_checkpoint(tiny_ckpt)
+    for key, value in tiny_result.weights.items():
+        assert torch.equal(ckpt.weights[key], value), key
+    assert torch.equal(ckpt.task.facts, tiny_result.task.facts)
+    bridge, task = load(tiny_ckpt, device="cpu")
+    batch = task.eval_set(512)
+    with torch.no_grad():
+        theirs = bridge(batch.tokens)[:, -1]
+        ours = build_bridge(tiny_result.model, tiny_result.weights)(batch.tokens)[:, -1]
+    assert torch.equal(ours, theirs)
+    assert (theirs.argmax(-1) == batch.answers).float().mean() >= 0.99
+
+
+def test_metrics_and_snapshots_written(tiny_ckpt):
+    rows = read_metrics(tiny_ckpt)
+    assert rows and all({"step", "loss", "accuracy"} <= set(r) for r in rows)
+    steps = snapshot_steps(tiny_ckpt)
+    assert steps[0] == 0 and steps[-1] == rows[-1]["step"]
+    first = load_checkpoint(tiny_ckpt, step=0)
+    assert not torch.equal(first.weights["blocks.0.attn.W_Q"], load_checkpoint(tiny_ckpt).weights["blocks.0.attn.W_Q"])
+    assert torch.equal(first.weights["embed.W_E"], load_checkpoint(tiny_ckpt).weights["embed.W_E"])
+
+
+def _edit_config(ckpt, edit):
+    path = ckpt / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+def _edit_weights(ckpt, edit):
+    path = ckpt / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def _set(section, key, value):
+    return lambda c: c[section].__setitem__(key, value)
+
+
+BAD = {
+    "missing config": (lambda p: (p / "config.json").unlink(), "config.json: missing"),
+    "config not json": (lambda p: (p / "config.json").write_text("{nope"), "config.json: not valid JSON"),
+    "missing section": (lambda p: _edit_config(p, lambda c: c.pop("training")), "lacks the required field 'training'"),
+    "format version": (lambda p: _edit_config(p, lambda c: c.__setitem__("format_version", 7)), "unknown format_version 7"),
+    "unknown kind": (lambda p: _edit_config(p, _set("task", "kind", "association")), "task kind 'association' is not a factual-recall task"),
+    "layer norm": (lambda p: _edit_config(p, _set("model", "normalization_type", "LN")), "normalization_type must be null"),
+    "no d_vocab_out": (lambda p: _edit_config(p, lambda c: c["model"].pop("d_vocab_out")), "model section lacks d_vocab_out"),
+    "seq_len": (lambda p: _edit_config(p, _set("task", "seq_len", 99)), "differs from model.n_ctx"),
+    "fact outside block": (lambda p: _edit_config(p, lambda c: c["task"]["facts"][2].__setitem__(1, 0)), "fact (2, 1) = 0 lies outside relation 1's answer block"),
+    "missing weights": (lambda p: (p / "model.safetensors").unlink(), "model.safetensors: missing"),
+    "not safetensors": (lambda p: (p / "model.safetensors").write_bytes(b"\x80\x04garbage" * 10), "model.safetensors: not a valid safetensors file"),
+    "truncated safetensors": (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:500]), "not a valid safetensors file"),
+    "missing tensor": (lambda p: _edit_weights(p, lambda t: t.pop("blocks.0.attn.W_O")), "lacks the tensor blocks.0.attn.W_O"),
+    "mis-shaped tensor": (lambda p: _edit_weights(p, lambda t: t.__setitem__("unembed.W_U", torch.zeros(3, 3))), "tensor unembed.W_U has shape [3, 3], expected"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_checkpoint_refused_with_one_line(case, tiny_ckpt, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    corrupt, message = BAD[case]
+    corrupt(ckpt)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
+    with pytest.raises(CheckpointError) as err:
+        load(ckpt, device="cpu")
+    text = str(err.value)
+    assert message in text and "\n" not in text and str(ckpt) in text
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before  # nothing written
+
+
+def test_extra_fields_and_tensors_are_ignored(tiny_ckpt, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    _edit_config(ckpt, _set("model", "some_future_field", 3))
+    _edit_weights(ckpt, lambda t: t.__setitem__("extra.tensor", torch.ones(2)))
+    bridge, task = load(ckpt, device="cpu")
+    assert task.n_subjects == 16
+
+
+def test_pickle_and_missing_paths_refused(tmp_path):
+    pickle_file = tmp_path / "model.pt"
+    pickle_file.write_bytes(b"\x80\x04.")
+    with pytest.raises(CheckpointError, match="a pickle file, which is never loaded"):
+        load(pickle_file)
+    with pytest.raises(CheckpointError, match="no such directory"):
+        load(tmp_path / "absent")

@@ -1,0 +1,133 @@
+"""locate_facts labels models whose storage is known, and its instruments measure what they claim."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from analyses.locate_facts import locate
+from models import build_bridge
+from models.config import ModelConfig, RunConfig, TaskConfig, override, preset
+from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.trainer import train
+from tests.conftest import quick
+
+SMALL = dict(contexts=4, patch_contexts=1, progress=False)
+
+
+def constructed(kind):
+    task = CONSTRUCTION_TASK.build()
+    model = override(CONSTRUCTION_MODEL, {"attn_only": kind == "attention"})
+    return build_bridge(model.checkpoint_section(task), build(kind, task, model)), task
+
+
+def trained(**model_overrides):
+    run = preset("tiny")
+    run = RunConfig(run.task, override(run.model, model_overrides), run.train)
+    freeze = model_overrides.pop("freeze_ov", False)
+    result = train(quick(RunConfig(run.task, override(run.model, model_overrides), run.train), freeze_ov=freeze),
+                   progress=False)
+    assert result.training["final_accuracy"] >= 0.99
+    return build_bridge(result.model, result.weights), result.task
+
+
+@pytest.fixture(scope="module")
+def attention_construction():
+    model, task = constructed("attention")
+    return model, task, locate(model, task, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def mlp_construction():
+    model, task = constructed("mlp")
+    return model, task, locate(model, task, **SMALL)
+
+
+def share(located, label):
+    return located.summary["label_shares"][label]
+
+
+def test_theorem3_construction_is_attention(attention_construction):
+    _, _, located = attention_construction
+    assert located.summary["accuracy"] == 1.0
+    assert share(located, "attention") >= 0.95
+    assert located.summary["recall"]["ov_probe"]["value"] == 1.0  # the OV memory recalls every fact
+
+
+def test_theorem4_construction_is_mlp(mlp_construction):
+    _, _, located = mlp_construction
+    assert located.summary["accuracy"] == 1.0
+    assert share(located, "mlp") >= 0.95
+    assert located.summary["recall"]["mlp_probe"]["value"] == 1.0
+    facts = located.facts
+    assert facts["mean_ablate_mlp_accuracy"].mean() < 0.5  # without the MLP the facts are gone
+    assert facts["mlp_path_accuracy"].mean() == 1.0
+    assert facts["patch_subject_mlp"].mean() > 0.9  # restoring the MLP output restores the answer
+
+
+def test_attention_only_trained_model_is_attention():
+    model, task = trained(attn_only=True)
+    assert share(locate(model, task, **SMALL), "attention") >= 0.95
+
+
+def test_freeze_ov_trained_model_is_mlp():
+    model, task = trained(freeze_ov=True)
+    assert share(locate(model, task, **SMALL), "mlp") >= 0.95
+
+
+def test_denoising_finds_the_construction_heads(attention_construction):
+    model, task, located = attention_construction
+    heads = located.heads.set_index("head")
+    relation_head = heads["relation_score"].idxmax()
+    assert heads.loc[relation_head, "relation_mass"] > 0.99
+    assert heads.loc[relation_head, "n_relations"] == task.n_relations
+    # every subject is picked out by exactly one head, with almost all of its attention
+    assert (located.head_tokens.filter(like="S").max(axis=0) > 0.99).all()
+    assert ((located.head_tokens.filter(like="S") > 0.5).sum(axis=0) == 1).all()
+
+
+def test_ablating_every_head_destroys_recall(attention_construction):
+    _, task, located = attention_construction
+    chance = 1 / task.d_vocab_out
+    assert located.facts["zero_ablate_heads_accuracy"].mean() <= 4 * chance
+    assert located.facts["accuracy_low"].min() <= 1.0 and (located.facts["accuracy_high"] >= located.facts["accuracy_low"]).all()
+
+
+def test_attribution_margins_add_up(mlp_construction):
+    _, _, located = mlp_construction
+    f = located.facts
+    total = f["attention_margin"] + f["mlp_margin"] + f["direct_margin"]
+    assert (total - f["margin"]).abs().max() < 1e-3
+
+
+def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
+    out = tmp_path / "located"
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(tiny_ckpt), "--out", str(out),
+                           "--contexts", "4", "--patch-contexts", "1", "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "where the facts live" in proc.stdout and "top heads" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    labels = {"attention", "mlp", "both", "distributed", "not_stored"}
+    assert set(summary["label_counts"]) == labels == set(summary["label_shares"])
+    assert summary["n_facts"] == 64 and sum(summary["label_counts"].values()) == 64
+    assert {"accuracy", "seconds", "settings"} <= set(summary)
+    facts = pd.read_csv(out / "facts.csv")
+    assert {"subject", "relation", "answer", "label", "accuracy", "attention_margin", "mlp_margin",
+            "zero_ablate_mlp_accuracy", "ov_probe", "mlp_probe", "patch_subject_mlp"} <= set(facts.columns)
+    assert len(facts) == 64 and len(pd.read_csv(out / "heads.csv")) == 4
+    for png in ("labels_per_relation.png", "head_tokens.png", "margins.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (lambda p: p / "absent", "no such directory"),
+    (lambda p: (p / "config.json").write_text("{}") and p, "lacks the required field 'format'"),
+])
+def test_cli_bad_checkpoint_one_line_nonzero(tmp_path, make_bad, message):
+    ckpt = make_bad(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "analysis").exists()

@@ -1,0 +1,29 @@
+"""The trainer's fast forward equals the TransformerBridge model on the same weights."""
+import pytest
+import torch
+
+from models.bridge import build_bridge
+from models.config import ModelConfig
+from models.forward import last_position_logits
+from models.weights import init_weights, stack
+from probe.task import FactualRecallTask
+
+
+@pytest.mark.parametrize("attn_only", [False, True])
+def test_last_position_logits_match_transformer_bridge(attn_only):
+    task = FactualRecallTask(12, 4, 3, 10, 9)
+    model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40, attn_only=attn_only)
+    g = torch.Generator().manual_seed(1)
+    models = []
+    for seed in (0, 1):
+        w = init_weights(model, task, seed)
+        # perturb everything, biases and positional embedding included, so every term is tested
+        models.append({k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in w.items()})
+    batch = task.sample(256, torch.Generator().manual_seed(2))
+    ours = last_position_logits(stack(models), batch.tokens.expand(2, -1, -1))  # [2, B, O]
+    for k, w in enumerate(models):
+        bridge = build_bridge(model.checkpoint_section(task), w)
+        with torch.no_grad():
+            reference = bridge(batch.tokens)[:, -1]  # [B, O]
+        assert reference.shape == ours[k].shape
+        assert (reference - ours[k]).abs().max().item() <= 1e-5

@@ -1,0 +1,58 @@
+"""The batched trainer: reaches the target, is bit-reproducible, K models = K runs."""
+import torch
+
+from models.config import preset
+from models.trainer import snapshot_schedule, train
+from tests.conftest import quick
+
+
+def test_tiny_reaches_99_percent(tiny_result):
+    assert tiny_result.training["final_accuracy"] >= 0.99
+    assert tiny_result.metrics[-1]["accuracy"] >= 0.99
+    assert tiny_result.metrics[0]["accuracy"] < 0.5  # it learned, it did not start there
+
+
+def test_one_seed_gives_identical_weights():
+    run = quick(preset("tiny"), steps=25, target_accuracy=2.0)
+    a, b = train(run, progress=False), train(run, progress=False)
+    for key in a.weights:
+        assert torch.equal(a.weights[key], b.weights[key]), key
+    c = train(quick(preset("tiny"), steps=25, target_accuracy=2.0, seed=(1,)), progress=False)
+    assert not torch.equal(a.weights["blocks.0.attn.W_Q"], c.weights["blocks.0.attn.W_Q"])
+
+
+def test_k_models_equal_k_separate_runs():
+    base = preset("tiny")
+    together = train(quick(base, lr=(1e-2, 3e-3), seed=(0, 1), steps=20, target_accuracy=2.0), progress=False)
+    runs = [(lr, seed) for seed in (0, 1) for lr in (1e-2, 3e-3)]
+    assert [(r["lr"], r["seed"]) for r in together.training["runs"]] == runs
+    for k, (lr, seed) in enumerate(runs):
+        alone = train(quick(base, lr=(lr,), seed=(seed,), steps=20, target_accuracy=2.0), progress=False)
+        for key, value in alone.weights.items():  # equal up to the summation order of batched matmuls
+            torch.testing.assert_close(together.stacked[key][k], value, rtol=1e-4, atol=1e-5, msg=key)
+        assert abs(together.training["runs"][k]["loss"] - alone.training["final_loss"]) < 1e-5
+
+
+def test_best_model_is_kept_and_all_are_recorded():
+    result = train(quick(preset("tiny"), lr=(1e-6, 1e-2), steps=60, target_accuracy=2.0), progress=False)
+    assert result.training["lr"] == 1e-2 and result.training["kept_model"] == 1
+    assert all(len(row["models"]) == 2 for row in result.metrics)
+    assert result.metrics[-1]["accuracy"] == result.metrics[-1]["models"][1]["accuracy"]
+
+
+def test_frozen_weights_do_not_move():
+    run = quick(preset("tiny"), steps=10, target_accuracy=2.0, freeze_ov=True)
+    result = train(run, progress=False)
+    first = result.snapshots[0]
+    for key in ("embed.W_E", "unembed.W_U", "blocks.0.attn.W_V", "blocks.0.attn.W_O", "blocks.0.mlp.b_in"):
+        assert torch.equal(first[key], result.weights[key]), key
+    for key in ("blocks.0.attn.W_Q", "blocks.0.mlp.W_in"):
+        assert not torch.equal(first[key], result.weights[key]), key
+
+
+def test_snapshot_schedule_is_log_spaced():
+    steps = sorted(snapshot_schedule(1000, 2))
+    assert steps[:5] == [0, 1, 2, 3, 4] and steps[-1] <= 1000 and 700 <= steps[-1]
+    ratios = [b / a for a, b in zip(steps[4:], steps[5:])]
+    assert all(1.2 < r < 1.7 for r in ratios)
+    assert snapshot_schedule(1000, 0) == set()
