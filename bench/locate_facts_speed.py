@@ -1,0 +1,48 @@
+"""Wall-clock time of `python -m analyses.locate_facts CKPT/` with default settings on a
+paper-tradeoff checkpoint (S = R = 32, D = 8: 1024 facts), the whole process included
+(imports, loading, every instrument, CSV, JSON and figures). Target: under 60 s on a
+2-core CPU.
+
+    python bench/locate_facts_speed.py [--ckpt CKPT] [--repeats 3]
+
+Without --ckpt it first trains the paper-tradeoff preset into a temporary directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", type=Path, default=None, help="a paper-tradeoff checkpoint (default: train one)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of the CLI (default 3)")
+    p.add_argument("--device", default="auto", help="device passed to the CLI (default auto)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = args.ckpt
+        if ckpt is None:
+            ckpt = Path(tmp) / "paper-tradeoff"
+            subprocess.run([sys.executable, "-m", "models.train", "--preset", "paper-tradeoff", "--out", str(ckpt),
+                            "--quiet"], check=True)
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--out", str(Path(tmp) / "out"),
+                            "--device", args.device, "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            seconds.append(time.perf_counter() - start)
+        summary = json.loads((Path(tmp) / "out" / "summary.json").read_text())
+    print(f"facts {summary['n_facts']}  contexts {summary['settings']['contexts']}  device {summary['settings']['device']}")
+    print(f"locate_facts wall seconds: min {min(seconds):.1f}  median {statistics.median(seconds):.1f}  "
+          f"max {max(seconds):.1f}  (analysis alone, median run: {summary['seconds']:.1f} s)")
+    print(f"locate_facts_seconds {statistics.median(seconds):.1f}")
+
+
+if __name__ == "__main__":
+    main()

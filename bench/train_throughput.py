@@ -1,0 +1,156 @@
+"""Training throughput: our batched trainer vs the straightforward TransformerLens loop.
+
+Both variants train the same preset (task + model) at the same batch size with Adam at the
+preset's first learning rate, sampling a fresh batch every step inside the timed loop:
+
+  ours  models.trainer.train_step on K stacked models (last-position forward, models.forward)
+  tl    a TransformerBridge (models.bridge.build_bridge), full-sequence forward, cross-entropy
+        on the last position, torch.optim.Adam over the attention and MLP weight matrices
+
+Throughput is in training steps per second (one step = one batch of B prompts per model and
+one optimizer update); each variant is warmed up once, then the two are interleaved for
+--repeats rounds of --steps steps each, and min/median/max over rounds are reported. With
+--k > 1 one step of ours updates K models, so the speedup compares model-steps per second.
+Peak memory is measured in a fresh spawned process per variant (a few steps after setup):
+on CUDA torch.cuda.max_memory_allocated, on CPU (Linux) the peak RSS (VmHWM, its high-water
+mark reset through /proc/self/clear_refs) minus the RSS just before the model is built, both in
+MiB; library imports are done before and not counted.
+
+    .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1]
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import re
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from models.bridge import build_bridge, resolve_device
+from models.config import preset
+from models.trainer import DATA_SEED_OFFSET, Optimizer, train_step, training_batch
+from models.weights import init_weights, stack, trainable_keys
+
+MEMORY_STEPS = 3
+TL_TRAINABLE = (".q.", ".k.", ".v.", ".o.", ".fc_in.", ".fc_out.")  # bridge weight names; biases stay frozen
+
+
+def make_ours(preset_name: str, batch: int, k: int, device: torch.device):
+    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1)."""
+    run = preset(preset_name)
+    task, lr = run.task.build(), run.train.lr[0]
+    runs = [(lr, seed) for seed in range(k)]
+    weights = {key: t.to(device) for key, t in stack([init_weights(run.model, task, s) for _, s in runs]).items()}  # [K, ...]
+    params = {key: weights[key].requires_grad_() for key in trainable_keys(weights)}
+    optimizer = Optimizer(params, torch.full((k,), lr, device=device), "adam")
+    generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for _, s in runs}
+
+    def step():
+        tokens, answers = training_batch(task, generators, runs, batch)  # [K, B, T], [K, B]
+        train_step(weights, optimizer, tokens, answers, run.model.attention)
+    return step
+
+
+def make_tl(preset_name: str, batch: int, k: int, device: torch.device):
+    """A closure doing one step of the plain TransformerBridge training loop (one model)."""
+    run = preset(preset_name)
+    task, lr = run.task.build(), run.train.lr[0]
+    bridge = build_bridge(run.model.checkpoint_section(task), init_weights(run.model, task, 0), device)
+    params = [p for name, p in bridge.named_parameters()
+              if name.endswith(".weight") and any(part in name for part in TL_TRAINABLE)]
+    for p in params:
+        p.requires_grad_(True)
+    bridge.train()
+    optimizer = torch.optim.Adam(params, lr=lr)
+    generator = torch.Generator(device=device).manual_seed(DATA_SEED_OFFSET)
+
+    def step():
+        sample = task.sample(batch, generator)
+        logits = bridge(sample.tokens)  # [B, T, O]
+        loss = F.cross_entropy(logits[:, -1], sample.answers)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return step
+
+
+VARIANTS = {"ours": make_ours, "tl": make_tl}
+
+
+def steps_per_second(step, n: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n / (time.perf_counter() - start)
+
+
+def _status_mib(field: str) -> float:
+    """A /proc/self/status memory field (VmRSS, VmHWM) in MiB."""
+    return int(re.search(rf"^{field}:\s+(\d+) kB", open("/proc/self/status").read(), re.M)[1]) / 1024
+
+
+def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str) -> float:
+    """Run in a fresh process: build `variant`, do MEMORY_STEPS steps, return its peak memory."""
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (library import not counted)
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the RSS high-water mark (VmHWM) to the current RSS
+        rss_before = _status_mib("VmRSS")
+    step = VARIANTS[variant](preset_name, batch, k, dev)
+    for _ in range(MEMORY_STEPS):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    return _status_mib("VmHWM") - rss_before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="config-a", help="models.config preset (task + model)")
+    parser.add_argument("--batch", type=int, default=1024, help="prompts per step per model")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--steps", type=int, default=10, help="steps timed per round")
+    parser.add_argument("--k", type=int, default=1, help="models stacked in our trainer")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+
+    steps = {name: make(args.preset, args.batch, args.k, device) for name, make in VARIANTS.items()}
+    for step in steps.values():  # warm-up
+        steps_per_second(step, 1, device)
+    rates = {name: [] for name in steps}
+    for _ in range(args.repeats):
+        for name, step in steps.items():
+            rates[name].append(steps_per_second(step, args.steps, device))
+
+    with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        memory = {name: pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device)))
+                  for name in steps}
+
+    run = preset(args.preset)
+    task, model = run.task, run.model
+    print(f"config {args.preset}: S={task.n_subjects} R={task.n_relations} D={task.answers_per_relation} "
+          f"N={task.n_noise} T={task.seq_len} d={model.d_model} H={model.n_heads} d_h={model.d_head} "
+          f"m={model.d_mlp} | batch {args.batch} | K={args.k} | {args.repeats}x{args.steps} steps | "
+          f"device {device} | torch threads {torch.get_num_threads()}")
+    memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
+    print(f"{'variant':<8}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}   ({memory_kind})")
+    models = {"ours": args.k, "tl": 1}
+    for name, r in rates.items():
+        print(f"{name:<8}{models[name]:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{memory[name]:>10.1f}")
+    ratio = (statistics.median(rates["ours"]) * args.k) / statistics.median(rates["tl"])
+    print(f"speedup_vs_transformerlens {ratio:.1f}")
+
+
+if __name__ == "__main__":
+    main()
