@@ -1,0 +1,62 @@
+"""Entry points: --help, bad arguments give one line and exit 2, constructions reach 100%."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+
+
+def test_train_help_documents_every_flag():
+    proc = run("models.train", "--help")
+    assert proc.returncode == 0
+    for flag in ("--preset", "--out", "--lr", "--seed", "--n-subjects", "--d-model", "--attn-only", "--freeze-ov",
+                 "--device", "--target-accuracy", "--snapshots-per-octave", "--wandb", "--embedding"):
+        assert flag in proc.stdout, flag
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "huge"], "unknown preset 'huge'"),
+    (["--lr", "0"], "learning rates must be > 0"),
+    (["--seq-len", "2"], "seq_len must be an integer >= 3"),
+    (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),
+    (["--preset", "shape:1,1,3,32"], "d_head"),
+])
+def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
+    proc = run("models.train", "--out", str(tmp_path / "ckpt"), "--quiet", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
+    before = (tiny_ckpt / "model.safetensors").read_bytes()
+    proc = run("models.train", "--out", str(tiny_ckpt), "--quiet")
+    assert proc.returncode == 2 and "--force" in proc.stderr
+    assert (tiny_ckpt / "model.safetensors").read_bytes() == before
+
+
+def test_train_cli_writes_a_checkpoint(tmp_path):
+    out = tmp_path / "ckpt"
+    proc = run("models.train", "--out", str(out), "--quiet", "--lr", "1e-2,3e-3", "--steps", "40")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["format"] == "factual-recall-ckpt" and len(config["training"]["runs"]) == 2
+    assert "kept" in proc.stdout and [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_constructions_reach_100_percent(tmp_path, kind):
+    out = tmp_path / kind
+    proc = run("models.constructions", "--kind", kind, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    training = json.loads((out / "config.json").read_text())["training"]
+    assert training["final_accuracy"] == 1.0 and training["storage"] == kind
+
+
+def test_constructions_refuse_too_small_models(tmp_path):
+    proc = run("models.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
+    assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
