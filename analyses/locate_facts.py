@@ -27,6 +27,7 @@ from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution
 from probe.denoising import denoising_scores, head_token_table, specialisation
+from probe.hooks import clean_run
 from probe.memory import recall_probes
 from probe.patching import activation_patching
 from probe.stats import with_interval
@@ -50,6 +51,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     if contexts < 2 or patch_contexts < 1:
         raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
     start = time.perf_counter()
+    clean_run.cache_clear()  # weights may have been edited in place since the last call
     bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
@@ -71,6 +73,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     heads = step(denoising_scores(model, task, contexts, seed)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
+    clean_run.cache_clear()
     summary = _summary(facts, heads, task, rule, seed)
     summary["settings"] = {"contexts": contexts, "patch_contexts": patch_contexts, "seed": seed,
                            "rule": asdict(rule), "device": str(next(model.parameters()).device)}

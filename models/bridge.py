@@ -68,4 +68,7 @@ def load(ckpt: str | Path, device: str = "auto", step: int | None = None):
     """(TransformerBridge, FactualRecallTask) for a checkpoint directory (final weights, or
     snapshot `step`), ready for run_with_cache / run_with_hooks."""
     checkpoint = load_checkpoint(ckpt, step)
+    if checkpoint.attention != "softmax":
+        raise CheckpointError(f"{Path(ckpt) / 'config.json'}: {checkpoint.attention} attention has no "
+                              "TransformerBridge model yet; the analyses read softmax-attention checkpoints.")
     return build_bridge(checkpoint.model, checkpoint.weights, resolve_device(device)), checkpoint.task

@@ -79,7 +79,7 @@ class Optimizer:
         self.t += 1
         b1, b2 = ADAM_BETAS
         for key, p in self.params.items():
-            g = p.grad
+            g, p.grad = p.grad, None  # the next backward starts from zero
             if self.kind == "sgd":
                 p.sub_(self.lr[key] * g)
                 continue
@@ -87,7 +87,6 @@ class Optimizer:
             self.v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
             denom = (self.v[key].sqrt() / math.sqrt(1 - b2 ** self.t)).add_(ADAM_EPS)
             p.sub_(self.lr[key] / (1 - b1 ** self.t) * self.m[key] / denom)
-            p.grad = None
 
 
 def train(run: RunConfig, progress: bool = True, wandb_project: str | None = None,

@@ -8,7 +8,7 @@ import pytest
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.config import ModelConfig, RunConfig, TaskConfig, override, preset
+from models.config import RunConfig, override, preset
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.trainer import train
 from tests.conftest import quick

@@ -1,8 +1,12 @@
 """The batched trainer: reaches the target, is bit-reproducible, K models = K runs."""
+import pytest
 import torch
+import torch.nn.functional as F
 
 from models.config import preset
-from models.trainer import snapshot_schedule, train
+from models.forward import last_position_logits
+from models.trainer import Optimizer, snapshot_schedule, train, train_step
+from models.weights import init_weights, stack, trainable_keys
 from tests.conftest import quick
 
 
@@ -56,3 +60,22 @@ def test_snapshot_schedule_is_log_spaced():
     ratios = [b / a for a, b in zip(steps[4:], steps[5:])]
     assert all(1.2 < r < 1.7 for r in ratios)
     assert snapshot_schedule(1000, 0) == set()
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_optimizer_step_consumes_gradients(optimizer):
+    run = preset("tiny")
+    task = run.task.build()
+    weights = stack([init_weights(run.model, task, 0)])
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights)}
+    opt = Optimizer(params, torch.tensor([0.1]), optimizer)
+    batch = task.sample(64, torch.Generator().manual_seed(0))
+    before = {k: p.detach().clone() for k, p in params.items()}
+    train_step(weights, opt, batch.tokens[None], batch.answers[None])
+    assert all(p.grad is None for p in params.values())  # nothing accumulates into the next step
+    if optimizer == "sgd":  # one plain gradient-descent step: the move equals lr * gradient
+        weights2 = {k: (before[k].clone().requires_grad_() if k in params else v) for k, v in weights.items()}
+        loss = F.cross_entropy(last_position_logits(weights2, batch.tokens[None])[0], batch.answers)
+        grads = torch.autograd.grad(loss, [weights2[k] for k in params])
+        for (k, p), g in zip(params.items(), grads):
+            torch.testing.assert_close(before[k] - p.detach(), 0.1 * g, rtol=1e-4, atol=1e-7)
