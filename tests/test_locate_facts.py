@@ -22,12 +22,10 @@ def constructed(kind):
     return build_bridge(model.checkpoint_section(task), build(kind, task, model)), task
 
 
-def trained(**model_overrides):
+def trained(freeze_ov=False, **model_overrides):
     run = preset("tiny")
     run = RunConfig(run.task, override(run.model, model_overrides), run.train)
-    freeze = model_overrides.pop("freeze_ov", False)
-    result = train(quick(RunConfig(run.task, override(run.model, model_overrides), run.train), freeze_ov=freeze),
-                   progress=False)
+    result = train(quick(run, freeze_ov=freeze_ov), progress=False)
     assert result.training["final_accuracy"] >= 0.99
     return build_bridge(result.model, result.weights), result.task
 
