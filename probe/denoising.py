@@ -10,25 +10,28 @@ from probe.stats import with_interval
 from probe.task import FactualRecallTask
 
 
-def _patterns(model, task, contexts, seed):
+def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0):
+    """The EOS query's attention per prompt and head: (batch, {"subject", "relation",
+    "eos", "noise"} -> [n, head] probability mass), from the clean run's hook_pattern."""
     batch, run = clean_run(model, task, contexts, seed)
     pattern = run["pattern"]  # [n, H, T]
     rows = torch.arange(len(batch), device=pattern.device)
-    return batch, pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos], pattern[:, :, -1]
+    subject, relation = pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos]  # [n, H]
+    eos = pattern[:, :, -1]
+    return batch, {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
 
 
 def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
     """Per head: mean attention mass of the EOS query on the subject, the relation, EOS and
     the noise (with 95% intervals over prompts), the uniform baseline 1/T, and the scores
     (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform."""
-    batch, subject, relation, eos = _patterns(model, task, contexts, seed)
+    _, masses = attention_masses(model, task, contexts, seed)
     T = task.seq_len
     rows = []
-    for h in range(subject.shape[1]):
+    for h in range(masses["subject"].shape[1]):
         row = {"head": h, "uniform_mass": 1 / T}
-        for name, mass in (("subject", subject[:, h]), ("relation", relation[:, h]), ("eos", eos[:, h]),
-                           ("noise", 1 - subject[:, h] - relation[:, h] - eos[:, h])):
-            row.update({k: float(v) for k, v in with_interval(f"{name}_mass", mass, seed + h).items()})
+        for name, mass in masses.items():
+            row.update({k: float(v) for k, v in with_interval(f"{name}_mass", mass[:, h], seed + h).items()})
         row["subject_score"] = (row["subject_mass"] - 1 / T) / (1 - 1 / T)
         row["relation_score"] = (row["relation_mass"] - 1 / T) / (1 - 1 / T)
         row["denoising_score"] = max(row["subject_score"], row["relation_score"])
@@ -39,14 +42,15 @@ def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: in
 def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
     """Mean attention mass [head x token] each head puts on subject S<i> (resp. relation
     R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0..."""
-    batch, subject, relation, _ = _patterns(model, task, contexts, seed)
+    batch, masses = attention_masses(model, task, contexts, seed)
+    subject, relation = masses["subject"], masses["relation"]
     H = subject.shape[1]
     def by_token(mass, ids, count):  # [n, H] -> [H, count] mean over prompts holding each id
         total = torch.zeros(count, H, device=mass.device).index_add_(0, ids, mass)
         return (total / torch.bincount(ids, minlength=count).clamp(min=1)[:, None]).T
     table = torch.cat([by_token(subject, batch.subjects, task.n_subjects),
                        by_token(relation, batch.relations, task.n_relations)], 1).cpu().numpy()
-    labels = [f"S{i}" for i in range(task.n_subjects)] + [f"R{j}" for j in range(task.n_relations)]
+    labels = [task.token_label(z) for z in range(task.n_subjects + task.n_relations)]  # S0.., R0..
     return pd.DataFrame(table, columns=labels, index=pd.Index(range(H), name="head"))
 
 

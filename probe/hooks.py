@@ -27,32 +27,22 @@ def has_mlp(model) -> bool:
 
 def last_position_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] = (),
                          chunk: int = CHUNK) -> torch.Tensor:
-    """Logits at the last position [n, d_vocab_out] of `model` run with `fwd_hooks`, in chunks.
-    A hook may read `hook.ctx["rows"]`, the slice of `tokens` being run."""
+    """Logits at the last position [n, d_vocab_out] of `model` run with `fwd_hooks`, in chunks."""
     out = []
     with torch.inference_mode():
         for start in range(0, len(tokens), chunk):
-            rows = slice(start, start + chunk)
-            hooks = [(name, _with_rows(fn, rows)) for name, fn in fwd_hooks]
-            out.append(model.run_with_hooks(tokens[rows], fwd_hooks=hooks)[:, -1])
+            out.append(model.run_with_hooks(tokens[start:start + chunk], fwd_hooks=list(fwd_hooks))[:, -1])
     return torch.cat(out)
 
 
-def _with_rows(fn, rows):
-    def hook(x, hook):
-        hook.ctx["rows"] = rows
-        return fn(x, hook)
-    return hook
-
-
-def set_last(value: torch.Tensor | float, head: int | None = None, per_prompt: bool = False) -> Callable:
-    """A hook that overwrites the last position (of one head, on hook_z) with `value`: a
-    constant (0: zero-ablation, a mean: mean-ablation) or, with per_prompt, rows [n, ...]."""
+def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
+    """A hook that overwrites the last position (of one head, on hook_z) with a constant
+    `value`: 0 for zero-ablation, a mean for mean-ablation."""
     target = (slice(None), -1) if head is None else (slice(None), -1, head)
 
     def hook(x, hook):
         x = x.clone()
-        x[target] = value[hook.ctx["rows"]] if per_prompt else value
+        x[target] = value
         return x
     return hook
 

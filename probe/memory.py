@@ -13,21 +13,16 @@ import torch
 
 from probe.accuracy import columns, facts_frame, model_device
 from probe.contexts import per_fact, ranks_first_in_block
-from probe.hooks import clean_run, has_mlp
+from probe.denoising import attention_masses
+from probe.hooks import has_mlp
 from probe.task import FactualRecallTask
 
 
 def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
     """Mean attention of each head's EOS query, per fact [F, H]: on the subject, the
     relation, EOS and noise (probability mass)."""
-    batch, run = clean_run(model, task, contexts, seed)
-    pattern = run["pattern"]  # [n, H, T]
-    rows = torch.arange(len(batch), device=pattern.device)
-    subject = pattern[rows, :, batch.subject_pos]  # [n, H]
-    relation = pattern[rows, :, batch.relation_pos]
-    eos = pattern[:, :, -1]
-    mass = {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
-    return {k: per_fact(v, contexts).mean(1) for k, v in mass.items()}
+    _, masses = attention_masses(model, task, contexts, seed)
+    return {k: per_fact(v, contexts).mean(1) for k, v in masses.items()}
 
 
 def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
