@@ -50,7 +50,15 @@ class Checkpoint:
 # --------------------------------------------------------------------------- reading
 def read_config(ckpt: str | Path) -> tuple[dict, FactualRecallTask]:
     """config.json, validated, and the task it describes."""
-    ckpt = Path(ckpt)
+    try:
+        return _read_config(Path(ckpt))
+    except (TypeError, KeyError, AttributeError, OverflowError, RuntimeError) as e:
+        # a field of the wrong JSON type that the checks above did not name
+        raise CheckpointError(f"{Path(ckpt) / 'config.json'}: malformed ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'bad field'}).") from None
+
+
+def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
     if ckpt.is_file() and ckpt.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt"):
         raise CheckpointError(f"{ckpt}: a pickle file, which is never loaded; a checkpoint is a directory "
                               "with config.json and model.safetensors.")
@@ -198,8 +206,9 @@ def write_json(path: str | Path, obj) -> None:
     write_text(path, text + "\n")
 
 
-def write_weights(path: str | Path, weights: dict[str, torch.Tensor]) -> None:
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()}
+def write_weights(path: str | Path, weights: dict[str, torch.Tensor], cast: bool = True) -> None:
+    """safetensors file of `weights` (as float32 unless cast=False), written atomically."""
+    tensors = {k: (v.detach().float() if cast else v.detach()).to("cpu").contiguous() for k, v in weights.items()}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
 
 

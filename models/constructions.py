@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from models.cli import add_config_flags, given, run_cli
+from models.cli import add_config_flags, given, prepare_out, run_cli
 from models.config import ModelConfig, TaskConfig, override
 from models.forward import last_position_logits
-from models.trainer import EVAL_SEED, save_replacing, TrainResult
+from models.trainer import EVAL_SEED, TrainResult
 from models.weights import ATTN, MLP, init_weights, stack
 from probe.task import FactualRecallTask
 
@@ -125,15 +125,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     task = override(CONSTRUCTION_TASK, given(args, TaskConfig)).build()
     model = override(CONSTRUCTION_MODEL, {"attn_only": args.kind == "attention", **given(args, ModelConfig)})
-    if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
-        raise ValueError(f"--out {args.out} already holds files; pass --force to replace it, or choose another --out.")
     weights = build(args.kind, task, model, args.seed)
     acc = accuracy(weights, task)
     training = {"construction": "theorem3" if args.kind == "attention" else "theorem4", "storage": args.kind,
                 "seed": args.seed, "final_accuracy": acc, "attention_logit": ATTENTION_LOGIT,
                 "answer_logit": ANSWER_LOGIT}
     result = TrainResult(task, model.checkpoint_section(task), weights, training, [], {}, {})
-    save_replacing(result, args.out)
+    result.save(prepare_out(args.out, args.force))
     print(f"{args.kind} construction ({training['construction']}): {task}, d={model.d_model} H={model.n_heads} "
           f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; wrote {args.out}/")
     return 0

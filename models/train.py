@@ -9,9 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from models.cli import add_config_flags, given, run_cli
+import json
+from dataclasses import asdict
+
+from models.bridge import resolve_device
+from models.checkpoint import write_json
+from models.cli import add_config_flags, given, prepare_out, run_cli
 from models.config import ModelConfig, PRESETS, RunConfig, TaskConfig, TrainConfig, override, preset
-from models.trainer import save_replacing, train
+from models.train_state import state_dir
+from models.trainer import train
 from models.weights import parameter_count
 
 
@@ -23,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
+                   help="continue an interrupted run in CKPT from its last complete snapshot (its own settings)")
     p.add_argument("--wandb", metavar="PROJECT", default=None,
                    help="log to Weights & Biases (offline unless WANDB_MODE=online)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -58,16 +66,41 @@ def summary(result, out: Path) -> str:
     return "\n".join(lines)
 
 
+def read_run(ckpt: Path) -> tuple[RunConfig, str]:
+    """The RunConfig and preset name an interrupted run in `ckpt` was started with."""
+    path = ckpt / "run.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; {ckpt} is not a run started by models.train, nothing to resume.")
+    try:
+        saved = json.loads(path.read_text())
+        train_cfg = {**saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
+        return RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg)), saved["preset"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a valid run description.") from None
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    run = run_config(args)
-    out = args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
-    result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=args.preset)
-    save_replacing(result, out)
+    if args.resume:
+        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in given(args, cls)]
+        if overrides or args.out or args.force:
+            flags = ", ".join("--" + n.replace("_", "-") for n in overrides) or "--out/--force"
+            raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
+        out = args.resume
+        if (out / "config.json").is_file():
+            print(f"{out} is a complete checkpoint; nothing to resume.")
+            return 0
+        run, preset_name = read_run(out)
+    else:
+        run, preset_name = run_config(args), args.preset
+        run.train.validate()
+        run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
+        resolve_device(run.train.device)
+        out = prepare_out(args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_"), args.force)
+        write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+    result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
+                   state_folder=state_dir(out))
+    result.save(out)
     print(summary(result, out))
     return 0
 

@@ -8,7 +8,6 @@ models.forward; the best model by held-out accuracy is kept and written as a che
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
 from models.forward import last_position_logits
+from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from probe.task import FactualRecallTask
 
@@ -89,9 +89,15 @@ class Optimizer:
             p.sub_(self.lr[key] / (1 - b1 ** self.t) * self.m[key] / denom)
 
 
+class TrainingDiverged(ValueError):
+    """A model's loss or weights became NaN or infinite."""
+
+
 def train(run: RunConfig, progress: bool = True, wandb_project: str | None = None,
-          preset_name: str | None = None) -> TrainResult:
-    """Train the K = len(lr) x len(seed) models of `run` together; keep the best."""
+          preset_name: str | None = None, state_folder: Path | None = None) -> TrainResult:
+    """Train the K = len(lr) x len(seed) models of `run` together; keep the best.
+    With `state_folder`, the training state is saved there with every snapshot, and a run
+    finds its last complete state there and continues from it (bit-identical on a CPU)."""
     cfg = run.train
     cfg.validate()
     task = run.task.build()
@@ -109,18 +115,26 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
     schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
     logger = _wandb(wandb_project, run, preset_name) if wandb_project else None
 
-    metrics, snapshots = [], {}
-    start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}", unit="step")
-    step = 0
+    step, metrics, snapshots = 0, [], {}
+    saved = complete_steps(state_folder) if state_folder else []
+    if saved:
+        remove_partial(state_folder)
+        step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, generators)
+        snapshots = saved_snapshots(state_folder, params)
+    start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}", unit="step")
     while True:
-        if step in schedule:
+        if step in schedule and step not in snapshots:
+            _check_finite(params, runs, step, snapshots)
             snapshots[step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+            if state_folder:
+                save_state(state_folder, step, params, optimizer, generators, metrics)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             loss, acc = evaluate(weights, held_out.tokens, held_out.answers, run.model.attention)
             row = {"step": step, "seconds": round(time.perf_counter() - start, 3),
                    "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
                               for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
+            _check_finite({"loss": loss}, runs, step, snapshots)
             metrics.append(row)
             best = max(row["models"], key=lambda m: (m["accuracy"], -m["loss"]))
             bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
@@ -160,6 +174,19 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
                        stacked)
 
 
+def _check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
+    """Raise TrainingDiverged naming the step and the first model with a NaN or inf."""
+    for name, t in tensors.items():
+        bad = ~torch.isfinite(t.detach().reshape(len(runs), -1)).all(-1)  # [K]
+        if bad.any():
+            k = int(bad.nonzero()[0])
+            last = max(snapshots, default=None)
+            raise TrainingDiverged(
+                f"step {step}: model {k} of {len(runs)} (lr={runs[k][0]:g}, seed={runs[k][1]}) has a non-finite "
+                f"{'loss' if name == 'loss' else 'weight ' + name}; training stopped"
+                + (f", the last good snapshot is step {last}." if last is not None else "."))
+
+
 def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,
                attention: str = "softmax") -> torch.Tensor:
     """One update of every model on tokens [K, B, T], answers [K, B]; returns the summed loss."""
@@ -186,21 +213,3 @@ def _wandb(project: str, run: RunConfig, preset_name: str | None):
 
     return wandb.init(project=project, config={"preset": preset_name, **asdict(run)},
                       mode=os.environ.get("WANDB_MODE", "offline"), dir=tempfile.gettempdir())
-
-
-def save_replacing(result: TrainResult, out: str | Path) -> Path:
-    """Write the checkpoint into a fresh sibling directory, then swap it in for `out`: a
-    reader never sees a half-written checkpoint and an old one is only dropped at the end."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fresh = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
-    fresh.chmod(0o755)
-    result.save(fresh)
-    if out.exists():
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        out.rename(old / "ckpt")
-        fresh.rename(out)
-        shutil.rmtree(old)
-    else:
-        fresh.rename(out)
-    return out

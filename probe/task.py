@@ -216,7 +216,7 @@ class FactualRecallTask:
             raise ValueError(f"facts must be 'random', 'structured' or an S x R table, got {facts!r}.")
         try:
             table = torch.as_tensor(facts)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):
             raise ValueError("facts must be an S x R table of integer answer ids.") from None
         if table.shape != (S, R):
             raise ValueError(f"facts must be an S x R = {S} x {R} table, got shape {tuple(table.shape)}.")

@@ -1,0 +1,80 @@
+"""Resumable training state, saved with each snapshot: every model's trainable weights,
+Adam's moments and step count, the data generators' RNG states and the metrics so far.
+
+CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
+CKPT/train_state/step_XXXXXXXX.json         step, adam_t, metrics; written last, so a state
+                                             is complete exactly when its JSON exists
+Both are written atomically; a kill at any moment leaves every named file whole.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from models.checkpoint import CheckpointError, write_json, write_weights
+
+STATE_RE = re.compile(r"^step_(\d{8})\.json$")
+
+
+def state_dir(ckpt: str | Path) -> Path:
+    return Path(ckpt) / "train_state"
+
+
+def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict]) -> None:
+    tensors = {f"weights.{k}": p.detach() for k, p in params.items()}
+    if optimizer.kind == "adam":
+        tensors.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
+        tensors.update({f"adam.v.{k}": v for k, v in optimizer.v.items()})
+    tensors.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
+    write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
+    write_json(folder / f"step_{step:08d}.json", {"step": step, "adam_t": optimizer.t, "metrics": metrics})
+
+
+def remove_partial(folder: Path) -> None:
+    """Delete temporary files a killed run left behind (never a named state)."""
+    for tmp in folder.glob(".step_*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps whose state is complete, ascending."""
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := STATE_RE.match(p.name)))
+
+
+def load_state(folder: Path, step: int) -> tuple[dict, dict]:
+    """(tensors, info) of the state at `step`."""
+    try:
+        info = json.loads((folder / f"step_{step:08d}.json").read_text())
+        tensors = load_file(str(folder / f"step_{step:08d}.safetensors"))
+    except Exception as e:  # any damage to a state file is reported the same way
+        raise CheckpointError(f"{folder}/step_{step:08d}: unreadable training state ({type(e).__name__}).") from None
+    return tensors, info
+
+
+def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict) -> tuple[int, list[dict]]:
+    """Put a saved state back into live params, optimizer and generators; returns (step, metrics)."""
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(tensors[f"weights.{k}"])
+            if optimizer.kind == "adam":
+                optimizer.m[k].copy_(tensors[f"adam.m.{k}"])
+                optimizer.v[k].copy_(tensors[f"adam.v.{k}"])
+    optimizer.t = info["adam_t"]
+    for seed, g in generators.items():
+        g.set_state(tensors[f"rng.{seed}"])
+    return info["step"], info["metrics"]
+
+
+def saved_snapshots(folder: Path, keys) -> dict[int, dict[str, torch.Tensor]]:
+    """Trainable weights [K, ...] of every complete state, by step (CPU)."""
+    snapshots = {}
+    for step in complete_steps(folder):
+        tensors = load_state(folder, step)[0]
+        snapshots[step] = {k: tensors[f"weights.{k}"] for k in keys}
+    return snapshots

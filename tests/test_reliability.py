@@ -1,0 +1,124 @@
+"""Checkpoints a user can trust: resume, SIGKILL at random moments, divergence, pickles."""
+import json
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from models import load, load_checkpoint
+from models.checkpoint import CheckpointError
+from models.config import preset
+from models.train_state import complete_steps, load_state
+from models.trainer import train
+from tests.conftest import quick
+
+import pytest
+
+DENSE = ["--steps", "600", "--target-accuracy", "2", "--snapshots-per-octave", "8", "--eval-every", "10", "--quiet"]
+
+
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "models.train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path):
+    run = quick(preset("tiny"), steps=120, target_accuracy=2.0, snapshots_per_octave=4, lr=(1e-2, 3e-3))
+    full = train(run, progress=False, state_folder=tmp_path / "full")
+    steps = complete_steps(tmp_path / "full")
+    cut = steps[len(steps) // 2]
+    (tmp_path / "cut").mkdir()
+    for step in steps[: len(steps) // 2 + 1]:  # as if killed right after the state of `cut`
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(tmp_path / "full" / f"step_{step:08d}{suffix}", tmp_path / "cut")
+    resumed = train(run, progress=False, state_folder=tmp_path / "cut")
+    assert 0 < cut < 120
+    for key in full.weights:
+        assert torch.equal(full.stacked[key], resumed.stacked[key]), key
+    assert [r["models"] for r in full.metrics] == [r["models"] for r in resumed.metrics]
+    assert sorted(full.snapshots) == sorted(resumed.snapshots)
+
+
+def _check_readable(ckpt: Path) -> None:
+    """Every named (non-temporary) file is whole, the last complete state loads."""
+    for path in list((ckpt / "train_state").glob("step_*")) + list((ckpt / "snapshots").glob("step_*")):
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        else:
+            load_file(str(path))
+    steps = complete_steps(ckpt / "train_state")
+    if steps:
+        load_state(ckpt / "train_state", steps[-1])
+    if (ckpt / "config.json").exists():
+        load_checkpoint(ckpt)
+
+
+def test_sigkill_at_random_moments_then_resume(tmp_path):
+    reference = tmp_path / "reference"
+    assert cli("--out", str(reference), *DENSE).wait() == 0
+    ckpt = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    while kills < 20:
+        args = ["--resume", str(ckpt)] if (ckpt / "run.json").exists() else ["--out", str(ckpt), "--force", *DENSE]
+        proc = cli(*args)
+        time.sleep(rng.uniform(0.3, 3.0))
+        if proc.poll() is not None:  # it finished before the kill: start over
+            assert proc.returncode == 0, proc.stderr.read()
+            shutil.rmtree(ckpt)
+            continue
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        _check_readable(ckpt)
+    proc = cli("--resume", str(ckpt))
+    assert proc.wait() == 0, proc.stderr.read()
+    a, b = load_checkpoint(reference), load_checkpoint(ckpt)
+    for key in a.weights:
+        assert torch.equal(a.weights[key], b.weights[key]), key
+    assert (ckpt / "metrics.jsonl").read_text().count("\n") == (reference / "metrics.jsonl").read_text().count("\n")
+
+
+def test_divergence_stops_naming_step_and_model(tmp_path):
+    out = tmp_path / "nan"
+    proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--optimizer", "sgd",
+                           "--lr", "1e-2,1e30", "--steps", "200"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    message = proc.stderr.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
+    assert "step " in message and "model 1 of 2 (lr=1e+30" in message and "non-finite" in message
+    last = complete_steps(out / "train_state")[-1]
+    assert f"last good snapshot is step {last}" in message
+    tensors, _ = load_state(out / "train_state", last)
+    assert all(torch.isfinite(t).all() for k, t in tensors.items() if k.startswith("weights."))
+
+
+MALICIOUS = b"cos\nsystem\n(S'touch {marker}'\ntR."  # a pickle that runs a shell command when loaded
+
+
+def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    marker = tmp_path / "pwned"
+    payload = MALICIOUS.replace(b"{marker}", str(marker).encode())
+    for name in ("model.pt", "model.pkl", "optimizer.pth"):
+        (ckpt / name).write_bytes(payload)
+    load(ckpt, device="cpu")
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--contexts", "2",
+                           "--patch-contexts", "1", "--quiet", "--out", str(tmp_path / "out")], capture_output=True)
+    assert proc.returncode == 0
+    with pytest.raises(CheckpointError, match="a pickle file, which is never loaded"):
+        load(ckpt / "model.pt")
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt / "model.pkl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "never loaded" in proc.stderr
+    assert not marker.exists()
+    pickle.loads(payload)  # the test of the test: this payload does run when unpickled
+    assert marker.exists()
