@@ -48,13 +48,14 @@ def _comma_list(item_type):
 
 
 def run_cli(main) -> None:
-    """Run main(); bad input (ValueError, a missing file) becomes `error: ...` and exit 2."""
+    """Run main(); bad input (ValueError, an unreadable or unwritable path) becomes one
+    line `error: ...` on stderr and exit code 2."""
     try:
         code = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -60,3 +60,14 @@ def test_constructions_reach_100_percent(tmp_path, kind):
 def test_constructions_refuse_too_small_models(tmp_path):
     proc = run("models.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
     assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
+
+
+def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for args, message in [(["--contexts", "1"], "--contexts must be >= 2"),
+                          (["--out", str(blocker / "sub")], "error:"),
+                          (["--step", "12345"], "step_00012345.safetensors: missing")]:
+        proc = run("analyses.locate_facts", str(tiny_ckpt), "--quiet", *args)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
