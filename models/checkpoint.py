@@ -53,7 +53,7 @@ def read_config(ckpt: str | Path) -> tuple[dict, FactualRecallTask]:
     try:
         return _read_config(Path(ckpt))
     except (TypeError, KeyError, AttributeError, OverflowError, RuntimeError) as e:
-        # a field of the wrong JSON type that the checks above did not name
+        # a field of the wrong JSON type that _read_config's checks do not name
         raise CheckpointError(f"{Path(ckpt) / 'config.json'}: malformed ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else 'bad field'}).") from None
 

@@ -7,10 +7,9 @@ lists in --lr and --seed train one model per (lr, seed) at once and keep the bes
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from models.bridge import resolve_device
 from models.checkpoint import write_json

@@ -117,8 +117,9 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
 
     step, metrics, snapshots = 0, [], {}
     saved = complete_steps(state_folder) if state_folder else []
-    if saved:
+    if state_folder:
         remove_partial(state_folder)
+    if saved:
         step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, generators)
         snapshots = saved_snapshots(state_folder, params)
     start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)

@@ -11,7 +11,6 @@ from transformer_lens import patching
 
 from probe.accuracy import columns, facts_frame, model_device
 from probe.contexts import fact_batch, per_fact
-from probe.hooks import last_position_logits
 from probe.stats import with_interval
 from probe.task import FactualRecallTask
 
@@ -60,8 +59,9 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
         return last.gather(-1, batch.answers[:, None])[:, 0] - last.gather(-1, rival[:, None])[:, 0]
 
     with torch.inference_mode():
-        _, clean_cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_mlp_out")))
-    clean = logit_diff(last_position_logits(model, batch.tokens)[:, None])
+        clean_logits, clean_cache = model.run_with_cache(
+            batch.tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_mlp_out")))
+    clean = logit_diff(clean_logits)  # the one clean run gives both the cache and the baseline
     sweeps = {"head": ("z", patching.layer_head_vector_patch_setter, ["layer", "head"])}
     if not model.cfg.attn_only:
         sweeps["mlp"] = ("mlp_out", lambda corrupted, index, clean_act: clean_act, ["layer"])
