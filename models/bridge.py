@@ -1,7 +1,10 @@
 """The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights.
 
 Analyses read activations through its hooks (`blocks.0.attn.hook_pattern`,
-`blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks.
+`blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks. TransformerLens has
+no linear attention: for `"attention": "linear"` checkpoints, permanent hooks replace the
+softmax pattern with the scaled scores q.k/sqrt(d_head) (causally masked), so every hook
+name and every instrument stays the same.
 """
 from __future__ import annotations
 
@@ -45,30 +48,60 @@ def bridge_config(model: dict):
 
 def build_bridge(model: dict, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu"):
     """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode."""
-    from transformer_lens.model_bridge import TransformerBridge
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+    from transformer_lens.model_bridge import TransformerBridge
 
-    if model.get("attention", "softmax") != "softmax":
-        raise CheckpointError("linear-attention checkpoints have no TransformerBridge model yet; "
-                              "only softmax attention is supported by the analyses.")
+    attention = model.get("attention", "softmax")
+    if attention not in ("softmax", "linear"):
+        raise CheckpointError(f"unknown attention {attention!r}; expected softmax or linear.")
     cfg = bridge_config(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bridge = TransformerBridge.boot_native(cfg, device=torch.device(device))
-    state = convert_tl_checkpoint(weights, cfg)
-    bridge.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True)
+    load_weights(bridge, weights)
     bridge.eval()
     for p in bridge.parameters():
         p.requires_grad_(False)
+    if attention == "linear":
+        _make_attention_linear(bridge)
     return bridge
+
+
+def load_weights(bridge, weights: dict[str, torch.Tensor]) -> None:
+    """Put HookedTransformer-format `weights` (a snapshot, say) into an existing bridge."""
+    from transformer_lens.utilities.tl_checkpoint_conversion import (
+        convert_tl_checkpoint,
+    )
+
+    device = next(bridge.parameters()).device
+    state = convert_tl_checkpoint(weights, bridge.cfg)
+    with torch.no_grad():
+        bridge.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True)
+
+
+def _make_attention_linear(bridge) -> None:
+    """Permanent hooks: hook_pattern returns the scaled scores q.k/sqrt(d_head), zero above
+    the diagonal (the checkpoint format's linear attention), in place of the softmax."""
+    stash = {}
+    scale = bridge.cfg.d_head ** -0.5
+
+    def keep(name):
+        def hook(x, hook):
+            stash[name] = x  # [batch, pos, head, d_head]
+        return hook
+
+    def linear_pattern(pattern, hook):
+        scores = torch.einsum("bqhe,bkhe->bhqk", stash["q"], stash["k"]) * scale  # [batch, head, q, k]
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~causal, 0.0)
+
+    bridge.add_hook("blocks.0.attn.hook_q", keep("q"), is_permanent=True)
+    bridge.add_hook("blocks.0.attn.hook_k", keep("k"), is_permanent=True)
+    bridge.add_hook("blocks.0.attn.hook_pattern", linear_pattern, is_permanent=True)
 
 
 def load(ckpt: str | Path, device: str = "auto", step: int | None = None):
     """(TransformerBridge, FactualRecallTask) for a checkpoint directory (final weights, or
     snapshot `step`), ready for run_with_cache / run_with_hooks."""
     checkpoint = load_checkpoint(ckpt, step)
-    if checkpoint.attention != "softmax":
-        raise CheckpointError(f"{Path(ckpt) / 'config.json'}: {checkpoint.attention} attention has no "
-                              "TransformerBridge model yet; the analyses read softmax-attention checkpoints.")
     return build_bridge(checkpoint.model, checkpoint.weights, resolve_device(device)), checkpoint.task

@@ -40,9 +40,15 @@ class ModelConfig:
     d_mlp: int = _f(64, "m, MLP width")
     attn_only: bool = _f(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = _f("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    embedding: str = _f("sphere", "frozen random embeddings/unembeddings: sphere (unit norm) | gaussian (N(0, 1/d) entries)",
-                        choices=("sphere", "gaussian"))
-    init_scale: float = _f(1.0, "multiplier on the trainable weights' initial standard deviation")
+    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian (random, N(0, 1/d) "
+                        "entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and answers on their own axes)",
+                        choices=("sphere", "gaussian", "onehot"))
+    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's non-factorised "
+                                "key-query and output-value matrices: W_Q = sqrt(d_head) I and W_V = I frozen, d_head = d)",
+                                choices=("factored", "merged"))
+    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant (every entry init_scale)",
+                   choices=("normal", "constant"))
+    init_scale: float = _f(1.0, "scale of the trainable weights' initialisation (see --init)")
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
@@ -52,15 +58,26 @@ class ModelConfig:
         if not self.init_scale >= 0:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale!r}.")
 
+    def for_task(self, task: FactualRecallTask) -> "ModelConfig":
+        """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
+        d_vocab_out, merged attention weights set d_head = d."""
+        model = self
+        if model.embedding == "onehot":
+            model = replace(model, d_model=task.d_vocab + task.d_vocab_out)
+        if model.attention_weights == "merged":
+            model = replace(model, d_head=model.d_model)
+        return model
+
     def checkpoint_section(self, task: FactualRecallTask) -> dict:
         """The `model` section of config.json (TransformerLens field names)."""
-        self.validate()
+        model = self.for_task(task)
+        model.validate()
         return {
-            "n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads,
-            "d_head": self.d_head, "d_mlp": None if self.attn_only else self.d_mlp,
-            "attn_only": self.attn_only, "act_fn": "relu", "normalization_type": None,
+            "n_layers": 1, "d_model": model.d_model, "n_heads": model.n_heads,
+            "d_head": model.d_head, "d_mlp": None if model.attn_only else model.d_mlp,
+            "attn_only": model.attn_only, "act_fn": "relu", "normalization_type": None,
             "n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out,
-            "attention": self.attention,
+            "attention": model.attention,
         }
 
 
@@ -110,6 +127,8 @@ def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelC
 
 
 _PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
+_FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32, facts="structured")
+FIG5_SOFTMAX_INIT, FIG5_SOFTMAX_LR = 0.1, 1e-2
 
 PRESETS: dict[str, RunConfig] = {
     # Small enough to reach >= 99% on a CPU in seconds; the default model.
@@ -124,6 +143,23 @@ PRESETS: dict[str, RunConfig] = {
         task=_PAPER_TASK,
         model=ModelConfig(d_model=64, n_heads=8, d_head=8, d_mlp=256),
         train=TrainConfig(lr=(1e-2,), steps=16384, eval_every=128)),
+    # Figure 5 left (the official code's settings): one linear-attention head on one-hot
+    # embeddings writing straight to the answer logits, the paper's merged key-query and
+    # output-value matrices with every entry 1e-5, plain gradient descent at lr 0.1.
+    # W_Q = sqrt(d_head) I cancels the checkpoint format's 1/sqrt(d_head), so these are the
+    # official dynamics exactly. Dense snapshots for analyses.hallucination.
+    "fig5-linear": RunConfig(
+        task=_FIG5_TASK,
+        model=ModelConfig(n_heads=1, attn_only=True, attention="linear", embedding="onehot",
+                          attention_weights="merged", init="constant", init_scale=1e-5),
+        train=TrainConfig(optimizer="sgd", lr=(0.1,), steps=8192, eval_every=64, eval_size=2048,
+                          target_accuracy=2.0, snapshots_per_octave=8)),
+    # Figure 5 right: one softmax head on frozen random embeddings, TransformerLens factors.
+    "fig5-softmax": RunConfig(
+        task=_FIG5_TASK,
+        model=ModelConfig(d_model=64, n_heads=1, d_head=64, attn_only=True, init_scale=FIG5_SOFTMAX_INIT),
+        train=TrainConfig(optimizer="adam", lr=(FIG5_SOFTMAX_LR,), steps=8192, eval_every=64, eval_size=2048,
+                          target_accuracy=2.0, snapshots_per_octave=8)),
 }
 
 

@@ -59,7 +59,7 @@ def summary(result, out: Path) -> str:
         lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
                   for r in t["runs"]]
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
-              f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] else
+              f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
                                              f"  (target {t['target_accuracy']} not reached)"),
               f"wrote     {out}/"]
     return "\n".join(lines)

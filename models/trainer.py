@@ -107,7 +107,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
     K = len(runs)
 
     weights = {k: t.to(device) for k, t in stack([init_weights(run.model, task, seed) for _, seed in runs]).items()}
-    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, cfg.freeze_ov)}
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model, cfg.freeze_ov)}
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
     seeds = sorted({seed for _, seed in runs})
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}

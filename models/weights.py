@@ -49,25 +49,45 @@ def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> 
 
 
 def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
-    """One model's initial weights (CPU, float32): frozen random embeddings and unembedding,
-    zero positional embedding and biases, N(0, init_scale^2/fan_in) trainable matrices."""
+    """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
+    or one-hot), zero positional embedding and biases, trainable matrices N(0,
+    init_scale^2/fan_in) or constant init_scale; merged attention weights fix W_Q and W_V."""
+    model = model.for_task(task)
     section = model.checkpoint_section(task)
     g = torch.Generator().manual_seed(seed)
     d, H, dh = model.d_model, model.n_heads, model.d_head
     w = {key: torch.zeros(shape) for key, shape in shapes(section).items()}
-    w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
-    w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()
-    fan_in = {ATTN + "W_Q": d, ATTN + "W_K": d, ATTN + "W_V": d, ATTN + "W_O": H * dh}
+    if model.embedding == "onehot":
+        V, O = task.d_vocab, task.d_vocab_out
+        w["embed.W_E"] = torch.eye(V, d)  # token z on axis z
+        w["unembed.W_U"] = torch.eye(d, V + O)[:, V:].contiguous()  # answer a read from axis V + a
+    else:
+        w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
+        w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()
+    fan_in = {ATTN + "W_K": d, ATTN + "W_O": H * dh}
+    if model.attention_weights == "merged":
+        # q = sqrt(d_head) x_t cancels the scores' 1/sqrt(d_head): score_j = x_j W_K x_t, so W_K
+        # is the paper's key-query matrix (transposed); v = x, so W_O is its output-value matrix.
+        w[ATTN + "W_Q"] = math.sqrt(dh) * torch.eye(d).expand(H, d, d).clone()
+        w[ATTN + "W_V"] = torch.eye(d).expand(H, d, d).clone()
+    else:
+        fan_in.update({ATTN + "W_Q": d, ATTN + "W_V": d})
     if not model.attn_only:
         fan_in.update({MLP + "W_in": d, MLP + "W_out": model.d_mlp})
     for key, n_in in fan_in.items():
-        w[key] = torch.randn(w[key].shape, generator=g) * (model.init_scale / math.sqrt(n_in))
+        if model.init == "constant":
+            w[key] = torch.full(w[key].shape, model.init_scale)
+        else:
+            w[key] = torch.randn(w[key].shape, generator=g) * (model.init_scale / math.sqrt(n_in))
     return w
 
 
-def trainable_keys(weights: dict, freeze_ov: bool = False) -> list[str]:
-    """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen)."""
+def trainable_keys(weights: dict, model: ModelConfig | None = None, freeze_ov: bool = False) -> list[str]:
+    """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen;
+    W_Q and W_V stay fixed when the attention weights are merged)."""
     frozen = set(FROZEN) | set(BIASES) | (set(OV) if freeze_ov else set())
+    if model is not None and model.attention_weights == "merged":
+        frozen |= {ATTN + "W_Q", ATTN + "W_V"}
     return [key for key in weights if key not in frozen]
 
 

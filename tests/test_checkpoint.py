@@ -58,7 +58,7 @@ BAD = {
     "missing section": (lambda p: _edit_config(p, lambda c: c.pop("training")), "lacks the required field 'training'"),
     "format version": (lambda p: _edit_config(p, lambda c: c.__setitem__("format_version", 7)), "unknown format_version 7"),
     "unknown kind": (lambda p: _edit_config(p, _set("task", "kind", "association")), "task kind 'association' is not a factual-recall task"),
-    "linear attention": (lambda p: _edit_config(p, _set("model", "attention", "linear")), "linear attention has no TransformerBridge model yet"),
+    "unknown attention": (lambda p: _edit_config(p, _set("model", "attention", "sparse")), "model.attention must be 'softmax' or 'linear', got 'sparse'"),
     "layer norm": (lambda p: _edit_config(p, _set("model", "normalization_type", "LN")), "normalization_type must be null"),
     "no d_vocab_out": (lambda p: _edit_config(p, lambda c: c["model"].pop("d_vocab_out")), "model section lacks d_vocab_out"),
     "seq_len": (lambda p: _edit_config(p, _set("task", "seq_len", 99)), "differs from model.n_ctx"),
