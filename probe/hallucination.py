@@ -4,7 +4,9 @@ last-position logits over the R*D answers. Losses are in nats, rates are shares 
 - relation-only loss  -log sum_{a in A_r} p(a): mass on any valid answer for the relation;
 - subject-only loss   -log sum_{a in A_s} p(a), A_s = {a*(s, r') : r'}: mass on any answer
   the subject has, whatever the relation;
-- hallucination rate: the top answer is valid for the relation but is not the subject's;
+- hallucination rate: the share of answers, sampled from the model, that are valid for the
+  relation but are not the subject's: p(A_r) - p(a*) (sampling, not the argmax, so that the
+  near-ties of a near-uniform model at initialisation count as what they are);
 - KL(p(. | r) || model): how far the model is from the relation-only predictor p(a | r),
   which is what it outputs during the hallucination phase.
 """
@@ -39,16 +41,16 @@ def recall_metrics(logits: torch.Tensor, batch: Batch, task: FactualRecallTask) 
     D = task.answers_per_relation
     facts = task.facts.to(logits.device)
     subject_block = facts[batch.subjects]  # [n, R]: A_s
-    prediction = logits.argmax(-1)  # [n]
-    valid_for_relation = prediction // D == batch.relations
+    relation_mass = answer_block(log_p, batch.relations, D).logsumexp(-1)  # [n] log p(A_r)
+    answer_log_p = log_p.gather(-1, batch.answers[:, None])[:, 0]  # [n]
     prior = relation_prior(task).to(logits.device)[batch.relations]  # [n, O]
     kl = (prior * (prior.clamp_min(1e-30).log() - log_p)).where(prior > 0, 0.0).sum(-1)  # [n]
     values = {
-        "loss": -log_p.gather(-1, batch.answers[:, None])[:, 0],
-        "accuracy": (prediction == batch.answers).float(),
-        "relation_only_loss": -answer_block(log_p, batch.relations, D).logsumexp(-1),
+        "loss": -answer_log_p,
+        "accuracy": (logits.argmax(-1) == batch.answers).float(),
+        "relation_only_loss": -relation_mass,
         "subject_only_loss": -log_p.gather(-1, subject_block).logsumexp(-1),
-        "hallucination_rate": (valid_for_relation & (prediction != batch.answers)).float(),
+        "hallucination_rate": (relation_mass.exp() - answer_log_p.exp()).clamp_min(0.0),
         "kl_relation_prior": kl,
     }
     return {name: float(values[name].mean()) for name in METRICS}

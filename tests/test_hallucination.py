@@ -24,7 +24,7 @@ TABLE = [[0, 2], [1, 3]]
 def test_recall_metrics_by_hand():
     task = FactualRecallTask(2, 2, 2, 3, 4, facts=TABLE)
     batch = task.fact_prompts(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.Generator().manual_seed(0))
-    p = torch.tensor([[0.1, 0.6, 0.2, 0.1],  # fact (0, 0) -> 0: predicts 1, valid for r=0 but not s=0's
+    p = torch.tensor([[0.1, 0.6, 0.2, 0.1],  # fact (0, 0) -> 0: favours 1, valid for r=0 but not s=0's
                       [0.25, 0.25, 0.1, 0.4]])  # fact (1, 1) -> 3: right
     got = recall_metrics(p.log() + 5.0, batch, task)  # logits up to a constant
     # p(a | r) is uniform over each relation's two answers (one subject each)
@@ -33,7 +33,7 @@ def test_recall_metrics_by_hand():
         "accuracy": 0.5,
         "relation_only_loss": -(math.log(0.7) + math.log(0.5)) / 2,
         "subject_only_loss": -(math.log(0.1 + 0.2) + math.log(0.25 + 0.4)) / 2,  # A_0 = {0, 2}, A_1 = {1, 3}
-        "hallucination_rate": 0.5,
+        "hallucination_rate": ((0.7 - 0.1) + (0.5 - 0.4)) / 2,  # p(A_r) - p(a*)
         "kl_relation_prior": (0.5 * math.log(0.5 / 0.1) + 0.5 * math.log(0.5 / 0.6)
                               + 0.5 * math.log(0.5 / 0.1) + 0.5 * math.log(0.5 / 0.4)) / 2,
     }
