@@ -162,12 +162,14 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     model, task = load(ckpt, device)
     config, _ = read_config(ckpt)
     folder = located_results(ckpt, model, task, fresh, progress)
-    chosen = parse_facts(facts, task) if facts else facts_to_show(pd.read_csv(folder / "facts.csv"))
+    located = pd.read_csv(folder / "facts.csv")
+    chosen = parse_facts(facts, task) if facts else facts_to_show(located)
+    labels = {(int(f.subject), int(f.relation)): f.label for f in located.itertuples()}
     prompts, table = visualize(model, task, chosen, seed)
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
                       "Everything on this page is in this one file: it opens offline.</p>"),
                       model_section(ckpt, config, task), locate_section(folder),
-                      "<h2>Attention</h2>" + views_section(prompts, table, heading="h3"),
+                      "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
                       hallucination_section(ckpt)])
     return page(f"Report: {ckpt.name}", body)
 

@@ -143,8 +143,8 @@ def head_token_html(table: pd.DataFrame) -> str:
             ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.5 else "#fff"
             cells.append(f'<td style="background:{to_hex(rgb)};color:{ink}">{value:.2f}</td>')
         rows.append(f"<tr><th>head {head}</th>{''.join(cells)}</tr>")
-    return (f'<table class="heat"><thead><tr><th></th>{header}</tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
+    return (f'<div class="wide"><table class="heat"><thead><tr><th></th>{header}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 STYLE = """
@@ -152,6 +152,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
 th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
 table.heat td { min-width: 2.5em; }
+th { white-space: nowrap; }
+.wide { overflow-x: auto; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 code { background: #f4f4f4; padding: 0 3px; }
 .note { color: #666; }
@@ -164,8 +166,10 @@ def page(title: str, body: str) -> str:
             f"<style>{STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
 
 
-def views_section(prompts: list[FactPrompt], table: pd.DataFrame, heading: str = "h2") -> str:
-    """HTML for the head x token table and one attention view per fact prompt."""
+def views_section(prompts: list[FactPrompt], table: pd.DataFrame, heading: str = "h2",
+                  notes: dict[tuple[int, int], str] | None = None) -> str:
+    """HTML for the head x token table and one attention view per fact prompt; `notes`
+    adds a word to a fact's heading (the report gives its storage label)."""
     parts = [f"<{heading}>Which heads pick which subject and relation</{heading}>",
              ('<p class="note">Mean attention of the EOS query on each subject (S) and relation (R) token, '
              "over the prompts that hold it (probe.denoising.head_token_table; 1 = all of it).</p>"),
@@ -177,7 +181,8 @@ def views_section(prompts: list[FactPrompt], table: pd.DataFrame, heading: str =
     for p in prompts:
         masses = ", ".join(f"head {h}: S {a:.2f} R {b:.2f}" for h, (a, b) in
                            enumerate(zip(p.eos_on_subject, p.eos_on_relation)))
-        parts += [f"<h3>{html.escape(p.title)}</h3>",
+        note = (notes or {}).get((p.subject, p.relation))
+        parts += [f"<h3>{html.escape(p.title + (f'; stored in: {note}' if note else ''))}</h3>",
                   (f'<p class="note">prompt: <code>{html.escape(" ".join(p.tokens))}</code><br>'
                   f"EOS attention on the subject and the relation: {html.escape(masses)}</p>"),
                   offline_html(attention_view(p))]

@@ -106,6 +106,7 @@ def test_report_cli_reuses_locate_facts_and_reads_hallucination(ckpt):
     assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
     labels = set(__import__("pandas").read_csv(located / "facts.csv")["label"])
     assert len(re.findall(r'id="circuits-vis-', page)) == len(labels)  # one view per storage label found
+    assert all(f"stored in: {label}</h3>" in page for label in labels)
     assert "Hallucination phase" in page and "Absent" in page
 
     # the hallucination analysis' folder, as analyses.hallucination writes it
