@@ -33,7 +33,6 @@ from probe.storage import LABELS
 LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
                   "margins.png": "Per fact: logit margin written by attention vs by the MLP",
                   "head_tokens.png": "Head x token attention of the EOS query"}
-MAX_VIEWS = 4
 
 
 def _read_json(path: Path) -> dict:
@@ -55,11 +54,11 @@ def located_results(ckpt: Path, model, task, fresh: bool = False, progress: bool
     return folder
 
 
-def facts_to_show(facts: pd.DataFrame, n: int = MAX_VIEWS) -> list[tuple[int, int]]:
-    """The first fact of each storage label present (in LABELS order), at most `n`."""
+def facts_to_show(facts: pd.DataFrame) -> list[tuple[int, int]]:
+    """The first fact of each storage label present, in LABELS order."""
     firsts = facts.groupby("label", sort=False).head(1).set_index("label")
     return [(int(firsts.loc[label, "subject"]), int(firsts.loc[label, "relation"]))
-            for label in LABELS if label in firsts.index][:n]
+            for label in LABELS if label in firsts.index]
 
 
 def _image(path: Path, caption: str) -> str:
@@ -180,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/report)")
     p.add_argument("--facts", default=None, metavar="S:R,...",
-                   help=f"facts whose attention to show (default: the first fact of each storage label, at most {MAX_VIEWS})")
+                   help="facts whose attention to show (default: the first fact of each storage label found)")
     p.add_argument("--fresh", action="store_true", help="rerun locate_facts even when its results are there")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=0, help="seed of the attention-view prompts (default 0)")
