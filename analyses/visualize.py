@@ -112,8 +112,9 @@ def attention_view(prompt: FactPrompt):
 
 
 def attention_views(model, task: FactualRecallTask, facts: list[tuple[int, int]] | None = None, seed: int = 0) -> list:
-    """circuitsvis objects (one attention_heads view per fact) for a notebook. In a notebook
-    show them with IPython.display.HTML(view.local_src), which needs no network."""
+    """circuitsvis objects (one attention_heads view per fact) for a notebook. Show one with
+    IPython.display.HTML(offline_html(view)), which needs no network (displaying the object
+    itself first probes google.com to choose between its CDN and inline versions)."""
     return [attention_view(p) for p in fact_prompts(model, task, facts or default_facts(task), seed)]
 
 
