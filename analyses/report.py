@@ -1,0 +1,200 @@
+"""python -m analyses.report CKPT/ : one offline HTML page about a checkpoint.
+
+DIR/index.html (default CKPT/analysis/report) shows the model and its training, the
+locate_facts summary (where the facts live, with 95% intervals; recall probes; the heads
+that pick the subject and the relation) with its figures, the attention views of a few
+facts (one per storage label found, circuitsvis's inline script) and, when the checkpoint
+has snapshots, the hallucination analysis found in CKPT/analysis/hallucination.
+
+locate_facts results are read from CKPT/analysis/locate_facts when they are there and
+describe the final weights; otherwise (or with --fresh) locate_facts runs first, with its
+default settings, and writes them there. The hallucination analysis is only read, never
+run: the page says when it is absent and how to produce it. Figures are embedded, so
+index.html is the whole report: it fetches nothing and opens from any folder.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from analyses import locate_facts
+from analyses.visualize import page, parse_facts, views_section, visualize
+from models import load
+from models.checkpoint import read_config, snapshot_steps, write_text
+from models.cli import run_cli
+from probe.storage import LABELS
+
+LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
+                  "margins.png": "Per fact: logit margin written by attention vs by the MLP",
+                  "head_tokens.png": "Head x token attention of the EOS query"}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); rerun with --fresh.") from None
+
+
+def located_results(ckpt: Path, model, task, fresh: bool = False, progress: bool = True) -> Path:
+    """The folder of locate_facts results for the final weights: CKPT/analysis/locate_facts,
+    computed (and written there) when absent, made for a snapshot, or `fresh` is asked."""
+    folder = ckpt / "analysis" / "locate_facts"
+    summary = folder / "summary.json"
+    if fresh or not summary.is_file() or _read_json(summary).get("step") is not None:
+        located = locate_facts.locate(model, task, progress=progress)
+        located.summary.update(checkpoint=str(ckpt), step=None)
+        locate_facts.write(located, folder, task)
+    return folder
+
+
+def facts_to_show(facts: pd.DataFrame) -> list[tuple[int, int]]:
+    """The first fact of each storage label present, in LABELS order."""
+    firsts = facts.groupby("label", sort=False).head(1).set_index("label")
+    return [(int(firsts.loc[label, "subject"]), int(firsts.loc[label, "relation"]))
+            for label in LABELS if label in firsts.index]
+
+
+def _image(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)} (<code>{html.escape(path.name)}</code>)</figcaption></figure>")
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _interval(x: dict, percent: bool = False) -> str:
+    if percent:
+        return f"{100 * x['value']:.1f}% [{100 * x['low']:.1f}, {100 * x['high']:.1f}]"
+    return f"{x['value']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+
+
+def _short(value) -> str:
+    """A summary value as short text: floats to 4 significant digits, containers as JSON."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def model_section(ckpt: Path, config: dict, task) -> str:
+    m, t = config["model"], config.get("training", {})
+    rows = [["task", repr(task)],
+            ["model", (f"d={m['d_model']} H={m['n_heads']} d_h={m['d_head']} "
+                      f"{'attention only' if m.get('attn_only') else 'm=' + str(m.get('d_mlp'))}")],
+            ["training", ", ".join(f"{k}={t[k]:.4g}" if isinstance(t[k], float) else f"{k}={t[k]}"
+                                   for k in ("optimizer", "lr", "seed", "steps_run", "final_accuracy", "final_loss")
+                                   if k in t) or "not recorded"],
+            ["snapshots", len(snapshot_steps(ckpt))]]
+    return "<h2>Model</h2>" + _table(rows, ["", ""])
+
+
+def locate_section(folder: Path) -> str:
+    s = _read_json(folder / "summary.json")
+    parts = ["<h2>Where the facts live (locate_facts)</h2>",
+             (f'<p class="note">From <code>{html.escape(str(folder))}</code>, {s["n_facts"]} facts, '
+             f"settings {html.escape(json.dumps(s.get('settings', {})))}. Intervals are 95% bootstrap intervals.</p>"),
+             f"<p>accuracy {_interval(s['accuracy_interval'])}</p>",
+             _table([[label, s["label_counts"][label], _interval(s["label_share_intervals"][label], percent=True)]
+                     for label in LABELS], ["label", "facts", "share [95% CI]"])]
+    probes = {**{f"{k} recall probe": v for k, v in s.get("recall", {}).items()},
+              **{f"{k} path accuracy": v for k, v in s.get("path_accuracy", {}).items()}}
+    if probes:
+        parts.append(_table([[name, _interval(v)] for name, v in probes.items()], ["measure", "mean over facts [95% CI]"]))
+    heads_csv = folder / "heads.csv"
+    if heads_csv.is_file():
+        heads = pd.read_csv(heads_csv, keep_default_na=False).sort_values("denoising_score", ascending=False)
+        parts += ["<h3>Heads (denoising: 1 = all of the EOS query's attention on the token, 0 = uniform)</h3>",
+                  _table([[int(r.head), f"{r.subject_score:.2f}", f"{r.relation_score:.2f}", r.subjects or "-",
+                           r.relations or "-"] for r in heads.itertuples()],
+                         ["head", "subject score", "relation score", "subjects (>= 0.5)", "relations (>= 0.5)"])]
+    parts += [_image(folder / name, caption) for name, caption in LOCATE_FIGURES.items() if (folder / name).is_file()]
+    return "\n".join(parts)
+
+
+def hallucination_section(ckpt: Path) -> str:
+    """The hallucination analysis's summary and figures, read from its output folder."""
+    folder = ckpt / "analysis" / "hallucination"
+    command = f"python -m analyses.hallucination {ckpt}"
+    parts = ["<h2>Hallucination phase</h2>"]
+    if not snapshot_steps(ckpt):
+        return parts[0] + '<p class="note">Absent: the checkpoint has no snapshots (train with '\
+                          "<code>--snapshots-per-octave</code> &gt; 0 to study the training dynamics).</p>"
+    if not (folder / "summary.json").is_file():
+        why = ("run <code>" + html.escape(command) + "</code>, then this report again"
+               if importlib.util.find_spec("analyses.hallucination") else
+               "this installation has no <code>analyses.hallucination</code> module")
+        return parts[0] + f'<p class="note">Absent: no <code>{html.escape(str(folder))}/summary.json</code>; {why}.</p>'
+    s = _read_json(folder / "summary.json")
+    phase = s.get("phase")
+    if phase:
+        parts += [(f"<p>Hallucination phase from step {phase.get('start_step')} to {phase.get('end_step')}: the model "
+                  "answers from the relation alone (loss near log D) before it recalls the subject's answer.</p>"),
+                  _table([[k, _short(v)] for k, v in phase.items()], ["phase", "value"])]
+    else:
+        parts.append("<p>No hallucination phase found in the training curves.</p>")
+    rows = [[k, _short(v)] for k, v in s.items() if k != "phase"]
+    parts.append(_table(rows, ["field", "value"]))
+    parts += [_image(p, p.stem.replace("_", " ")) for p in sorted(folder.glob("*.png"))]
+    csvs = sorted(p.name for p in folder.glob("*.csv"))
+    if csvs:
+        parts.append(f'<p class="note">Data: {", ".join(f"<code>{html.escape(c)}</code>" for c in csvs)} in '
+                     f"<code>{html.escape(str(folder))}</code>.</p>")
+    return "\n".join(parts)
+
+
+def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fresh: bool = False,
+          seed: int = 0, progress: bool = True) -> str:
+    """The report page (HTML) of a checkpoint."""
+    ckpt = Path(ckpt)
+    model, task = load(ckpt, device)
+    config, _ = read_config(ckpt)
+    folder = located_results(ckpt, model, task, fresh, progress)
+    located = pd.read_csv(folder / "facts.csv")
+    chosen = parse_facts(facts, task) if facts else facts_to_show(located)
+    labels = {(int(f.subject), int(f.relation)): f.label for f in located.itertuples()}
+    prompts, table = visualize(model, task, chosen, seed)
+    body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
+                      "Everything on this page is in this one file: it opens offline.</p>"),
+                      model_section(ckpt, config, task), locate_section(folder),
+                      "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
+                      hallucination_section(ckpt)])
+    return page(f"Report: {ckpt.name}", body)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analyses.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/report)")
+    p.add_argument("--facts", default=None, metavar="S:R,...",
+                   help="facts whose attention to show (default: the first fact of each storage label found)")
+    p.add_argument("--fresh", action="store_true", help="rerun locate_facts even when its results are there")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="seed of the attention-view prompts (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    out = args.out or Path(args.ckpt) / "analysis" / "report"
+    text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet)
+    write_text(out / "index.html", text)
+    print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,234 @@
+"""python -m analyses.visualize CKPT/ : circuitsvis attention views of chosen facts' prompts.
+
+For each chosen fact (s, r), one prompt (random positions and noise, from --seed) is run
+through the TransformerBridge model; its attention pattern, read from the hook
+blocks.0.attn.hook_pattern ([head, query, key], probabilities), is drawn for every head
+with circuitsvis.attention.attention_heads, the tokens labelled S3, R1, n17, EOS. A head x
+token table (probe.denoising.head_token_table: the EOS query's mean attention on each
+subject and relation over --contexts prompts per fact) says which heads pick which tokens.
+
+Writes DIR/index.html (default CKPT/analysis/visualize): one self-contained page that
+works offline (circuitsvis's inline script; never its CDN version), and DIR/views.json
+(per fact: tokens, answer, prediction, each head's EOS attention on s and r).
+"""
+from __future__ import annotations
+
+import argparse
+import html
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from analyses.output import write_summary
+from models import load
+from models.checkpoint import write_text
+from models.cli import run_cli
+from probe.denoising import head_token_table
+from probe.hooks import HOOK_PATTERN
+from probe.task import Batch, FactualRecallTask
+
+N_DEFAULT_FACTS = 3
+
+
+@dataclass(frozen=True)
+class FactPrompt:
+    """One prompt of a fact and what the model did with it."""
+
+    subject: int
+    relation: int
+    answer: int  # a*(s, r)
+    predicted: int  # argmax of the last-position logits
+    tokens: list[str]  # [T] labels: S3, R1, n17, EOS
+    pattern: list[list[list[float]]]  # [head, query, key] attention probabilities
+    eos_on_subject: list[float]  # [head] the EOS query's attention on the subject
+    eos_on_relation: list[float]  # [head] ... on the relation
+
+    @property
+    def title(self) -> str:
+        verdict = "correct" if self.predicted == self.answer else f"wrong: predicted {self.predicted}"
+        return f"fact S{self.subject} R{self.relation} -> answer {self.answer} ({verdict})"
+
+
+def parse_facts(text: str, task: FactualRecallTask) -> list[tuple[int, int]]:
+    """'3:1,7:0' -> [(3, 1), (7, 0)], each subject < S and relation < R."""
+    facts = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            s, r = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"--facts expects SUBJECT:RELATION pairs like 3:1,7:0, got {item.strip()!r}.") from None
+        if not (0 <= s < task.n_subjects and 0 <= r < task.n_relations):
+            raise ValueError(f"--facts {s}:{r} is outside the task (subjects 0..{task.n_subjects - 1}, "
+                             f"relations 0..{task.n_relations - 1}).")
+        facts.append((s, r))
+    return facts
+
+
+def default_facts(task: FactualRecallTask, n: int = N_DEFAULT_FACTS) -> list[tuple[int, int]]:
+    """`n` facts evenly spaced over the subject-major fact list (first and last included)."""
+    n = min(n, task.n_facts)
+    index = torch.linspace(0, task.n_facts - 1, n).round().long().unique()
+    return [(int(i) // task.n_relations, int(i) % task.n_relations) for i in index]
+
+
+def fact_prompts(model, task: FactualRecallTask, facts: list[tuple[int, int]], seed: int = 0) -> list[FactPrompt]:
+    """One prompt per fact, run with run_with_cache; the pattern read from hook_pattern.
+    A fact's prompt depends only on `seed` and the fact, not on the other facts shown."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    prompts = [task.fact_prompts(torch.tensor([s]), torch.tensor([r]),
+                                 generator.manual_seed(seed * task.n_facts + s * task.n_relations + r))
+               for s, r in facts]
+    batch = Batch(**{f.name: torch.cat([getattr(p, f.name) for p in prompts]) for f in fields(Batch)})
+    with torch.inference_mode():
+        logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda name: name == HOOK_PATTERN)
+    pattern = cache[HOOK_PATTERN].float().cpu()  # [n, head, query, key]
+    predicted = logits[:, -1].argmax(-1).cpu()  # [n]
+    rows = torch.arange(len(batch))
+    on_subject = pattern[rows, :, -1, batch.subject_pos.cpu()]  # [n, head]
+    on_relation = pattern[rows, :, -1, batch.relation_pos.cpu()]  # [n, head]
+    tokens = batch.tokens.cpu()
+    return [FactPrompt(s, r, int(batch.answers[i]), int(predicted[i]),
+                       [task.token_label(int(z)) for z in tokens[i]], pattern[i].tolist(),
+                       _rounded(on_subject[i]), _rounded(on_relation[i]))
+            for i, (s, r) in enumerate(facts)]
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(v, 4) for v in values.tolist()]
+
+
+def attention_view(prompt: FactPrompt):
+    """circuitsvis attention_heads view of every head on one prompt (causal mask shown)."""
+    from circuitsvis.attention import attention_heads
+
+    heads = len(prompt.pattern)
+    return attention_heads(attention=prompt.pattern, tokens=prompt.tokens,
+                           attention_head_names=[f"head {h}" for h in range(heads)],
+                           max_value=1.0, min_value=0.0, mask_upper_tri=True)
+
+
+def attention_views(model, task: FactualRecallTask, facts: list[tuple[int, int]] | None = None, seed: int = 0) -> list:
+    """circuitsvis objects (one attention_heads view per fact) for a notebook. Show one with
+    IPython.display.HTML(offline_html(view)), which needs no network (displaying the object
+    itself first probes google.com to choose between its CDN and inline versions)."""
+    return [attention_view(p) for p in fact_prompts(model, task, facts or default_facts(task), seed)]
+
+
+def offline_html(view) -> str:
+    """The view's inline-script HTML as a closed element, so several views can share a page.
+    circuitsvis writes its container as `<div .../>`, which HTML parses as an open div: the
+    rest of the page would land inside it and be wiped when React renders into it."""
+    src = view.local_src
+    head, sep, tail = src.partition("/>")
+    if not sep or not head.lstrip().startswith("<div"):
+        raise RuntimeError("unexpected circuitsvis output: its container is not a self-closing <div/>.")
+    return f"{head}></div>{tail}"
+
+
+def head_token_html(table: pd.DataFrame) -> str:
+    """An HTML heat map of a head x token table of attention masses (0..1), viridis colours."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    cmap = colormaps["viridis"]
+    header = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    rows = []
+    for head, masses in table.iterrows():
+        cells = []
+        for value in masses:
+            rgb = cmap(float(value))
+            ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.5 else "#fff"
+            cells.append(f'<td style="background:{to_hex(rgb)};color:{ink}">{value:.2f}</td>')
+        rows.append(f"<tr><th>head {head}</th>{''.join(cells)}</tr>")
+    return (f'<div class="wide"><table class="heat"><thead><tr><th></th>{header}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+th, td { border: 1px solid #ddd; padding: 3px 6px; text-align: right; }
+table.heat td { min-width: 2.5em; }
+th { white-space: nowrap; }
+.wide { overflow-x: auto; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+code { background: #f4f4f4; padding: 0 3px; }
+.note { color: #666; }
+"""
+
+
+def page(title: str, body: str) -> str:
+    """A whole HTML document; nothing in it is fetched from a network."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
+
+
+def views_section(prompts: list[FactPrompt], table: pd.DataFrame, heading: str = "h2",
+                  notes: dict[tuple[int, int], str] | None = None) -> str:
+    """HTML for the head x token table and one attention view per fact prompt; `notes`
+    adds a word to a fact's heading (the report gives its storage label)."""
+    parts = [f"<{heading}>Which heads pick which subject and relation</{heading}>",
+             ('<p class="note">Mean attention of the EOS query on each subject (S) and relation (R) token, '
+             "over the prompts that hold it (probe.denoising.head_token_table; 1 = all of it).</p>"),
+             head_token_html(table),
+             f"<{heading}>Attention patterns of single prompts</{heading}>",
+             ('<p class="note">Every head of the one attention layer (hook <code>blocks.0.attn.hook_pattern</code>), '
+             "query rows, key columns. The model is read at the last position (EOS): its row decides the answer. "
+             "Click a head to enlarge it; hover for values.</p>")]
+    for p in prompts:
+        masses = ", ".join(f"head {h}: S {a:.2f} R {b:.2f}" for h, (a, b) in
+                           enumerate(zip(p.eos_on_subject, p.eos_on_relation)))
+        note = (notes or {}).get((p.subject, p.relation))
+        parts += [f"<h3>{html.escape(p.title + (f'; stored in: {note}' if note else ''))}</h3>",
+                  (f'<p class="note">prompt: <code>{html.escape(" ".join(p.tokens))}</code><br>'
+                  f"EOS attention on the subject and the relation: {html.escape(masses)}</p>"),
+                  offline_html(attention_view(p))]
+    return "\n".join(parts)
+
+
+def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | None = None, seed: int = 0,
+              contexts: int = 8) -> tuple[list[FactPrompt], pd.DataFrame]:
+    """The prompts of `facts` (default: a few, evenly spaced) and the head x token table."""
+    prompts = fact_prompts(model, task, facts or default_facts(task), seed)
+    return prompts, head_token_table(model, task, contexts, seed)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analyses.visualize", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("--facts", default=None, metavar="S:R,...",
+                   help=f"facts to show, e.g. 3:1,7:0 (default: {N_DEFAULT_FACTS} evenly spaced over the fact table)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/visualize)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--contexts", type=int, default=8, help="prompts per fact for the head x token table (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
+    p.add_argument("--step", type=int, default=None, help="show the snapshot of this training step instead of the final weights")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.contexts < 1:
+        raise ValueError("--contexts must be >= 1.")
+    model, task = load(args.ckpt, args.device, args.step)
+    facts = parse_facts(args.facts, task) if args.facts else None
+    out = args.out or Path(args.ckpt) / "analysis" / "visualize"
+    prompts, table = visualize(model, task, facts, args.seed, args.contexts)
+    body = (f'<p class="note">{html.escape(repr(task))}; checkpoint <code>{html.escape(str(args.ckpt))}</code>'
+            f"{'' if args.step is None else f', step {args.step}'}</p>\n" + views_section(prompts, table))
+    write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": args.seed,
+                                       "facts": [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]})
+    write_text(out / "index.html", page("Attention views", body))
+    for p in prompts:
+        print(p.title)
+    print(f"wrote {out}/index.html ({len(prompts)} attention views, head x token table) and views.json")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

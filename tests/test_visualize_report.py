@@ -1,0 +1,132 @@
+"""analyses.visualize and analyses.report: what they write, that it loads nothing from a
+network, what the attention views show, and one-line refusals of bad input."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analyses import report, visualize
+from models.cli import run_cli
+from tests.test_locate_facts import constructed
+
+REMOTE_SCRIPT = re.compile(r"""<script[^>]*\ssrc=|(import|from)\s*\(?\s*["']https?://""")
+PNG = "data:image/png;base64,"
+
+
+def run(module, *args):
+    return subprocess.run([sys.executable, "-m", f"analyses.{module}", *map(str, args)], capture_output=True, text=True, check=False)
+
+
+def refused(main, args, capsys) -> str:
+    """Run a CLI's main in this process as `python -m` would; it must exit 2 with one line."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(list(map(str, args))))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_ckpt, tmp_path_factory):
+    """A private copy of the tiny checkpoint (it has snapshots)."""
+    return Path(shutil.copytree(tiny_ckpt, tmp_path_factory.mktemp("views") / "tiny"))
+
+
+def test_visualize_cli_writes_offline_views(ckpt):
+    proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    out = ckpt / "analysis" / "visualize"
+    page = (out / "index.html").read_text()
+    assert len(re.findall(r'id="circuits-vis-', page)) == 2  # one attention_heads view per fact
+    assert "CircuitsVis.render" in page and "AttentionHeads" in page
+    assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
+    assert 'class="heat"' in page and ">S15<" in page and ">R3<" in page  # head x token table
+    views = json.loads((out / "views.json").read_text())
+    assert [(f["subject"], f["relation"]) for f in views["facts"]] == [(3, 1), (7, 0)]
+    for f in views["facts"]:
+        assert f["tokens"][-1] == "EOS" and len(f["tokens"]) == 12
+        assert f"S{f['subject']}" in f["tokens"] and f"R{f['relation']}" in f["tokens"]
+        assert all(re.fullmatch(r"n\d+", t) for t in f["tokens"] if t[0] not in "SRE")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--facts", "99:0"], "outside the task"),
+    (["--facts", "3-1"], "SUBJECT:RELATION"),
+    (["--contexts", "0"], "--contexts"),
+])
+def test_visualize_bad_input_one_line(ckpt, tmp_path, args, message, capsys):
+    assert message in refused(visualize.main, [ckpt, "--out", tmp_path / "views", *args], capsys)
+    assert not (tmp_path / "views").exists()
+
+
+def test_missing_checkpoint_one_line(tmp_path, capsys):
+    proc = run("report", tmp_path / "absent")  # through the real entry point once
+    assert proc.returncode == 2 and "no such directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "no such directory" in refused(visualize.main, [tmp_path / "absent"], capsys)
+    assert not (tmp_path / "absent").exists()
+
+
+def test_views_show_the_construction_heads():
+    """Theorem 3 construction: each subject has one head that attends to it from EOS; the
+    view's labels and masses must find it at the subject's position."""
+    model, task = constructed("attention")
+    facts = [(s, s % task.n_relations) for s in range(task.n_subjects)]
+    prompts = visualize.fact_prompts(model, task, facts, seed=3)
+    for p in prompts:
+        eos_row = [head[-1] for head in p.pattern]  # [head][key]
+        assert all(abs(sum(row) - 1) < 1e-5 for row in eos_row)
+        at = p.tokens.index(f"S{p.subject}")
+        assert max(row[at] for row in eos_row) > 0.99 and max(p.eos_on_subject) > 0.99
+        assert p.predicted == p.answer
+        assert all(head[0][1:] == [0.0] * (len(p.tokens) - 1) for head in p.pattern)  # causal
+    # a fact's prompt does not depend on the other facts shown
+    assert visualize.fact_prompts(model, task, facts[2:3], seed=3)[0].tokens == prompts[2].tokens
+    assert len(visualize.attention_views(model, task)) == len(visualize.default_facts(task))
+
+
+def test_default_facts_are_spread_and_fixed():
+    _, task = constructed("attention")
+    facts = visualize.default_facts(task)
+    assert facts == visualize.default_facts(task) and len(set(facts)) == 3
+    assert facts[0] == (0, 0) and facts[-1] == (task.n_subjects - 1, task.n_relations - 1)
+
+
+def test_report_cli_reuses_locate_facts_and_reads_hallucination(ckpt):
+    assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
+    located = ckpt / "analysis" / "locate_facts"
+    page = (ckpt / "analysis" / "report" / "index.html").read_text()
+    assert (located / "summary.json").is_file() and (located / "facts.csv").is_file()
+    assert "Where the facts live" in page and page.count(PNG) == 3  # locate_facts' figures, embedded
+    assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
+    labels = set(__import__("pandas").read_csv(located / "facts.csv")["label"])
+    assert len(re.findall(r'id="circuits-vis-', page)) == len(labels)  # one view per storage label found
+    assert all(f"stored in: {label}</h3>" in page for label in labels)
+    assert "Hallucination phase" in page and "Absent" in page
+
+    # the hallucination analysis' folder, as analyses.hallucination writes it
+    folder = ckpt / "analysis" / "hallucination"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45, "plateau_loss": 1.3862},
+                                                     "log_D": 1.3862943611198906}))
+    (folder / "metrics.csv").write_text("step,loss\n0,2.0\n")
+    shutil.copy(located / "margins.png", folder / "hallucination.png")
+    stamp = os.stat(located / "summary.json").st_mtime_ns
+    page = report.build(ckpt, "cpu", facts="0:0", progress=False)
+    assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
+    assert "from step 8 to 45" in page and "1.386" in page and "metrics.csv" in page
+    assert page.count(PNG) == 4 and "Absent" not in page
+    assert len(re.findall(r'id="circuits-vis-', page)) == 1
+
+
+def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):
+    broken = Path(shutil.copytree(ckpt, tmp_path / "broken", ignore=shutil.ignore_patterns("analysis")))
+    (broken / "analysis" / "locate_facts").mkdir(parents=True)
+    (broken / "analysis" / "locate_facts" / "summary.json").write_text("{not json")
+    err = refused(report.main, [broken, "--out", tmp_path / "report", "--device", "cpu"], capsys)
+    assert "summary.json: not valid JSON" in err and not (tmp_path / "report").exists()
