@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from models.bridge import build_bridge, resolve_device
-from models.config import preset
+from models.config import RunConfig, override, preset
+from models.forward import has_positions
 from models.trainer import DATA_SEED_OFFSET, Optimizer, train_step, training_batch
 from models.weights import init_weights, stack, trainable_keys
 
@@ -38,25 +39,32 @@ MEMORY_STEPS = 3
 TL_TRAINABLE = (".q.", ".k.", ".v.", ".o.", ".fc_in.", ".fc_out.")  # bridge weight names; biases stay frozen
 
 
-def make_ours(preset_name: str, batch: int, k: int, device: torch.device):
-    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1)."""
+def bench_run(preset_name: str, seq_len: int | None = None) -> RunConfig:
+    """The preset, with its sequence length replaced when `seq_len` is given."""
     run = preset(preset_name)
+    return run if seq_len is None else RunConfig(override(run.task, {"seq_len": seq_len}), run.model, run.train)
+
+
+def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None):
+    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1)."""
+    run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
     weights = {key: t.to(device) for key, t in stack([init_weights(run.model, task, s) for _, s in runs]).items()}  # [K, ...]
-    params = {key: weights[key].requires_grad_() for key in trainable_keys(weights)}
+    params = {key: weights[key].requires_grad_() for key in trainable_keys(weights, run.model)}
     optimizer = Optimizer(params, torch.full((k,), lr, device=device), "adam")
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for _, s in runs}
+    positional = has_positions(weights)  # as models.trainer.train: decided once
 
     def step():
         tokens, answers = training_batch(task, generators, runs, batch)  # [K, B, T], [K, B]
-        train_step(weights, optimizer, tokens, answers, run.model.attention)
+        train_step(weights, optimizer, tokens, answers, run.model.attention, positional)
     return step
 
 
-def make_tl(preset_name: str, batch: int, k: int, device: torch.device):
+def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None):
     """A closure doing one step of the plain TransformerBridge training loop (one model)."""
-    run = preset(preset_name)
+    run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     bridge = build_bridge(run.model.checkpoint_section(task), init_weights(run.model, task, 0), device)
     params = [p for name, p in bridge.named_parameters()
@@ -80,6 +88,38 @@ def make_tl(preset_name: str, batch: int, k: int, device: torch.device):
 VARIANTS = {"ours": make_ours, "tl": make_tl}
 
 
+def step_flops(run: RunConfig, batch: int) -> int:
+    """FLOPs (2 per multiply-add) of the matrix products one training step of one model
+    cannot avoid with per-vocabulary tables: the last-position forward (query, key and value
+    tables, scores and mix over the vocabulary, W_O, MLP, unembedding) and the backward
+    products for the trainable weights and the activations upstream of them (the frozen W_E
+    and W_U get no gradient). Elementwise work (softmax, ReLU, Adam, sampling) is not counted."""
+    task = run.task.build()
+    model = run.model.for_task(task)
+    B, V, O = batch, task.d_vocab, task.d_vocab_out
+    d, H, dh, m = model.d_model, model.n_heads, model.d_head, 0 if model.attn_only else model.d_mlp
+    tables = 2 * V * d * H * dh  # key and value tables
+    mix = 2 * B * H * V * dh  # scores, and pattern @ value table
+    forward = B * d * H * dh + tables + mix + B * H * dh * d + 2 * B * d * m + B * d * O
+    backward = (B * O * d  # d(resid) through the frozen unembedding
+                + 4 * B * d * m  # MLP: both weights, hidden and input
+                + 2 * B * H * dh * d  # W_O and z
+                + 2 * mix  # both operands of both vocabulary products
+                + tables  # W_K and W_V from their tables
+                + B * d * H * dh)  # W_Q (the embedding is frozen)
+    return 2 * (forward + backward)
+
+
+def matmul_flops_per_second(device: torch.device, n: int = 1024, repeats: int = 10, rounds: int = 5) -> float:
+    """The machine's fp32 matrix-product throughput: torch.mm of two n x n matrices, best round."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best = 0.0
+    for _ in range(rounds):
+        rate = steps_per_second(lambda: torch.mm(a, b), repeats, device)
+        best = max(best, rate * 2 * n ** 3)
+    return best
+
+
 def steps_per_second(step, n: int, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -96,7 +136,7 @@ def _status_mib(field: str) -> float:
     return int(re.search(rf"^{field}:\s+(\d+) kB", open("/proc/self/status").read(), re.M)[1]) / 1024
 
 
-def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str) -> float:
+def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str, seq_len: int | None = None) -> float:
     """Run in a fresh process: build `variant`, do MEMORY_STEPS steps, return its peak memory."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (library import not counted)
 
@@ -105,7 +145,7 @@ def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: 
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the RSS high-water mark (VmHWM) to the current RSS
         rss_before = _status_mib("VmRSS")
-    step = VARIANTS[variant](preset_name, batch, k, dev)
+    step = VARIANTS[variant](preset_name, batch, k, dev, seq_len)
     for _ in range(MEMORY_STEPS):
         step()
     if dev.type == "cuda":
@@ -122,6 +162,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps timed per round")
     parser.add_argument("--k", type=int, default=1, help="models stacked in our trainer")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--memory-seq-lens", type=lambda t: [int(x) for x in t.split(",")], default=[32, 256],
+                        help="sequence lengths T at which to measure our peak memory (default 32,256)")
     args = parser.parse_args()
     device = resolve_device(args.device)
 
@@ -133,9 +175,13 @@ def main() -> None:
         for name, step in steps.items():
             rates[name].append(steps_per_second(step, args.steps, device))
 
-    with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        memory = {name: pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device)))
-                  for name in steps}
+    matmul = matmul_flops_per_second(device)
+
+    def memory_of(name: str, seq_len: int | None = None) -> float:
+        with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+            return pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device), seq_len))
+    memory = {name: memory_of(name) for name in steps}
+    memory_by_length = {T: memory_of("ours", T) for T in args.memory_seq_lens}
 
     run = preset(args.preset)
     task, model = run.task, run.model
@@ -148,7 +194,16 @@ def main() -> None:
     models = {"ours": args.k, "tl": 1}
     for name, r in rates.items():
         print(f"{name:<8}{models[name]:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{memory[name]:>10.1f}")
-    ratio = (statistics.median(rates["ours"]) * args.k) / statistics.median(rates["tl"])
+    flops = step_flops(bench_run(args.preset), args.batch) * args.k
+    ours_rate = statistics.median(rates["ours"])
+    floor_ms, step_ms = 1e3 * flops / matmul, 1e3 / ours_rate
+    print(f"flops_per_step {flops:.3e} (matrix products of the last-position forward and backward)")
+    print(f"matmul_throughput {matmul:.3e} FLOP/s (torch.mm 1024 x 1024, fp32, best of 5 rounds)")
+    print(f"achieved {flops * ours_rate:.3e} FLOP/s = {100 * flops * ours_rate / matmul:.0f}% of it; floor "
+          f"{floor_ms:.2f} ms/step, ours {step_ms:.2f} ms/step = {step_ms / floor_ms:.2f}x the floor")
+    print("peak memory of ours by sequence length: " + ", ".join(
+        f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()))
+    ratio = (ours_rate * args.k) / statistics.median(rates["tl"])
     print(f"speedup_vs_transformerlens {ratio:.1f}")
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
-from models.forward import last_position_logits
+from models.forward import has_positions, last_position_logits
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from probe.task import FactualRecallTask
@@ -54,11 +54,12 @@ def snapshot_schedule(max_steps: int, per_octave: int) -> set[int]:
     return {s for s in steps if s <= max_steps}
 
 
-def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str):
+def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str,
+             positional: bool | None = None):
     """Held-out loss (nats) and accuracy per model: two [K] tensors."""
     K = next(iter(weights.values())).shape[0]
     with torch.no_grad():
-        logits = last_position_logits(weights, tokens.expand(K, *tokens.shape), attention)  # [K, B, O]
+        logits = last_position_logits(weights, tokens.expand(K, *tokens.shape), attention, positional)  # [K, B, O]
         loss = F.cross_entropy(logits.transpose(1, 2), answers.expand(K, -1), reduction="none").mean(-1)
         accuracy = (logits.argmax(-1) == answers).float().mean(-1)
     return loss, accuracy
@@ -108,6 +109,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
 
     weights = {k: t.to(device) for k, t in stack([init_weights(run.model, task, seed) for _, seed in runs]).items()}
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model, cfg.freeze_ov)}
+    positional = has_positions(weights)  # W_pos is frozen: decide once, no per-step host sync
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
     seeds = sorted({seed for _, seed in runs})
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
@@ -131,7 +133,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
             if state_folder:
                 save_state(state_folder, step, params, optimizer, generators, metrics)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            loss, acc = evaluate(weights, held_out.tokens, held_out.answers, run.model.attention)
+            loss, acc = evaluate(weights, held_out.tokens, held_out.answers, run.model.attention, positional)
             row = {"step": step, "seconds": round(time.perf_counter() - start, 3),
                    "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
                               for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
@@ -145,7 +147,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
             if step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
                 break
         tokens, answers = training_batch(task, generators, runs, cfg.batch_size)
-        train_step(weights, optimizer, tokens, answers, run.model.attention)
+        train_step(weights, optimizer, tokens, answers, run.model.attention, positional)
         step += 1
         bar.update(1)
     bar.close()
@@ -189,9 +191,9 @@ def _check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None
 
 
 def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,
-               attention: str = "softmax") -> torch.Tensor:
+               attention: str = "softmax", positional: bool | None = None) -> torch.Tensor:
     """One update of every model on tokens [K, B, T], answers [K, B]; returns the summed loss."""
-    logits = last_position_logits(weights, tokens, attention)  # [K, B, O]
+    logits = last_position_logits(weights, tokens, attention, positional)  # [K, B, O]
     loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / tokens.shape[1]
     loss.backward()
     optimizer.step()
