@@ -1,16 +1,16 @@
 """The trainer's fast forward: last-position logits of K stacked one-layer models.
 
 The loss reads only the last position, and a one-layer model's keys and values depend on a
-position only through its token and its positional embedding. So we project the
-vocabulary once (key and value tables [head, vocab]) and never materialise a batch x T x d
-activation. Without a positional embedding a prompt is, for the last query, a bag of
-tokens: the attention a vocabulary entry receives is its count times its softmax weight,
-so the pattern per vocabulary entry is softmax(scores + log counts) over the vocabulary —
-no per-position gather or scatter at all, and memory independent of T. With a positional
-embedding the scores are gathered per position and the pattern is summed per vocabulary
-entry (scalars moved, never vectors), plus a small position table. Same math as
-TransformerLens either way (tests/test_parity.py pins both to the TransformerBridge model
-to 1e-5); analyses never use this, they use the model's hooks.
+position only through its token and its positional embedding. So instead of projecting
+every position (batch x T x d work), we project the vocabulary once (tables [head, vocab])
+and move scalars: the last query's scores are gathered from a [batch, head, vocab] table,
+and the attention weights are summed per vocabulary entry before one product with the
+value table; a positional embedding adds its own small [head, T] tables (skipped when W_pos
+is zero, as in our models). No batch x T x d activation is materialised. Measured here:
+scoring the vocabulary as a bag of tokens (softmax over the vocabulary with log counts) was
+slower than this gather and scatter at V = 129, T = 32. Same math as TransformerLens
+(tests/test_parity.py pins it to the TransformerBridge model to 1e-5); analyses never use
+this, they use the model's hooks.
 """
 from __future__ import annotations
 
@@ -28,12 +28,6 @@ def has_positions(w: dict[str, torch.Tensor]) -> bool:
     """Whether the stack has a non-zero positional embedding (one host sync: call it once
     per run, not per step)."""
     return bool(w["pos_embed.W_pos"].any())
-
-
-def token_counts(tokens: torch.Tensor, d_vocab: int, dtype=torch.float32) -> torch.Tensor:
-    """How often each vocabulary entry occurs in each prompt [K, batch, vocab] (no gradient)."""
-    ones = torch.ones(tokens.shape, dtype=dtype, device=tokens.device)
-    return torch.zeros(*tokens.shape[:-1], d_vocab, dtype=dtype, device=tokens.device).scatter_add_(-1, tokens, ones)
 
 
 def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, attention: str = "softmax",
@@ -58,27 +52,20 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
     value_vocab = value_vocab + w[ATTN + "b_V"][:, :, None]
     scores_vocab = einsum(q, key_vocab, "k b h e, k h v e -> k b h v") / math.sqrt(d_head)  # [K, B, H, V]
 
-    # The last query sees every position, so the causal mask removes nothing here.
-    if not positional:
-        counts = token_counts(tokens, V, scores_vocab.dtype)[:, :, None]  # [K, B, 1, V]
-        if attention == "softmax":
-            pattern_vocab = (scores_vocab + counts.log()).softmax(-1)  # [K, B, H, V]; absent tokens get 0
-        else:
-            pattern_vocab = scores_vocab * counts
-        z = einsum(pattern_vocab, value_vocab, "k b h v, k h v e -> k b h e")  # [K, B, H, dh]
-    else:
+    H = key_vocab.shape[1]
+    token_index = tokens[:, :, None, :].expand(K, B, H, T)  # [K, B, H, T]
+    scores = torch.gather(scores_vocab, -1, token_index)  # [K, B, H, T]
+    if positional:
         W_pos = w["pos_embed.W_pos"]  # [K, T, d]
-        H = key_vocab.shape[1]
-        token_index = tokens[:, :, None, :].expand(K, B, H, T)  # [K, B, H, T]
         key_pos = einsum(W_pos, w[ATTN + "W_K"], "k t d, k h d e -> k h t e")  # [K, H, T, dh]
+        scores = scores + einsum(q, key_pos, "k b h e, k h t e -> k b h t") / math.sqrt(d_head)
+    # The last query sees every position, so the causal mask removes nothing here.
+    pattern = scores.softmax(-1) if attention == "softmax" else scores  # [K, B, H, T]
+    pattern_vocab = torch.zeros_like(scores_vocab).scatter_add(-1, token_index, pattern)  # [K, B, H, V]
+    z = einsum(pattern_vocab, value_vocab, "k b h v, k h v e -> k b h e")  # [K, B, H, dh]
+    if positional:
         value_pos = einsum(W_pos, w[ATTN + "W_V"], "k t d, k h d e -> k h t e")  # [K, H, T, dh]
-        scores = torch.gather(scores_vocab, -1, token_index) \
-            + einsum(q, key_pos, "k b h e, k h t e -> k b h t") / math.sqrt(d_head)  # [K, B, H, T]
-        pattern = scores.softmax(-1) if attention == "softmax" else scores  # [K, B, H, T]
-        pattern_vocab = torch.zeros(K, B, H, V, dtype=pattern.dtype, device=pattern.device)
-        pattern_vocab = pattern_vocab.scatter_add(-1, token_index, pattern)  # [K, B, H, V]
-        z = einsum(pattern_vocab, value_vocab, "k b h v, k h v e -> k b h e") \
-            + einsum(pattern, value_pos, "k b h t, k h t e -> k b h e")  # [K, B, H, dh]
+        z = z + einsum(pattern, value_pos, "k b h t, k h t e -> k b h e")
     attn_out = einsum(z, w[ATTN + "W_O"], "k b h e, k h e d -> k b d") + w[ATTN + "b_O"][:, None]  # [K, B, d]
 
     resid = x_last + attn_out  # [K, B, d]

@@ -9,7 +9,7 @@ from models.weights import init_weights, stack
 from probe.task import FactualRecallTask
 
 
-@pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "bag-of-tokens"])
+@pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "no-W_pos"])
 @pytest.mark.parametrize("attn_only, options", [
     (False, {}), (True, {}),
     # linear attention: the bridge's pattern hook is replaced by the scaled scores
@@ -26,7 +26,7 @@ def test_last_position_logits_match_transformer_bridge(attn_only, options, posit
         w = init_weights(model, task, seed)
         # perturb everything, biases and positional embedding included, so every term is tested
         perturbed = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in w.items()}
-        if not positional:  # our models: W_pos zero, so the forward treats a prompt as a bag of tokens
+        if not positional:  # our models: W_pos zero, so the forward skips the position tables
             perturbed["pos_embed.W_pos"].zero_()
         models.append(perturbed)
     batch = task.sample(256, torch.Generator().manual_seed(2))
@@ -40,9 +40,8 @@ def test_last_position_logits_match_transformer_bridge(attn_only, options, posit
 
 
 @pytest.mark.parametrize("attention", ["softmax", "linear"])
-def test_bag_of_tokens_gradients_equal_the_positional_path(attention):
-    """Without W_pos the forward scores the vocabulary (absent tokens at log 0 = -inf); its
-    gradients must be finite and equal those of the per-position path."""
+def test_gradients_without_position_tables_equal_those_with_them(attention):
+    """With W_pos zero, skipping the position tables changes no gradient."""
     task = FactualRecallTask(12, 4, 3, 10, 9)
     model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40, attention=attention)
     w = stack([init_weights(model, task, 0)])
@@ -54,5 +53,4 @@ def test_bag_of_tokens_gradients_equal_the_positional_path(attention):
         torch.nn.functional.cross_entropy(logits[0], batch.answers).backward()
         grads.append({k: p.grad for k, p in params.items() if k != "pos_embed.W_pos"})
     for key, grad in grads[0].items():
-        assert torch.isfinite(grad).all()
         assert torch.allclose(grad, grads[1][key], atol=1e-6), key
