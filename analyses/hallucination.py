@@ -156,19 +156,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def analyse(ckpt: str | Path, out: Path, device: str = "auto", eval_size: int = 2048, seed: int = 0,
+            storage_points: int = 12, contexts: int = 4, rule: PhaseRule = PhaseRule(), progress: bool = True) -> dict:
+    """Measure every snapshot, find the phase, write metrics.csv, summary.json and the two
+    figures to `out`; returns the summary."""
+    metrics, task = measure(ckpt, device, eval_size, seed, storage_points, contexts, progress)
+    summary = {"checkpoint": str(ckpt), **summarise(metrics, task, rule)}
+    write_csv(out / "metrics.csv", metrics)
+    write_summary(out / "summary.json", summary)
+    plots.hallucination_curves(metrics, summary, out / "hallucination.png")
+    plots.storage_over_time(metrics, summary, out / "storage.png")
+    return summary
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.eval_size < 1 or args.contexts < 1 or args.storage_points < 0:
         raise ValueError("--eval-size and --contexts must be >= 1, --storage-points >= 0.")
     rule = PhaseRule(**{f.name: getattr(args, f.name) for f in fields(PhaseRule)})
     out = args.out or Path(args.ckpt) / "analysis" / "hallucination"
-    metrics, task = measure(args.ckpt, args.device, args.eval_size, args.seed, args.storage_points,
-                            args.contexts, progress=not args.quiet)
-    summary = {"checkpoint": str(args.ckpt), **summarise(metrics, task, rule)}
-    write_csv(out / "metrics.csv", metrics)
-    write_summary(out / "summary.json", summary)
-    plots.hallucination_curves(metrics, summary, out / "hallucination.png")
-    plots.storage_over_time(metrics, summary, out / "storage.png")
+    summary = analyse(args.ckpt, out, args.device, args.eval_size, args.seed, args.storage_points,
+                      args.contexts, rule, progress=not args.quiet)
     print(report(summary, args.ckpt, out))
     return 0
 

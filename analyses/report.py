@@ -4,12 +4,11 @@ DIR/index.html (default CKPT/analysis/report) shows the model and its training, 
 locate_facts summary (where the facts live, with 95% intervals; recall probes; the heads
 that pick the subject and the relation) with its figures, the attention views of a few
 facts (one per storage label found, circuitsvis's inline script) and, when the checkpoint
-has snapshots, the hallucination analysis found in CKPT/analysis/hallucination.
+has snapshots, the hallucination analysis (CKPT/analysis/hallucination).
 
-locate_facts results are read from CKPT/analysis/locate_facts when they are there and
-describe the final weights; otherwise (or with --fresh) locate_facts runs first, with its
-default settings, and writes them there. The hallucination analysis is only read, never
-run: the page says when it is absent and how to produce it. Figures are embedded, so
+Both analyses' results are read from CKPT/analysis/ when they are there (locate_facts:
+when they describe the final weights); otherwise, or with --fresh, the analysis runs
+first with its default settings and writes them there. Figures are embedded, so
 index.html is the whole report: it fetches nothing and opens from any folder.
 """
 from __future__ import annotations
@@ -17,13 +16,12 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from analyses import locate_facts
+from analyses import hallucination, locate_facts
 from analyses.visualize import page, parse_facts, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
@@ -123,19 +121,23 @@ def locate_section(folder: Path) -> str:
     return "\n".join(parts)
 
 
-def hallucination_section(ckpt: Path) -> str:
-    """The hallucination analysis's summary and figures, read from its output folder."""
-    folder = ckpt / "analysis" / "hallucination"
-    command = f"python -m analyses.hallucination {ckpt}"
-    parts = ["<h2>Hallucination phase</h2>"]
+def hallucination_results(ckpt: Path, device: str = "auto", fresh: bool = False, progress: bool = True) -> Path | None:
+    """The folder of the hallucination analysis, CKPT/analysis/hallucination, computed (and
+    written there) when absent or `fresh` is asked; None without snapshots."""
     if not snapshot_steps(ckpt):
+        return None
+    folder = ckpt / "analysis" / "hallucination"
+    if fresh or not (folder / "summary.json").is_file():
+        hallucination.analyse(ckpt, folder, device, progress=progress)
+    return folder
+
+
+def hallucination_section(folder: Path | None) -> str:
+    """The hallucination analysis's summary and figures, read from its output folder."""
+    parts = ["<h2>Hallucination phase</h2>"]
+    if folder is None:
         return parts[0] + '<p class="note">Absent: the checkpoint has no snapshots (train with '\
                           "<code>--snapshots-per-octave</code> &gt; 0 to study the training dynamics).</p>"
-    if not (folder / "summary.json").is_file():
-        why = ("run <code>" + html.escape(command) + "</code>, then this report again"
-               if importlib.util.find_spec("analyses.hallucination") else
-               "this installation has no <code>analyses.hallucination</code> module")
-        return parts[0] + f'<p class="note">Absent: no <code>{html.escape(str(folder))}/summary.json</code>; {why}.</p>'
     s = _read_json(folder / "summary.json")
     phase = s.get("phase")
     if phase:
@@ -161,6 +163,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     model, task = load(ckpt, device)
     config, _ = read_config(ckpt)
     folder = located_results(ckpt, model, task, fresh, progress)
+    dynamics = hallucination_results(ckpt, device, fresh, progress)
     located = pd.read_csv(folder / "facts.csv")
     chosen = parse_facts(facts, task) if facts else facts_to_show(located)
     labels = {(int(f.subject), int(f.relation)): f.label for f in located.itertuples()}
@@ -169,7 +172,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
                       "Everything on this page is in this one file: it opens offline.</p>"),
                       model_section(ckpt, config, task), locate_section(folder),
                       "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
-                      hallucination_section(ckpt)])
+                      hallucination_section(dynamics)])
     return page(f"Report: {ckpt.name}", body)
 
 
@@ -180,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/report)")
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help="facts whose attention to show (default: the first fact of each storage label found)")
-    p.add_argument("--fresh", action="store_true", help="rerun locate_facts even when its results are there")
+    p.add_argument("--fresh", action="store_true",
+                   help="rerun locate_facts and the hallucination analysis even when their results are there")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=0, help="seed of the attention-view prompts (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

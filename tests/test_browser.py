@@ -130,7 +130,7 @@ def test_report_renders_offline(browser, ckpt):
     assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
     seen = render(browser, ckpt / "analysis" / "report" / "index.html")
     assert seen.ok, seen
-    assert seen.views >= 1 and "Absent" in (ckpt / "analysis" / "report" / "index.html").read_text()
+    assert seen.views >= 1 and "Hallucination phase" in (ckpt / "analysis" / "report" / "index.html").read_text()
 
 
 def test_cdn_version_fails_the_check(browser, model_task, tmp_path):

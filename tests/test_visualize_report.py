@@ -97,31 +97,29 @@ def test_default_facts_are_spread_and_fixed():
     assert facts[0] == (0, 0) and facts[-1] == (task.n_subjects - 1, task.n_relations - 1)
 
 
-def test_report_cli_reuses_locate_facts_and_reads_hallucination(ckpt):
+def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
-    located = ckpt / "analysis" / "locate_facts"
+    located, dynamics = ckpt / "analysis" / "locate_facts", ckpt / "analysis" / "hallucination"
     page = (ckpt / "analysis" / "report" / "index.html").read_text()
     assert (located / "summary.json").is_file() and (located / "facts.csv").is_file()
-    assert "Where the facts live" in page and page.count(PNG) == 3  # locate_facts' figures, embedded
+    assert (dynamics / "summary.json").is_file() and (dynamics / "metrics.csv").is_file()  # tiny has snapshots
+    assert "Where the facts live" in page and "Hallucination phase" in page and "Absent" not in page
+    assert page.count(PNG) == 3 + 2  # locate_facts' and the hallucination analysis' figures, embedded
     assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
     labels = set(__import__("pandas").read_csv(located / "facts.csv")["label"])
     assert len(re.findall(r'id="circuits-vis-', page)) == len(labels)  # one view per storage label found
     assert all(f"stored in: {label}</h3>" in page for label in labels)
-    assert "Hallucination phase" in page and "Absent" in page
 
-    # the hallucination analysis' folder, as analyses.hallucination writes it
-    folder = ckpt / "analysis" / "hallucination"
-    folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45, "plateau_loss": 1.3862},
-                                                     "log_D": 1.3862943611198906}))
-    (folder / "metrics.csv").write_text("step,loss\n0,2.0\n")
-    shutil.copy(located / "margins.png", folder / "hallucination.png")
+    # results on disk are read, not recomputed
+    (dynamics / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45, "plateau_loss": 1.3862},
+                                                       "log_D": 1.3862943611198906}))
     stamp = os.stat(located / "summary.json").st_mtime_ns
     page = report.build(ckpt, "cpu", facts="0:0", progress=False)
     assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
     assert "from step 8 to 45" in page and "1.386" in page and "metrics.csv" in page
-    assert page.count(PNG) == 4 and "Absent" not in page
+    assert page.count(PNG) == 5
     assert len(re.findall(r'id="circuits-vis-', page)) == 1
+    assert "Absent: the checkpoint has no snapshots" in report.hallucination_section(None)
 
 
 def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):
