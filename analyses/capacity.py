@@ -70,7 +70,8 @@ def run_memory(args) -> dict:
                             outputs_per_input=args.outputs_per_input) for d in args.d for m in widths]
     for cfg in configs:
         cfg.validate()
-    settings = {"analysis": "capacity memory", "configs": [asdict(c) for c in configs], "seeds": args.seeds}
+    # what every probe shares; sizes and seeds are in the cell keys, so a sweep can grow
+    settings = {"analysis": "capacity memory", **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")}}
     cells = Cells(args.out, settings)
     rows = []
     with tqdm(desc="memory probes", unit="probe", disable=args.quiet) as bar:
@@ -93,7 +94,7 @@ def run_memory(args) -> dict:
                "sizes": [{"d": int(r.d), "m": None if pd.isna(r.m) else int(r.m), "x": int(r.x),
                           "n_star_mean": float(r.n_star), "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
                           "n_star_over_theory": float(r.n_star / r.theory)} for r in means.itertuples()],
-               "settings": settings, "device": str(device), "probes_computed": cells.computed}
+               "settings": settings, "seeds": args.seeds, "device": str(device), "probes_computed": cells.computed}
     write_csv(args.out / "probes.csv", pd.DataFrame(cells.rows()))
     write_csv(args.out / "capacity.csv", table)
     write_summary(args.out / "summary.json", summary)
@@ -141,7 +142,7 @@ def transformer_run(shape: tuple, d: int, S: int, args) -> RunConfig:
     task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=args.answers, n_noise=2 * S,
                       seq_len=args.seq_len)
     return RunConfig(task=task, model=shape_model(alpha, beta, int(heads), d),
-                     train=TrainConfig(lr=tuple(args.lr), seed=(args.seed,), steps=args.steps,
+                     train=TrainConfig(lr=tuple(args.lr), seed=(args.seed,), steps=args.steps, batch_size=args.batch_size,
                                        eval_every=args.eval_every, eval_size=args.eval_size,
                                        target_accuracy=TARGET, snapshots_per_octave=0, device=args.device))
 
@@ -178,10 +179,9 @@ def run_transformer(args) -> dict:
         for d in args.d:
             shape_model(shape[0], shape[1], int(shape[2]), d)  # refuses a shape that does not fit d
     resolve_device(args.device)
-    settings = {"analysis": "capacity transformer", "shapes": [list(s) for s in shapes], "d": list(args.d),
-                "answers": args.answers, "seq_len": args.seq_len, "lr": list(args.lr), "seed": args.seed,
-                "steps": args.steps, "eval_every": args.eval_every, "eval_size": args.eval_size,
-                "bits_per_parameter": args.bits_per_parameter}
+    settings = {"analysis": "capacity transformer", "answers": args.answers, "seq_len": args.seq_len,
+                "lr": list(args.lr), "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
+                "eval_every": args.eval_every, "eval_size": args.eval_size}
     cells = Cells(args.out, settings)
     rows = []
     with tqdm(desc="transformer probes", unit="run", disable=args.quiet) as bar:
@@ -199,7 +199,8 @@ def run_transformer(args) -> dict:
                          "rows": g.drop(columns="shape").to_dict("records")}
                  for shape, g in ok.groupby("shape")}
     summary = {"fitted_slope": slope, "shapes": per_shape, "bits_per_parameter": args.bits_per_parameter,
-               "bits_per_fact": math.log2(args.answers), "settings": settings, "probes_computed": cells.computed}
+               "bits_per_fact": math.log2(args.answers), "settings": settings,
+               "sizes": {"shapes": [list(s) for s in shapes], "d": list(args.d)}, "probes_computed": cells.computed}
     write_csv(args.out / "probes.csv", pd.DataFrame(cells.rows()))
     write_csv(args.out / "capacity.csv", table)
     write_summary(args.out / "summary.json", summary)
@@ -263,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_comma_list(float), default=(1e-3, 3e-3, 1e-2), help="learning rates, one batched run")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=16384, help="maximum steps per run (default 2^14)")
+    t.add_argument("--batch-size", type=int, default=1024, help="fresh prompts per step (default 1024)")
     t.add_argument("--eval-every", type=int, default=128)
     t.add_argument("--eval-size", type=int, default=4096)
     t.add_argument("--bits-per-parameter", type=float, default=2.0,
@@ -281,8 +283,8 @@ def main(argv=None) -> int:
             raise ValueError("--seeds, --steps and --d must be >= 1.")
         run_memory(args)
     else:
-        if args.answers < 2 or args.seq_len < 3 or args.steps < 1 or min(args.d) < 1:
-            raise ValueError("--answers must be >= 2, --seq-len >= 3, --steps and --d >= 1.")
+        if args.answers < 2 or args.seq_len < 3 or min(args.steps, args.batch_size, args.eval_every, args.eval_size, *args.d) < 1:
+            raise ValueError("--answers must be >= 2, --seq-len >= 3, --steps, --batch-size, --eval-every, --eval-size and --d >= 1.")
         run_transformer(args)
     return 0
 

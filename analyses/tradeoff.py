@@ -18,6 +18,7 @@ starting from the paper-tradeoff preset.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,9 @@ def train_and_locate(run: RunConfig, args) -> dict:
 
 
 def _settings(run: RunConfig, args, extra: dict) -> dict:
-    from dataclasses import asdict
-    return {"analysis": f"tradeoff {args.command}", "run": asdict(run), "contexts": args.contexts,
+    recorded = asdict(run)
+    recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    return {"analysis": f"tradeoff {args.command}", "run": recorded, "contexts": args.contexts,
             "patch_contexts": args.patch_contexts, "seed_locate": args.seed_locate, **extra}
 
 
@@ -124,7 +126,9 @@ def _grid_figure(table, frontier, path):
         image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
         for i in range(len(heads)):
             for j in range(len(widths)):
-                ax.text(j, i, f"{grid.iloc[i, j]:.2f}", ha="center", va="center", fontsize=7)
+                value = grid.iloc[i, j]
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if value > 0.6 and col != "accuracy" else "black")
         xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
         ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="99% frontier (smallest m)")
         ax.set_xticks(range(len(widths)), widths)

@@ -176,3 +176,18 @@ def test_pruned_bridge_writes_nothing_from_removed_units(tiny_result):
     _, cache = all_gone.run_with_cache(tokens)
     assert cache["blocks.0.hook_mlp_out"].abs().max() == 0
     assert cache["blocks.0.attn.hook_z"].abs().max() == 0
+
+
+def test_pruning_steps_cover_zero_to_all():
+    from analyses.tradeoff import pruning_steps
+
+    assert pruning_steps(8, 4) == [0, 2, 4, 6, 8]
+    assert pruning_steps(3, 8) == [0, 1, 2, 3]
+
+
+def test_bad_shape_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    bad = subprocess.run([sys.executable, "-m", "analyses.capacity", "transformer", "--shape", "1,1,3", "--d", "8",
+                          "--out", str(out)], check=False, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: shape") and bad.stderr.count("\n") == 1
+    assert not out.exists()
