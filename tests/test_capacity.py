@@ -2,8 +2,6 @@
 import itertools
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -93,20 +91,29 @@ def test_cells_refuse_another_sweeps_directory(tmp_path):
         Cells(tmp_path, {"steps": 20})
 
 
-def test_memory_sweep_rerun_skips_recorded_probes(tmp_path):
-    cmd = [sys.executable, "-m", "analyses.capacity", "memory", "--kind", "mlp", "--d", "8", "--m", "2",
-           "--seeds", "1", "--steps", "100", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
-    first = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
-    assert first.returncode == 0, first.stderr
+def _cli(argv, capsys):
+    """Run `python -m analyses.capacity ARGV` in-process: (exit code, stdout, stderr)."""
+    from analyses.capacity import main
+    from models.cli import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(argv))
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def test_memory_sweep_rerun_skips_recorded_probes(tmp_path, capsys):
+    argv = ["memory", "--kind", "mlp", "--d", "8", "--m", "2", "--seeds", "1", "--steps", "100",
+            "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    assert _cli(argv, capsys)[0] == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["probes_computed"] > 0 and "fitted_slope" in summary
     assert {"capacity.csv", "probes.csv", "capacity_mlp.png"} <= {p.name for p in tmp_path.iterdir()}
-    second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
+    assert _cli(argv, capsys)[0] == 0
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again["probes_computed"] == 0 and again["sizes"] == summary["sizes"]
-    changed = subprocess.run(cmd[:-2] + ["--lr", "0.05", "--out", str(tmp_path)], check=False, capture_output=True, text=True)
-    assert changed.returncode == 2 and changed.stderr.count("\n") == 1 and "other settings" in changed.stderr
+    code, _, err = _cli(argv[:-2] + ["--lr", "0.05", "--out", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "other settings" in err
 
 
 # ------------------------------------------------------------------ memories
@@ -185,9 +192,46 @@ def test_pruning_steps_cover_zero_to_all():
     assert pruning_steps(3, 8) == [0, 1, 2, 3]
 
 
-def test_bad_shape_is_one_line_and_writes_nothing(tmp_path):
+def test_bad_shape_is_one_line_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
-    bad = subprocess.run([sys.executable, "-m", "analyses.capacity", "transformer", "--shape", "1,1,3", "--d", "8",
-                          "--out", str(out)], check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: shape") and bad.stderr.count("\n") == 1
+    code, _, err = _cli(["transformer", "--shape", "1,1,3", "--d", "8", "--out", str(out)], capsys)
+    assert code == 2 and err.startswith("error: shape") and err.count("\n") == 1
     assert not out.exists()
+
+
+TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
+        "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",
+        "--patch-contexts", "1", "--device", "cpu", "--quiet"]
+
+
+def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
+    from analyses.tradeoff import main
+
+    argv = ["grid", "--heads", "2", "--widths", "4,32", *TINY, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "(2 new cells)" in capsys.readouterr().out
+    import pandas as pd
+
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    shares = grid[[f"share_{k}" for k in ("attention", "mlp", "both", "distributed", "not_stored")]].sum(axis=1)
+    assert len(grid) == 2 and (shares - 1).abs().max() < 1e-9 and grid["accuracy"].between(0, 1).all()
+    (tmp_path / "cells" / "H2_m32.json").unlink()
+    assert main(argv) == 0
+    assert "(1 new cells)" in capsys.readouterr().out
+    assert (tmp_path / "grid.png").is_file()
+
+
+def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
+    import pandas as pd
+
+    from analyses.tradeoff import main
+
+    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *TINY, "--out", str(tmp_path)]) == 0
+    facts = pd.read_csv(tmp_path / "shrink_facts.csv")
+    steps = facts.groupby("component")["removed"].unique().apply(sorted).to_dict()
+    assert steps == {"mlp": [0, 32, 64], "heads": [1, 2, 3, 4]}
+    assert (facts.groupby(["component", "removed"]).size() == 64).all()  # every fact at every step
+    before = facts[facts["removed"] == 0].set_index(["subject", "relation"])["store_before"]
+    assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
+    everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
+    assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
