@@ -111,6 +111,7 @@ def run_memory(args) -> dict:
 
 def _capacity_figure(means, table, x_name, theory_slope, slope, title, ylabel, path, bound=None):
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,13 +124,14 @@ def _capacity_figure(means, table, x_name, theory_slope, slope, title, ylabel, p
     anchor_x, anchor_y = np.exp(np.log(means["x"]).mean()), np.exp(np.log(means["n_star"]).mean())
     if not math.isnan(slope):
         ax.plot(x, anchor_y * (x / anchor_x) ** slope, "C0-", lw=1, label=f"fit: slope {slope:.2f}")
-    ax.plot(x, anchor_y * (x / anchor_x) ** theory_slope, "k--", lw=1, label=f"theory ∝ {x_name}^{theory_slope:g}")
+    ax.plot(x, anchor_y * (x / anchor_x) ** theory_slope, "k--", lw=1, label=f"theory ∝ {x_name}" + ("²" if theory_slope == 2 else ""))
     if theory_slope == 2:  # d^2 / log(d^2)
         ax.plot(x, anchor_y * (x / anchor_x) ** 2 * np.log(anchor_x ** 2) / np.log(x ** 2), "k:", lw=1,
                 label="theory ∝ d² / log d²")
     if bound is not None:
         ax.plot(*bound(x), "r-.", lw=1, label="information bound")
     ax.set(xscale="log", yscale="log", xlabel=x_name, ylabel=ylabel, title=title)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
     save_figure(fig, path)
 
@@ -188,10 +190,9 @@ def run_transformer(args) -> dict:
         for shape in shapes:
             for d in args.d:
                 S = transformer_capacity(shape, d, args, cells, bar)
-                model = shape_model(shape[0], shape[1], int(shape[2]), d)
+                params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
                 rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
-                             "parameters": parameter_count(_section(model))["total"],
-                             "facts_per_parameter": S * S / parameter_count(_section(model))["total"]})
+                             "parameters": params, "facts_per_parameter": S * S / params})
     table = pd.DataFrame(rows)
     ok = table[table["facts"] > 0]
     slope = fitted_slope(ok["parameters"], ok["facts"]) if ok["parameters"].nunique() > 1 else float("nan")
@@ -214,6 +215,7 @@ def run_transformer(args) -> dict:
 
 def _facts_figure(table, slope, args, path):
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -231,6 +233,7 @@ def _facts_figure(table, slope, args, path):
             label=f"information bound: S·R·log2 D bits at {bits:g} bits/parameter")
     ax.set(xscale="log", yscale="log", xlabel="parameters (4·H·d_h·d + 2·m·d)", ylabel="facts stored (S·R)",
            title="Facts stored against parameters")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
     save_figure(fig, path)
 

@@ -198,9 +198,9 @@ def pruning_steps(n: int, steps: int) -> list[int]:
 
 def run_shrink(args) -> dict:
     run = base_run(args)
+    section, weights, task = trained_model(args, run)  # a bad --ckpt is refused before anything is written
     cells = Cells(args.out, _settings(run, args, {"ckpt": str(args.ckpt) if args.ckpt else None,
                                                    "mlp_steps": args.mlp_steps}))
-    section, weights, task = trained_model(args, run)
     device = resolve_device(run.train.device)
     orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
     plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], args.mlp_steps)] + \
