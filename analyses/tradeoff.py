@@ -1,0 +1,314 @@
+"""python -m analyses.tradeoff grid|swap|shrink : attention against MLP as the fact store.
+
+grid    Train the H x m grid (paper Figure 4 right: S=R=32, D=8, N=64, T=32, d=32, d_h=8)
+        and record, per cell, held-out accuracy AND where locate_facts finds the facts
+        (shares labelled attention / mlp / both / distributed / not_stored). Heat maps of
+        accuracy and of the attention and MLP shares, with the 99% frontier (the smallest m
+        reaching 99% at each H).
+swap    One task and model trained three ways: both free, MLP removed (attention only),
+        OV path frozen at its random init; where do the facts go?
+shrink  On one trained model (--ckpt, or trained here): prune MLP neurons (smallest
+        ||W_in[:, i]|| ||W_out[i, :]|| first) and heads (smallest ||W_V W_O|| first) step by
+        step, and re-measure which facts survive and which store they were in before.
+
+Every cell is one JSON file in --out/cells/ (a re-run with the same settings skips it);
+CSV next to the figures, summary.json. Task, model and training flags as models.train,
+starting from the paper-tradeoff preset.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from analyses.locate_facts import locate
+from analyses.output import save_figure, write_csv, write_summary
+from analyses.sweep import Cells
+from models.bridge import build_bridge, resolve_device
+from models.checkpoint import load_checkpoint
+from models.cli import _comma_list, add_config_flags, given, run_cli
+from models.config import (
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    override,
+    preset,
+)
+from models.pruning import head_norms, neuron_norms, prune, prune_order
+from models.trainer import train
+from models.weights import parameter_count
+from probe.storage import LABELS
+
+BASE = "paper-tradeoff"
+
+
+def base_run(args) -> RunConfig:
+    base = preset(BASE)
+    return RunConfig(task=override(base.task, given(args, TaskConfig)),
+                     model=override(base.model, given(args, ModelConfig)),
+                     train=override(base.train, {"snapshots_per_octave": 0, **given(args, TrainConfig)}))
+
+
+def storage_row(model, task, args) -> dict:
+    """locate_facts on `model`: accuracy over contexts and the share of facts per label."""
+    located = locate(model, task, args.contexts, args.patch_contexts, args.seed_locate, progress=False)
+    s = located.summary
+    return {"located_accuracy": s["accuracy"], **{f"share_{k}": v for k, v in s["label_shares"].items()},
+            "_facts": located.facts[["subject", "relation", "accuracy", "label"]]}
+
+
+def train_and_locate(run: RunConfig, args) -> dict:
+    """Train `run` (its learning rates batched), keep the best, locate its facts."""
+    result = train(run, progress=False)
+    t = result.training
+    model = build_bridge(result.model, result.weights, resolve_device(run.train.device))
+    row = storage_row(model, result.task, args)
+    row.pop("_facts")
+    counts = parameter_count(result.model)
+    return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
+            "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
+            "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
+            "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
+
+
+def _settings(run: RunConfig, args, extra: dict) -> dict:
+    recorded = asdict(run)
+    recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    return {"analysis": f"tradeoff {args.command}", "run": recorded, "contexts": args.contexts,
+            "patch_contexts": args.patch_contexts, "seed_locate": args.seed_locate, **extra}
+
+
+# ----------------------------------------------------------------------------- grid
+def run_grid(args) -> dict:
+    run = base_run(args)
+    cells_list = [(h, m) for h in args.heads for m in args.widths]
+    for h, m in cells_list:
+        override(run.model, {"n_heads": h, "d_mlp": m}).validate()
+    cells = Cells(args.out, _settings(run, args, {"heads": list(args.heads), "widths": list(args.widths)}))
+    rows = []
+    for h, m in tqdm(cells_list, desc="trade-off grid", unit="cell", disable=args.quiet):
+        cell = RunConfig(run.task, override(run.model, {"n_heads": h, "d_mlp": m}), run.train)
+        rows.append(cells.get(f"H{h}_m{m}", lambda cell=cell: train_and_locate(cell, args)))
+    table = pd.DataFrame(rows)
+    frontier = {int(h): (int(g.loc[g["accuracy"] >= 0.99, "width"].min()) if (g["accuracy"] >= 0.99).any() else None)
+                for h, g in table.groupby("heads")}
+    write_csv(args.out / "grid.csv", table)
+    corners = {name: table[(table["heads"] == h) & (table["width"] == m)].iloc[0].to_dict()
+               for name, h, m in (("attention_heavy", max(args.heads), min(args.widths)),
+                                  ("mlp_heavy", min(args.heads), max(args.widths)))}
+    summary = {"frontier_min_width_at_99": frontier, "corners": corners, "task": repr(run.task.build()),
+               "cells_computed": cells.computed}
+    write_summary(args.out / "summary.json", summary)
+    _grid_figure(table, frontier, args.out / "grid.png")
+    print(table[["heads", "width", "accuracy", "share_attention", "share_mlp", "share_both",
+                 "share_distributed", "share_not_stored"]].to_string(index=False, float_format="%.3f"))
+    print(f"wrote {args.out}/ ({cells.computed} new cells)")
+    return summary
+
+
+def _grid_figure(table, frontier, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
+    panels = [("accuracy", "held-out accuracy", "viridis"), ("share_attention", "share of facts in attention", "Blues"),
+              ("share_mlp", "share of facts in the MLP", "Oranges")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (col, title, cmap) in zip(axes, panels):
+        grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
+        image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for i in range(len(heads)):
+            for j in range(len(widths)):
+                value = grid.iloc[i, j]
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if value > 0.6 and col != "accuracy" else "black")
+        xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
+        ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="99% frontier (smallest m)")
+        ax.set_xticks(range(len(widths)), widths)
+        ax.set_yticks(range(len(heads)), heads)
+        ax.set(xlabel="MLP width m", ylabel="heads H", title=title)
+        fig.colorbar(image, ax=ax)
+    axes[0].legend(fontsize=7, loc="upper right")
+    save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- swap
+VARIANTS = {"both_free": {}, "attn_only": {"attn_only": True}, "freeze_ov": {"freeze_ov": True}}
+
+
+def run_swap(args) -> dict:
+    run = base_run(args)
+    cells = Cells(args.out, _settings(run, args, {"variants": list(VARIANTS)}))
+    rows = []
+    for name, change in tqdm(VARIANTS.items(), desc="swap experiments", unit="model", disable=args.quiet):
+        variant = RunConfig(run.task, override(run.model, change), override(run.train, change))
+        rows.append({"variant": name, **cells.get(name, lambda variant=variant: train_and_locate(variant, args))})
+    table = pd.DataFrame(rows)
+    write_csv(args.out / "swap.csv", table)
+    write_summary(args.out / "summary.json", {"variants": table.set_index("variant").to_dict("index"),
+                                               "task": repr(run.task.build()), "cells_computed": cells.computed})
+    _stacked_shares(table, args.out / "swap.png")
+    print(table[["variant", "accuracy"] + [f"share_{k}" for k in LABELS]].to_string(index=False, float_format="%.3f"))
+    print(f"wrote {args.out}/")
+    return {"variants": rows}
+
+
+def _stacked_shares(table, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.plots import COLORS
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    bottom = np.zeros(len(table))
+    for label in LABELS:
+        values = table[f"share_{label}"].to_numpy(float)
+        ax.bar(table["variant"], values, bottom=bottom, color=COLORS[label], label=label)
+        bottom += values
+    ax.set(ylabel="share of facts", title="Where the facts go")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    save_figure(fig, path)
+
+
+# ---------------------------------------------------------------------------- shrink
+def trained_model(args, run: RunConfig):
+    """(model section, weights, task): --ckpt, or the run trained once and kept in out/model."""
+    path = Path(args.ckpt) if args.ckpt else args.out / "model"
+    if not args.ckpt and not (path / "config.json").is_file():
+        train(run, progress=not args.quiet).save(path)
+    checkpoint = load_checkpoint(path)
+    if checkpoint.model.get("attn_only"):
+        raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
+    return checkpoint.model, checkpoint.weights, checkpoint.task
+
+
+def pruning_steps(n: int, steps: int) -> list[int]:
+    """0 .. n units removed in at most `steps` + 1 even steps."""
+    return sorted({round(i * n / steps) for i in range(steps + 1)})
+
+
+def run_shrink(args) -> dict:
+    run = base_run(args)
+    section, weights, task = trained_model(args, run)  # a bad --ckpt is refused before anything is written
+    cells = Cells(args.out, _settings(run, args, {"ckpt": str(args.ckpt) if args.ckpt else None,
+                                                   "mlp_steps": args.mlp_steps}))
+    device = resolve_device(run.train.device)
+    orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
+    plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], args.mlp_steps)] + \
+           [("heads", k) for k in pruning_steps(section["n_heads"], section["n_heads"])[1:]]
+
+    def measure(component, k):
+        removed = orders[component][:k]
+        pruned = prune(weights, neurons=removed if component == "mlp" else (),
+                       heads=removed if component == "heads" else ())
+        row = storage_row(build_bridge(section, pruned, device), task, args)
+        facts = row.pop("_facts")
+        return {"component": component, "removed": k, "removed_units": removed,
+                "fraction": k / len(orders[component]), **row,
+                "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
+
+    rows = [cells.get(f"{c}_{k}", lambda c=c, k=k: measure(c, k))
+            for c, k in tqdm(plan, desc="pruning steps", unit="step", disable=args.quiet)]
+    before = next(r for r in rows if r["removed"] == 0)
+    facts = task.all_facts()
+    table = []
+    for r in rows:
+        for i, (acc, label) in enumerate(zip(r["fact_accuracy"], r["fact_label"])):
+            table.append({"component": r["component"], "removed": r["removed"], "fraction": r["fraction"],
+                          "subject": int(facts[0][i]), "relation": int(facts[1][i]),
+                          "store_before": before["fact_label"][i], "accuracy": acc, "survives": acc >= 0.5,
+                          "label": label})
+    table = pd.DataFrame(table)
+    write_csv(args.out / "shrink_facts.csv", table)
+    curves = (table.groupby(["component", "removed", "fraction", "store_before"])["survives"].mean()
+              .rename("surviving_share").reset_index())
+    write_csv(args.out / "shrink.csv", curves)
+    summary = {"store_before": {k: int(v) for k, v in pd.Series(before["fact_label"]).value_counts().items()},
+               "steps": [{k: r[k] for k in ("component", "removed", "fraction", "located_accuracy",
+                                             *[f"share_{lab}" for lab in LABELS])} for r in rows],
+               "cells_computed": cells.computed}
+    write_summary(args.out / "summary.json", summary)
+    _shrink_figure(curves, args.out / "shrink.png")
+    print(curves.pivot_table(index=["component", "removed"], columns="store_before", values="surviving_share")
+          .to_string(float_format="%.2f"))
+    print(f"wrote {args.out}/")
+    return summary
+
+
+def _shrink_figure(curves, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.plots import COLORS
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, (component, title) in zip(axes, (("mlp", "pruning MLP neurons (smallest norm first)"),
+                                             ("heads", "pruning heads (smallest OV norm first)"))):
+        part = curves[(curves["component"] == component) | ((curves["component"] == "mlp") & (curves["removed"] == 0))]
+        for label, g in part.groupby("store_before"):
+            g = g.sort_values("fraction")
+            ax.plot(g["fraction"], g["surviving_share"], "o-", color=COLORS[label], label=f"stored in {label}")
+        ax.set(xlabel="fraction removed", title=title, ylim=(-0.02, 1.02))
+    axes[0].set_ylabel("share of facts still recalled")
+    axes[1].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- CLI
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analyses.tradeoff", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    grid = sub.add_parser("grid", help="H x m grid: accuracy and storage shares (Figure 4 right)")
+    grid.add_argument("--heads", type=_comma_list(int), default=(1, 2, 4, 8, 16, 32), help="H values")
+    grid.add_argument("--widths", type=_comma_list(int), default=(1, 8, 16, 32, 64, 128), help="m values")
+    swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
+    shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
+    shrink.add_argument("--ckpt", default=None, help="checkpoint to prune (default: train the flags' model into OUT/model)")
+    shrink.add_argument("--mlp-steps", type=int, default=8, help="pruning steps from 0 to all MLP neurons (default 8)")
+    for q in (grid, swap, shrink):
+        q.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
+        q.add_argument("--contexts", type=int, default=8, help="locate_facts prompts per fact (default 8)")
+        q.add_argument("--patch-contexts", type=int, default=2, help="locate_facts patching prompts per fact (default 2)")
+        q.add_argument("--seed-locate", type=int, default=0, help="seed of locate_facts' prompts")
+        q.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_config_flags(q, TaskConfig, "task (paper-tradeoff preset)")
+        add_config_flags(q, ModelConfig, "model (paper-tradeoff preset)")
+        add_config_flags(q, TrainConfig, "training (paper-tradeoff preset; snapshots off)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.contexts < 2 or args.patch_contexts < 1:
+        raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
+    run = base_run(args)
+    run.train.validate()
+    run.model.validate()
+    resolve_device(run.train.device)
+    if args.command == "grid":
+        if min(args.heads) < 1 or min(args.widths) < 1:
+            raise ValueError("--heads and --widths must be >= 1.")
+        run_grid(args)
+    elif args.command == "swap":
+        run_swap(args)
+    else:
+        if args.mlp_steps < 1:
+            raise ValueError("--mlp-steps must be >= 1.")
+        run_shrink(args)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

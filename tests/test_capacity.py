@@ -1,0 +1,237 @@
+"""Binary search, resumable cells, associative memories, pruning bookkeeping, the CLIs."""
+import itertools
+import json
+import random
+
+import pytest
+import torch
+
+from analyses.sweep import Cells, largest_passing
+from models.memories import (
+    MemoryConfig,
+    fit,
+    memory_data,
+    memory_logits,
+    one_step_memory,
+    recall_accuracy,
+)
+from models.pruning import head_norms, neuron_norms, prune, prune_order
+
+
+# ------------------------------------------------------------------ binary search
+@pytest.mark.parametrize("threshold", [1, 2, 7, 100, 1000, 12345])
+@pytest.mark.parametrize("start", [1, 5, 64, 5000])
+def test_binary_search_finds_monotone_threshold(threshold, start):
+    calls = []
+
+    def passes(n):
+        calls.append(n)
+        return n <= threshold
+    assert largest_passing(passes, start) == threshold
+    assert len(calls) <= 2 * (abs(threshold.bit_length() - start.bit_length()) + threshold.bit_length()) + 4
+
+
+def test_binary_search_when_nothing_passes_and_with_a_ceiling():
+    assert largest_passing(lambda n: False, 8, lowest=2) == 1
+    assert largest_passing(lambda n: True, 8, highest=50) == 50
+    assert largest_passing(lambda n: n <= 30, 8, highest=50) == 30
+
+
+def test_binary_search_relative_tolerance_stops_early():
+    calls = []
+
+    def passes(n):
+        calls.append(n)
+        return n <= 1000
+    exact_calls = []
+    largest_passing(lambda n: exact_calls.append(n) or n <= 1000, 10)
+    found = largest_passing(passes, 10, rel_tol=0.1)
+    assert 1000 / 1.1 <= found <= 1000
+    assert len(calls) < len(exact_calls)
+
+
+def test_binary_search_noisy_oracle_lands_near_threshold():
+    """P(pass) falls smoothly from 1 to 0 around the threshold: answers stay within a few widths."""
+    threshold, width, errors = 500, 10, []
+    for seed in range(60):
+        rng = random.Random(seed)
+
+        def passes(n, rng=rng):
+            return rng.random() < 1 / (1 + pow(2.718281828, (n - threshold) / width))
+        errors.append(largest_passing(passes, 20) - threshold)
+    assert sum(abs(e) <= 6 * width for e in errors) >= 55
+    assert abs(sum(errors) / len(errors)) <= 2 * width
+
+
+def test_binary_search_refuses_bad_arguments():
+    with pytest.raises(ValueError):
+        largest_passing(lambda n: True, 0)
+    with pytest.raises(ValueError):
+        largest_passing(lambda n: True, 4, grow=1.0)
+
+
+# ------------------------------------------------------------------ resumable cells
+def test_cells_skip_what_is_recorded(tmp_path):
+    computed = []
+
+    def sweep(cells):
+        return [cells.get(f"n{n}", lambda n=n: computed.append(n) or {"n": n, "square": n * n}) for n in range(5)]
+    first = sweep(Cells(tmp_path, {"a": 1}))
+    assert computed == list(range(5))
+    (tmp_path / "cells" / "n3.json").unlink()  # as if killed before cell 3 was written
+    again = Cells(tmp_path, {"a": 1})
+    assert sweep(again) == first
+    assert computed == list(range(5)) + [3] and again.computed == 1
+    assert [r["n"] for r in again.rows()] == list(range(5))
+
+
+def test_cells_refuse_another_sweeps_directory(tmp_path):
+    Cells(tmp_path, {"steps": 10})
+    with pytest.raises(ValueError, match="other settings"):
+        Cells(tmp_path, {"steps": 20})
+
+
+def _cli(argv, capsys):
+    """Run `python -m analyses.capacity ARGV` in-process: (exit code, stdout, stderr)."""
+    from analyses.capacity import main
+    from models.cli import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(argv))
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def test_memory_sweep_rerun_skips_recorded_probes(tmp_path, capsys):
+    argv = ["memory", "--kind", "mlp", "--d", "8", "--m", "2", "--seeds", "1", "--steps", "100",
+            "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    assert _cli(argv, capsys)[0] == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["probes_computed"] > 0 and "fitted_slope" in summary
+    assert {"capacity.csv", "probes.csv", "capacity_mlp.png"} <= {p.name for p in tmp_path.iterdir()}
+    assert _cli(argv, capsys)[0] == 0
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["probes_computed"] == 0 and again["sizes"] == summary["sizes"]
+    code, _, err = _cli(argv[:-2] + ["--lr", "0.05", "--out", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "other settings" in err
+
+
+# ------------------------------------------------------------------ memories
+def test_one_step_memory_is_the_gradient_and_recalls_everything_when_n_much_below_d2():
+    cfg = MemoryConfig(d=64)
+    E, U, targets = memory_data(40, cfg, [0])  # N = 40 << d^2 = 4096
+    W = torch.zeros(64, 64, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(memory_logits({"W": W[None]}, E, U, "linear")[0], targets)
+    loss.backward()
+    built = one_step_memory(E[0], U[0], targets)
+    assert torch.allclose(built, -W.grad, atol=1e-6)
+    assert recall_accuracy(built, E[0], U[0], targets) == 1.0
+    # far past d^2 the same construction fails: the test can tell the two apart
+    E, U, targets = memory_data(2000, MemoryConfig(d=8), [0])
+    assert recall_accuracy(one_step_memory(E[0], U[0], targets), E[0], U[0], targets) < 0.5
+
+
+@pytest.mark.parametrize("kind,m", [("linear", None), ("linear", 4), ("mlp", 8)])
+def test_trained_memories_store_few_and_fail_many(kind, m):
+    cfg = MemoryConfig(kind=kind, d=8, m=m, steps=300, lr=0.1)
+    assert min(fit(cfg, 6, [0, 1])["accuracy"]) >= 0.99
+    assert max(fit(cfg, 200, [0, 1])["accuracy"]) < 0.5  # far above d^2 = 64 and m*d
+
+
+def test_memory_seeds_are_independent_and_reproducible():
+    cfg = MemoryConfig(d=8, steps=30, target_accuracy=2.0)
+    both = fit(cfg, 30, [0, 1])["accuracy"]
+    assert fit(cfg, 30, [1])["accuracy"][0] == pytest.approx(both[1], abs=1e-6)
+    assert fit(cfg, 30, [0, 1])["accuracy"] == both
+
+
+# ------------------------------------------------------------------ pruning
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    d, H, dh, m = 8, 3, 4, 6
+    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g), "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
+         "blocks.0.attn.b_V": torch.zeros(H, dh), "blocks.0.mlp.W_in": torch.randn(d, m, generator=g),
+         "blocks.0.mlp.b_in": torch.zeros(m), "blocks.0.mlp.W_out": torch.randn(m, d, generator=g)}
+    w["blocks.0.mlp.W_in"][:, 4] *= 0.01  # neuron 4 is the weakest
+    w["blocks.0.attn.W_O"][2] *= 0.01  # head 2 is the weakest
+    return w
+
+
+def test_pruning_removes_the_smallest_units_and_leaves_the_original_alone():
+    w = _weights()
+    original = {k: v.clone() for k, v in w.items()}
+    neurons, heads = prune_order(neuron_norms(w)), prune_order(head_norms(w))
+    assert neurons[0] == 4 and heads[0] == 2 and sorted(neurons) == list(range(6)) and sorted(heads) == [0, 1, 2]
+    norms = neuron_norms(w)
+    assert all(norms[a] <= norms[b] for a, b in itertools.pairwise(neurons))
+    pruned = prune(w, neurons=neurons[:2], heads=heads[:1])
+    assert all(torch.equal(w[k], original[k]) for k in w)
+    dead_n = (pruned["blocks.0.mlp.W_in"].abs().sum(0) == 0) & (pruned["blocks.0.mlp.W_out"].abs().sum(1) == 0)
+    assert dead_n.nonzero().flatten().tolist() == sorted(neurons[:2])
+    dead_h = (pruned["blocks.0.attn.W_O"].flatten(1).abs().sum(1) == 0)
+    assert dead_h.nonzero().flatten().tolist() == [2]
+    assert torch.equal(pruned["blocks.0.attn.W_V"][:2], w["blocks.0.attn.W_V"][:2])
+
+
+def test_pruned_bridge_writes_nothing_from_removed_units(tiny_result):
+    from models.bridge import build_bridge
+
+    w = tiny_result.weights
+    m = w["blocks.0.mlp.W_in"].shape[1]
+    all_gone = build_bridge(tiny_result.model, prune(w, neurons=range(m), heads=range(w["blocks.0.attn.W_V"].shape[0])))
+    tokens = tiny_result.task.eval_set(16).tokens
+    _, cache = all_gone.run_with_cache(tokens)
+    assert cache["blocks.0.hook_mlp_out"].abs().max() == 0
+    assert cache["blocks.0.attn.hook_z"].abs().max() == 0
+
+
+def test_pruning_steps_cover_zero_to_all():
+    from analyses.tradeoff import pruning_steps
+
+    assert pruning_steps(8, 4) == [0, 2, 4, 6, 8]
+    assert pruning_steps(3, 8) == [0, 1, 2, 3]
+
+
+def test_bad_shape_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = _cli(["transformer", "--shape", "1,1,3", "--d", "8", "--out", str(out)], capsys)
+    assert code == 2 and err.startswith("error: shape") and err.count("\n") == 1
+    assert not out.exists()
+
+
+TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
+        "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",
+        "--patch-contexts", "1", "--device", "cpu", "--quiet"]
+
+
+def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
+    from analyses.tradeoff import main
+
+    argv = ["grid", "--heads", "2", "--widths", "4,32", *TINY, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "(2 new cells)" in capsys.readouterr().out
+    import pandas as pd
+
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    shares = grid[[f"share_{k}" for k in ("attention", "mlp", "both", "distributed", "not_stored")]].sum(axis=1)
+    assert len(grid) == 2 and (shares - 1).abs().max() < 1e-9 and grid["accuracy"].between(0, 1).all()
+    (tmp_path / "cells" / "H2_m32.json").unlink()
+    assert main(argv) == 0
+    assert "(1 new cells)" in capsys.readouterr().out
+    assert (tmp_path / "grid.png").is_file()
+
+
+def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
+    import pandas as pd
+
+    from analyses.tradeoff import main
+
+    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *TINY, "--out", str(tmp_path)]) == 0
+    facts = pd.read_csv(tmp_path / "shrink_facts.csv")
+    steps = facts.groupby("component")["removed"].unique().apply(sorted).to_dict()
+    assert steps == {"mlp": [0, 32, 64], "heads": [1, 2, 3, 4]}
+    assert (facts.groupby(["component", "removed"]).size() == 64).all()  # every fact at every step
+    before = facts[facts["removed"] == 0].set_index(["subject", "relation"])["store_before"]
+    assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
+    everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
+    assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
