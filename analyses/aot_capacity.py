@@ -101,16 +101,19 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
             if line.strip():
                 record = json.loads(line)
                 done[record["key"]] = record
-    # similar shapes share a stack (a stack costs its largest size along every axis)
+    # similar shapes share a stack (a stack costs its largest size along every axis): one
+    # bucket per (attention-only or not, d), sorted by H d_h and m, cut into stacks
     runs = sorted({(m, s) for m in models for s in seeds},
-                  key=lambda r: (r[0].d_mlp, r[0].n_heads * r[0].d_head, r[0].d_model, r[0].name, r[1]))
+                  key=lambda r: (r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp, r[0].name, r[1]))
     pending = [r for r in runs if _run_key(task, *r, cfg) not in done]
-    for i in range(0, len(pending), stack_size):
-        group = pending[i:i + stack_size]
-        for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i // stack_size + 1}"
-                             f"/{-(-len(pending) // stack_size)}"):
+    buckets: dict[tuple, list] = {}
+    for r in pending:
+        buckets.setdefault((r[0].d_mlp > 0, r[0].d_model), []).append(r)
+    groups = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
+    for i, group in enumerate(groups):
+        for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i + 1}/{len(groups)}"):
             key = _run_key(task, trained.model, trained.seed, cfg)
-            ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}"
+            ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
             trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
             done[key] = {"key": key, "model": asdict(trained.model), "seed": trained.seed,
                          "accuracy": trained.accuracy, "loss": trained.loss,
@@ -222,13 +225,14 @@ def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) ->
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     ax = axes[0]
-    ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)
-    ax.set(xlabel="mean attention on position 0", ylabel="token dependence (mean TV to the head's mean pattern)",
-           title="Each head of the heads sweep (colour: accuracy drop when mean-ablated)")
+    points = ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)
+    fig.colorbar(points, ax=ax, label="accuracy drop when mean-ablated")
+    ax.set(xlabel="mean attention on position 0", ylabel="token dependence (0 = position head)",
+           title="Every head of the heads sweep")
     if table is not None:
         image = axes[1].imshow(table.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
         axes[1].set(xlabel="token at position 0", ylabel="head",
-                    title=f"Largest model: attention on position 0 by its token ({table.shape[0]} heads)")
+                    title=f"Largest model ({table.shape[0]} heads): attention on position 0 by its token")
         fig.colorbar(image, ax=axes[1], label="attention mass")
     fig.tight_layout()
     save_figure(fig, path)
