@@ -41,7 +41,7 @@ def bridge_config(model: dict):
     return TransformerBridgeConfig(
         n_layers=1, d_model=model["d_model"], n_heads=model["n_heads"], d_head=model["d_head"],
         d_mlp=None if model.get("attn_only") else model["d_mlp"], d_vocab=model["d_vocab"],
-        d_vocab_out=model["d_vocab_out"], n_ctx=model["n_ctx"], act_fn="relu",
+        d_vocab_out=model["d_vocab_out"], n_ctx=model["n_ctx"], act_fn=model.get("act_fn", "relu"),
         normalization_type=None, attn_only=bool(model.get("attn_only", False)),
         init_weights=False, positional_embedding_type="standard")
 

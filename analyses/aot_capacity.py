@@ -1,0 +1,394 @@
+"""python -m analyses.aot_capacity [--out DIR] : memorisation capacity of one-layer
+attention-only transformers (Dana, Pydi & Chevaleyre), on the association task.
+
+Trains, on bigrams over N tokens with a random next token each (T_0 = N^S associations):
+  heads    attention-only models, H in --heads at fixed d_h = --d-head, d = --d-model
+  d_head   H = --fixed-heads, d_h in --d-heads
+  d_model  H = --fixed-heads, d_h = --d-head, d in --d-models
+  mlp      one head of d_h = --d-head + a GELU MLP of width m = 2 (H - 1) d_h: the same
+           parameter count as the attention-only model with H heads (H in --heads, H > 1)
+and measures the accuracy on all T_0 sequences (the share of associations memorised),
+averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the
+exponent k); draws the paper's lower bound 1/N + (1 - 1/N)(H d_h + d)/T_0 on every axis.
+With --distribution-heads it also trains attention-only models on the distribution task
+and compares their KL with the rank-d floor. On the heads sweep's models it reads, through
+the TransformerBridge hooks, whether each head attends by position or by token.
+
+Writes to DIR: runs.csv (one row per model and seed), capacity.csv (seed means),
+heads.csv, head_tokens.csv, summary.json (fit_H_r2, fit_dh_exponent, ...), capacity.png,
+head_roles.png, checkpoints/ (every trained model, CHECKPOINT_FORMAT.md, task.kind
+association or distribution) and runs.jsonl (finished runs: a rerun with the same
+settings resumes after the last finished group of models).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analyses.output import write_csv, write_summary
+from models.aot import AoTModelConfig, load
+from models.aot_trainer import AoTTrainConfig, train
+from models.bridge import resolve_device
+from models.checkpoint import write_text
+from models.cli import _comma_list, run_cli
+from probe.association import AssociationTask, DistributionTask, SequenceTask
+from probe.head_roles import head_roles, key_token_table
+from probe.kl_floor import rank_d_kl_floor
+
+
+def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequences: int) -> float:
+    """Corollary 2: an AoT can reach accuracy 1/N + (1 - 1/N)(H d_h + d)/T_0 (at most 1)."""
+    return min(1.0, 1 / n_tokens + (1 - 1 / n_tokens) * (n_heads * d_head + d_model) / n_sequences)
+
+
+def sweeps(args) -> dict[str, list[AoTModelConfig]]:
+    """The models of each sweep (a model may belong to several)."""
+    d, dh, H = args.d_model, args.d_head, args.fixed_heads
+    return {
+        "heads": [AoTModelConfig(d, h, dh) for h in args.heads],
+        "d_head": [AoTModelConfig(d, H, k) for k in args.d_heads],
+        "d_model": [AoTModelConfig(k, H, dh) for k in args.d_models],
+        "mlp": [AoTModelConfig(d, 1, dh, d_mlp=2 * (h - 1) * dh) for h in args.heads if h > 1],
+    }
+
+
+def fit_linear(x: np.ndarray, y: np.ndarray) -> dict:
+    """Least squares y = a + b x: intercept, slope, R^2."""
+    b, a = np.polyfit(x, y, 1)
+    residual = y - (a + b * x)
+    r2 = 1 - residual.var() / y.var() if y.var() > 0 else float("nan")
+    return {"intercept": float(a), "slope": float(b), "r2": float(r2)}
+
+
+def fit_power(x: np.ndarray, y: np.ndarray) -> dict:
+    """Least squares y = a + b x^k, k on a grid of 0.1 .. 4 (step 0.01), (a, b) exact for
+    each k: exponent, intercept, coefficient, R^2."""
+    best = None
+    for k in np.arange(0.1, 4.0001, 0.01):
+        A = np.stack([np.ones_like(x), x ** k], 1)
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        sse = float(((A @ coef - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, k, coef)
+    sse, k, (a, b) = best
+    return {"exponent": round(float(k), 2), "intercept": float(a), "coefficient": float(b),
+            "r2": float(1 - sse / ((y - y.mean()) ** 2).sum()) if y.var() > 0 else float("nan")}
+
+
+# --------------------------------------------------------------------------- training
+def _run_key(task: SequenceTask, model: AoTModelConfig, seed: int, cfg: AoTTrainConfig) -> str:
+    settings = {"task": {k: v for k, v in task.to_config().items() if k != "next_tokens"},
+                "model": asdict(model), "seed": seed, "train": {k: v for k, v in asdict(cfg).items() if k != "device"}}
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int], cfg: AoTTrainConfig,
+              out: Path, stack_size: int, progress: bool) -> dict[tuple, dict]:
+    """Train every (model, seed) not yet in out/runs.jsonl, in stacks of up to `stack_size`
+    models of similar shape; each finished stack is saved (checkpoints + runs.jsonl) at once.
+    Returns {(model, seed): record} for all of them."""
+    log = out / "runs.jsonl"
+    done = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                done[record["key"]] = record
+    # similar shapes share a stack (a stack costs its largest size along every axis): one
+    # bucket per (attention-only or not, d), sorted by H d_h and m, cut into stacks
+    runs = sorted({(m, s) for m in models for s in seeds},
+                  key=lambda r: (r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp, r[0].name, r[1]))
+    pending = [r for r in runs if _run_key(task, *r, cfg) not in done]
+    buckets: dict[tuple, list] = {}
+    for r in pending:
+        buckets.setdefault((r[0].d_mlp > 0, r[0].d_model), []).append(r)
+    groups = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
+    for i, group in enumerate(groups):
+        for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i + 1}/{len(groups)}"):
+            key = _run_key(task, trained.model, trained.seed, cfg)
+            ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
+            trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
+            done[key] = {"key": key, "model": asdict(trained.model), "seed": trained.seed,
+                         "accuracy": trained.accuracy, "loss": trained.loss,
+                         "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))}
+        write_text(log, "".join(json.dumps(r) + "\n" for r in done.values()))
+    return {(m, s): done[_run_key(task, m, s, cfg)] for m, s in runs}
+
+
+def runs_frame(task: AssociationTask, sweep_models: dict, results: dict, seeds: list[int]) -> pd.DataFrame:
+    rows = []
+    for sweep, models in sweep_models.items():
+        for model in models:
+            for seed in seeds:
+                r = results[(model, seed)]
+                rows.append({"sweep": sweep, "model_type": "attention-only" if model.attn_only else "one head + MLP",
+                             "d_model": model.d_model, "n_heads": model.n_heads, "d_head": model.d_head,
+                             "d_mlp": model.d_mlp, "seed": seed, "parameters": model.parameters(task),
+                             "accuracy": r["accuracy"], "loss": r["loss"],
+                             "associations_memorised": r["accuracy"] * task.n_sequences,
+                             "lower_bound": lower_bound(model.n_heads, model.d_head, model.d_model,
+                                                        task.n_tokens, task.n_sequences),
+                             "checkpoint": r["checkpoint"]})
+    return pd.DataFrame(rows)
+
+
+def capacity_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    keys = ["sweep", "model_type", "d_model", "n_heads", "d_head", "d_mlp", "parameters", "lower_bound"]
+    frame = runs.groupby(keys, sort=False).agg(accuracy=("accuracy", "mean"), accuracy_std=("accuracy", "std"),
+                                               loss=("loss", "mean"), seeds=("seed", "count")).reset_index()
+    frame["above_lower_bound"] = frame["accuracy"] > frame["lower_bound"]
+    return frame
+
+
+# --------------------------------------------------------------------------- instruments
+def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str, progress: bool):
+    """head_roles on every attention-only model of the heads sweep (first seed), and the
+    key-token table of the largest one."""
+    from tqdm.auto import tqdm
+
+    chosen = runs[(runs.sweep == "heads") & (runs.seed == runs.seed.min())]
+    frames, table = [], None
+    for row in tqdm(list(chosen.itertuples()), desc="head roles", disable=not progress):
+        model, _ = load(out / row.checkpoint, device)
+        frame = head_roles(model, task)
+        frames.append(frame.assign(n_heads=row.n_heads, d_head=row.d_head, d_model=row.d_model, seed=row.seed))
+        if row.n_heads == chosen.n_heads.max():
+            table = key_token_table(model, task)
+    return pd.concat(frames, ignore_index=True), table
+
+
+# --------------------------------------------------------------------------- figures
+def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.output import save_figure
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    chance = 1 / task.n_tokens
+    panels = [("heads", "n_heads", f"H (d_h = {args.d_head}, d = {args.d_model})", axes[0, 0]),
+              ("d_head", "d_head", f"d_h (H = {args.fixed_heads}, d = {args.d_model})", axes[0, 1]),
+              ("d_model", "d_model", f"d (H = {args.fixed_heads}, d_h = {args.d_head})", axes[1, 0])]
+    for sweep, x, label, ax in panels:
+        rows = capacity[capacity.sweep == sweep].sort_values(x)
+        if rows.empty:
+            ax.set_visible(False)
+            continue
+        ax.errorbar(rows[x], rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt="o", color="C0",
+                    label="trained AoT (mean over seeds)")
+        ax.plot(rows[x], rows.lower_bound, "s--", color="C3", ms=4, label="lower bound (Corollary 2)")
+        ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance 1/N")
+        grid = np.linspace(rows[x].min(), rows[x].max(), 100)
+        if sweep == "heads" and "H" in fits:
+            ax.plot(grid, fits["H"]["intercept"] + fits["H"]["slope"] * grid, color="C0", lw=1,
+                    label=f"linear fit, R$^2$ = {fits['H']['r2']:.3f}")
+        if sweep == "d_head" and "d_head" in fits:
+            f = fits["d_head"]
+            ax.plot(grid, f["intercept"] + f["coefficient"] * grid ** f["exponent"], color="C0", lw=1,
+                    label=f"fit a + b d_h^k, k = {f['exponent']:.2f}")
+        ax.set(xlabel=label, ylabel="accuracy (share of T_0 associations)")
+        ax.legend(fontsize=8)
+    ax = axes[1, 1]
+    for kind, color in (("attention-only", "C0"), ("one head + MLP", "C1")):
+        rows = capacity[((capacity.sweep == "heads") & (capacity.model_type == kind)) | (capacity.sweep == "mlp")]
+        rows = rows[rows.model_type == kind].sort_values("parameters")
+        if not rows.empty:
+            ax.errorbar(rows.parameters, rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt="o-", color=color,
+                        label=f"{kind}")
+    rows = capacity[capacity.sweep == "heads"].sort_values("parameters")
+    if not rows.empty:
+        ax.plot(rows.parameters, rows.lower_bound, "s--", color="C3", ms=4, label="lower bound (AoT)")
+    ax.axhline(chance, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel=f"trainable parameters (d = {args.d_model}, d_h = {args.d_head})", ylabel="accuracy")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"Memorisation by one-layer attention-only transformers: {task}", fontsize=11)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.output import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
+    ax = axes[0]
+    points = ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)
+    fig.colorbar(points, ax=ax, label="accuracy drop when mean-ablated")
+    ax.set(xlabel="mean attention on position 0", ylabel="token dependence (0 = position head)",
+           title="Every head of the heads sweep")
+    if table is not None:
+        image = axes[1].imshow(table.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
+        axes[1].set(xlabel="token at position 0", ylabel="head",
+                    title=f"Largest model ({table.shape[0]} heads): attention on position 0 by its token")
+        fig.colorbar(image, ax=axes[1], label="attention mass")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------- CLI
+def parser() -> argparse.ArgumentParser:
+    ints = _comma_list(int)
+    p = argparse.ArgumentParser(prog="python -m analyses.aot_capacity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("results/aot_capacity"), help="output directory (default results/aot_capacity)")
+    p.add_argument("--n-tokens", type=int, default=50, help="N, vocabulary size (default 50)")
+    p.add_argument("--context", type=int, default=2, help="S, sequence length (default 2: bigrams)")
+    p.add_argument("--table-seed", type=int, default=0, help="seed of the random next-token table (default 0)")
+    p.add_argument("--d-model", type=int, default=10, help="d of the heads, d_head and mlp sweeps (default 10)")
+    p.add_argument("--d-head", type=int, default=10, help="d_h of the heads, d_model and mlp sweeps (default 10)")
+    p.add_argument("--fixed-heads", type=int, default=20, help="H of the d_head and d_model sweeps (default 20)")
+    p.add_argument("--heads", type=ints, default=(1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20), metavar="A,B,...",
+                   help="H values of the heads sweep (and the MLP model's matched sizes)")
+    p.add_argument("--d-heads", type=ints, default=(1, 2, 4, 6, 8, 10), metavar="A,B,...", help="d_h values")
+    p.add_argument("--d-models", type=ints, default=(2, 4, 6, 8, 10, 15, 20), metavar="A,B,...", help="d values")
+    p.add_argument("--distribution-heads", type=ints, default=(), metavar="A,B,...",
+                   help="also train attention-only models with these H on the distribution task (default: none)")
+    p.add_argument("--concentration", type=float, default=1.0, help="distribution task: pi_t = softmax(c g_t) (default 1)")
+    p.add_argument("--seeds", type=ints, default=(0, 1), metavar="A,B,...", help="seeds averaged (default 0,1)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument("--batch-size", type=int, default=1024, help="sequences per batch (default 1024)")
+    p.add_argument("--batches", type=int, default=1000, help="batches in each seed's data set (default 1000)")
+    p.add_argument("--epochs", type=int, default=10, help="passes over the data set (default 10)")
+    p.add_argument("--eval-every", type=int, default=500, help="steps between scores in each checkpoint's metrics")
+    p.add_argument("--stack", type=int, default=8, help="models trained at once in one padded stack (default 8)")
+    p.add_argument("--skip-instruments", action="store_true", help="no head-role measurements")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    start = time.perf_counter()
+    task = AssociationTask(args.n_tokens, args.context, args.table_seed)
+    cfg = AoTTrainConfig(lr=args.lr, batch_size=args.batch_size, batches=args.batches, epochs=args.epochs,
+                         eval_every=args.eval_every, device=args.device)
+    cfg.validate()
+    sweep_models = sweeps(args)
+    for models in sweep_models.values():
+        for m in models:
+            m.validate()
+    if args.stack < 1 or not args.seeds:
+        raise ValueError("--stack must be >= 1 and --seeds must list at least one seed.")
+    resolve_device(args.device)
+    out = args.out
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory.")
+    out.mkdir(parents=True, exist_ok=True)
+    progress = not args.quiet
+
+    all_models = sorted({m for models in sweep_models.values() for m in models}, key=lambda m: m.name)
+    results = train_all(task, all_models, list(args.seeds), cfg, out, args.stack, progress)
+    runs = runs_frame(task, sweep_models, results, list(args.seeds))
+    capacity = capacity_frame(runs)
+    fits = {}
+    heads_rows = capacity[capacity.sweep == "heads"]
+    if len(heads_rows) >= 2:
+        fits["H"] = fit_linear(heads_rows.n_heads.to_numpy(float), heads_rows.accuracy.to_numpy(float))
+    dh_rows = capacity[capacity.sweep == "d_head"]
+    if len(dh_rows) >= 3:
+        fits["d_head"] = fit_power(dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float))
+        fits["d_head_quadratic"] = dict(zip(("c2", "c1", "c0"), map(float, np.polyfit(
+            dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float), 2))))
+    write_csv(out / "runs.csv", runs)
+    write_csv(out / "capacity.csv", capacity)
+    figure(capacity, fits, task, args, out / "capacity.png")
+
+    summary = {
+        "task": repr(task), "n_sequences": task.n_sequences,
+        "fit_H_r2": fits.get("H", {}).get("r2"), "fit_H": fits.get("H"),
+        "fit_dh_exponent": fits.get("d_head", {}).get("exponent"), "fit_dh": fits.get("d_head"),
+        "fit_dh_quadratic": fits.get("d_head_quadratic"),
+        "above_lower_bound_everywhere": bool(capacity.above_lower_bound.all()),
+        "min_margin_over_lower_bound": float((capacity.accuracy - capacity.lower_bound).min()),
+        "mlp_vs_attention_only": _matched(capacity),
+    }
+    if args.distribution_heads:
+        summary["distribution"] = distribution(args, cfg, out, progress)
+    if not args.skip_instruments and (runs.sweep == "heads").any():
+        heads, table = instrument(out, runs, task, args.device, progress)
+        write_csv(out / "heads.csv", heads)
+        if table is not None:
+            write_csv(out / "head_tokens.csv", table.reset_index())
+        roles_figure(heads, table, out / "head_roles.png")
+        summary["head_roles"] = {"heads": len(heads), "position_heads": int((heads.role == "position").sum()),
+                                 "token_heads": int((heads.role == "token").sum()),
+                                 "mean_token_dependence": float(heads.token_dependence.mean()),
+                                 "mean_var_key_token": float(heads.var_key_token.mean()),
+                                 "mean_var_query_token": float(heads.var_query_token.mean()),
+                                 "mean_var_interaction": float(heads.var_interaction.mean()),
+                                 "mean_mass_pos0": float(heads.mass_pos0.mean())}
+    summary["settings"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
+                           for k, v in vars(args).items()}
+    summary["train"] = {**asdict(cfg), "steps": cfg.steps}
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    write_summary(out / "summary.json", summary)
+    print(report(summary, capacity, out))
+    return 0
+
+
+def _matched(capacity: pd.DataFrame) -> list[dict]:
+    """Attention-only vs one-head-plus-MLP accuracy at equal parameter counts."""
+    aot = capacity[(capacity.sweep == "heads")].set_index("parameters").accuracy
+    mlp = capacity[(capacity.sweep == "mlp")].set_index("parameters").accuracy
+    return [{"parameters": int(p), "attention_only": float(aot[p]), "mlp": float(mlp[p])}
+            for p in mlp.index if p in aot.index]
+
+
+def distribution(args, cfg: AoTTrainConfig, out: Path, progress: bool) -> dict:
+    """KL of attention-only models on the distribution task vs the rank-d floor."""
+    task = DistributionTask(args.n_tokens, args.context, args.table_seed, args.concentration)
+    models = [AoTModelConfig(args.d_model, h, args.d_head) for h in args.distribution_heads]
+    results = train_all(task, models, list(args.seeds), cfg, out, args.stack, progress)
+    floor = rank_d_kl_floor(task.log_targets, args.d_model)
+    rows = [{"n_heads": m.n_heads, "d_head": m.d_head, "d_model": m.d_model, "seed": s, "kl": r["loss"],
+             "kl_floor": floor, "kl_gap": r["loss"] - floor, "top_token_accuracy": r["accuracy"],
+             "checkpoint": r["checkpoint"]} for (m, s), r in results.items()]
+    frame = pd.DataFrame(rows).sort_values(["n_heads", "seed"])
+    write_csv(out / "distribution.csv", frame)
+    uniform_kl = float((task.log_targets.exp() * (task.log_targets + np.log(task.n_tokens))).sum(-1).mean())
+    return {"task": repr(task), "kl_floor_rank_d": floor, "kl_of_uniform": uniform_kl,
+            "kl_by_heads": frame.groupby("n_heads").kl.mean().to_dict()}
+
+
+def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
+    lines = [f"task      {summary['task']}"]
+    for sweep, x in (("heads", "n_heads"), ("d_head", "d_head"), ("d_model", "d_model"), ("mlp", "d_mlp")):
+        rows = capacity[capacity.sweep == sweep].sort_values(x)
+        if not rows.empty:
+            lines.append(f"{sweep:<9} " + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
+    if summary["fit_H_r2"] is not None:
+        lines.append(f"fit       accuracy linear in H: R^2 = {summary['fit_H_r2']:.3f}; "
+                     f"slope {summary['fit_H']['slope']:.4f} per head")
+    if summary["fit_dh_exponent"] is not None:
+        lines.append(f"fit       accuracy = a + b d_h^k: k = {summary['fit_dh_exponent']:.2f} (R^2 {summary['fit_dh']['r2']:.3f})")
+    lines.append(f"bound     above the lower bound everywhere: {summary['above_lower_bound_everywhere']} "
+                 f"(smallest margin {summary['min_margin_over_lower_bound']:+.3f})")
+    if "distribution" in summary:
+        d = summary["distribution"]
+        lines.append(f"KL        floor of rank d: {d['kl_floor_rank_d']:.4f} nats; trained: "
+                     + ", ".join(f"H={h}: {v:.4f}" for h, v in d["kl_by_heads"].items()))
+    if "head_roles" in summary:
+        r = summary["head_roles"]
+        lines.append(f"heads     {r['position_heads']} position heads, {r['token_heads']} token heads of {r['heads']}; "
+                     f"variance of the attention explained by the key token {r['mean_var_key_token']:.2f}, "
+                     f"the query token {r['mean_var_query_token']:.2f}, their interaction {r['mean_var_interaction']:.2f}")
+    lines.append(f"wrote     {out}/ in {summary['seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_cli(main)

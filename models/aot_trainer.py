@@ -1,0 +1,139 @@
+"""Batched training on the association and distribution tasks (Dana et al., appendix B).
+
+Each seed draws `batches` batches of `batch_size` sequences from the uniform prior once
+(the paper's data set: 1000 batches of 1024) and every model of that seed sees them in the
+same order for `epochs` epochs, with Adam (models.trainer.Optimizer). All K models of a
+call (any sizes, any seeds) are one padded stack (models.aot.Stack): the loss is the sum
+of each model's mean loss on its own batch, so each model's gradient and Adam state equal
+those of its separate run.
+
+A batch of 1024 draws from only T_0 = N^S distinct sequences (2500 for bigrams), so a
+step computes the logits of the whole population once (models.aot.population_logits, a
+grid of contractions) and weights each sequence's loss by its count in the batch / 1024:
+the same loss and gradient as the batch, and exact scores on all T_0 sequences for free.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from models.aot import (
+    AoTModelConfig,
+    Stack,
+    init_weights,
+    population_logits,
+    stack_models,
+)
+from models.bridge import resolve_device
+from models.checkpoint import write_checkpoint
+from models.trainer import Optimizer
+from probe.association import SequenceTask
+
+DATA_SEED_OFFSET = 1_000_000  # the batches of seed s come from seed s + DATA_SEED_OFFSET
+BIAS_KEYS = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class AoTTrainConfig:
+    lr: float = _f(1e-3, "Adam learning rate")
+    batch_size: int = _f(1024, "sequences per batch")
+    batches: int = _f(1000, "batches drawn once per seed (the data set)")
+    epochs: int = _f(10, "passes over the data set")
+    eval_every: int = _f(500, "score every model on all T_0 sequences every this many steps")
+    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+
+    @property
+    def steps(self) -> int:
+        return self.batches * self.epochs
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}.")
+        for name in ("batch_size", "batches", "epochs", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+
+
+@dataclass
+class Trained:
+    """One trained model: its config, seed, final scores on all T_0 sequences, weights."""
+
+    model: AoTModelConfig
+    seed: int
+    accuracy: float
+    loss: float
+    weights: dict[str, torch.Tensor]  # checkpoint dict, CPU
+    metrics: list[dict]  # {"step", "loss", "accuracy"} per evaluation
+
+    def save(self, out, task: SequenceTask, training: dict):
+        return write_checkpoint(out, self.model.checkpoint_section(task), task,
+                                {**training, "seed": self.seed, "final_accuracy": self.accuracy,
+                                 "final_loss": self.loss, "parameters": self.model.parameters(task)},
+                                self.weights, self.metrics)
+
+
+def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
+    """Accuracy and loss [K] of every stacked model on all T_0 sequences."""
+    with torch.no_grad():
+        return task.scores(population_logits(stack.effective(), task.context, stack.score_scale, stack.act_fn))
+
+
+def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
+          progress: bool = True, desc: str = "training") -> list[Trained]:
+    """Train the K (model, seed) `runs` together on `task`; every model's final scores and weights."""
+    cfg.validate()
+    for model, _ in runs:
+        model.validate()
+    device = resolve_device(cfg.device)
+    sections = [model.checkpoint_section(task) for model, _ in runs]
+    stack = stack_models([init_weights(model, task, seed) for model, seed in runs], sections).to(device)
+    params = {k: stack.weights[k].requires_grad_() for k in stack.weights if k.rsplit(".", 1)[-1] not in BIAS_KEYS}
+    optimizer = Optimizer(params, torch.full((len(runs),), cfg.lr, device=device), "adam")
+    seeds = sorted({seed for _, seed in runs})
+    data = {}
+    for seed in seeds:  # the data set of each seed: [batches, batch_size] sequence indices
+        g = torch.Generator(device=device).manual_seed(seed + DATA_SEED_OFFSET)
+        data[seed] = task.sample_index(cfg.batches * cfg.batch_size, g).view(cfg.batches, cfg.batch_size)
+    order = torch.tensor([seeds.index(seed) for _, seed in runs], device=device)  # [K]
+    data_all = torch.stack([data[s] for s in seeds])  # [n_seeds, batches, B]
+
+    curves: list[list[dict]] = [[] for _ in runs]
+    start = time.perf_counter()
+
+    def record(step: int, result: dict) -> list[float]:
+        loss, acc = result["loss"].tolist(), result["accuracy"].tolist()
+        bad = [k for k, v in enumerate(loss) if not math.isfinite(v)]
+        if bad:
+            model, seed = runs[bad[0]]
+            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); lower the learning rate.")
+        for k in range(len(runs)):
+            curves[k].append({"step": step, "loss": loss[k], "accuracy": acc[k],
+                              "seconds": round(time.perf_counter() - start, 2)})
+        return acc
+
+    ones = torch.ones(len(seeds), cfg.batch_size, device=device)
+    bar = tqdm(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
+    for step in range(cfg.steps):
+        counts = torch.zeros(len(seeds), task.n_sequences, device=device)
+        counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
+        logits = population_logits(stack.effective(), task.context, stack.score_scale, stack.act_fn)  # [K, T_0, N]
+        losses = task.sequence_losses(logits)  # [K, T_0]
+        if step % cfg.eval_every == 0:
+            acc = record(step, task.scores(logits.detach()))
+            bar.set_postfix(mean_acc=f"{sum(acc) / len(acc):.3f}")
+        (losses * counts[order]).sum().div(cfg.batch_size).backward()
+        optimizer.step()
+        bar.update(1)
+    record(cfg.steps, scores(stack, task))
+    bar.close()
+    weights = {k: v.detach() for k, v in stack.effective().items()}
+    return [Trained(model, seed, curves[k][-1]["accuracy"], curves[k][-1]["loss"], stack.model(k, weights), curves[k])
+            for k, (model, seed) in enumerate(runs)]

@@ -1,0 +1,172 @@
+"""The memorisation tasks of Dana, Pydi & Chevaleyre (attention-only memorisation).
+
+A sequence t_1..t_S of S = `context` tokens over a vocabulary of N tokens is followed by a
+next token; the model is read at the last position only. The prior over sequences is
+uniform over all T_0 = N^S of them (sequence i is i written in base N, first token most
+significant), so the whole population fits in one tensor and accuracy is exact.
+
+- Association task (`kind = "association"`): each sequence has one next token (a
+  deterministic look-up table drawn uniformly at random); scored by accuracy (the share of
+  the T_0 associations memorised) and trained with cross-entropy.
+- Distribution task (`kind = "distribution"`): each sequence has a full-support target
+  distribution pi_t = softmax(concentration * g_t), g_t ~ N(0, I_N); trained and scored
+  with KL(pi_t || model), in nats, averaged over sequences. A rank-d model cannot go below
+  the floor of probe.kl_floor when d < N - 1.
+
+Token layout: inputs and outputs are the same N tokens (d_vocab = d_vocab_out = N), n_ctx = S.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _positive_int(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+    return value
+
+
+class SequenceTask:
+    """Shared by both tasks: N tokens, sequences of length S, uniform prior over all N^S."""
+
+    kind = "sequence"
+    MAX_SEQUENCES = 10_000_000
+
+    def __init__(self, n_tokens: int, context: int):
+        self.n_tokens = _positive_int("n_tokens", n_tokens, 2)
+        self.context = _positive_int("context", context, 1)
+        if n_tokens ** context > self.MAX_SEQUENCES:
+            raise ValueError(f"n_tokens^context = {n_tokens}^{context} sequences is more than "
+                             f"{self.MAX_SEQUENCES:,}; choose a smaller task.")
+
+    @property
+    def n_sequences(self) -> int:
+        """T_0, the number of sequences with non-zero probability."""
+        return self.n_tokens ** self.context
+
+    @property
+    def d_vocab(self) -> int:
+        return self.n_tokens
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.n_tokens
+
+    @property
+    def seq_len(self) -> int:
+        return self.context
+
+    def token_label(self, token: int) -> str:
+        return f"t{token}"
+
+    def sequences(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [..., S] of the sequences with these indices [...] (default: all T_0,
+        in order): index i written in base N, most significant token first."""
+        if index is None:
+            index = torch.arange(self.n_sequences)
+        powers = self.n_tokens ** torch.arange(self.context - 1, -1, -1, device=index.device)  # [S]
+        return (index[..., None] // powers) % self.n_tokens
+
+    def sample_index(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """Sequence indices [batch] drawn from the uniform prior."""
+        return torch.randint(0, self.n_sequences, (batch_size,), generator=generator, device=generator.device)
+
+    def _base_config(self) -> dict:
+        return {"kind": self.kind, "n_tokens": self.n_tokens, "context": self.context, "seq_len": self.seq_len}
+
+
+class AssociationTask(SequenceTask):
+    """Each of the N^S sequences maps to one next token, drawn uniformly from `table_seed`
+    (or given as an explicit list `next_tokens` of T_0 ids)."""
+
+    kind = "association"
+
+    def __init__(self, n_tokens: int = 50, context: int = 2, table_seed: int = 0,
+                 next_tokens: list[int] | torch.Tensor | None = None):
+        super().__init__(n_tokens, context)
+        self.table_seed = table_seed
+        if next_tokens is None:
+            g = torch.Generator().manual_seed(table_seed)
+            self.next_tokens = torch.randint(0, n_tokens, (self.n_sequences,), generator=g)  # [T_0]
+        else:
+            try:
+                table = torch.as_tensor(next_tokens)
+            except (TypeError, ValueError, RuntimeError, OverflowError):
+                raise ValueError("next_tokens must be a list of integer token ids.") from None
+            if table.shape != (self.n_sequences,) or table.is_floating_point() or table.dtype == torch.bool:
+                raise ValueError(f"next_tokens must list {self.n_sequences} integer token ids (one per sequence), "
+                                 f"got shape {tuple(table.shape)} of {table.dtype}.")
+            if ((table < 0) | (table >= n_tokens)).any():
+                raise ValueError(f"next_tokens must lie in 0..{n_tokens - 1}.")
+            self.next_tokens = table.long()
+
+    def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (nats) of each sequence's next token: logits [..., T_0, N] on the
+        whole population -> [..., T_0]."""
+        target = self.next_tokens.to(logits.device)  # [T_0]
+        return -logits.log_softmax(-1).gather(-1, target.expand(logits.shape[:-1])[..., None])[..., 0]
+
+    def scores(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """On the whole population (logits [..., T_0, N]): `accuracy` (share of the T_0
+        associations whose next token gets the top logit) and `loss` (mean cross-entropy, nats)."""
+        correct = (logits.argmax(-1) == self.next_tokens.to(logits.device)).float()
+        return {"accuracy": correct.mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
+
+    def to_config(self) -> dict:
+        return {**self._base_config(), "table_seed": self.table_seed, "next_tokens": self.next_tokens.tolist()}
+
+    def __repr__(self) -> str:
+        return f"AssociationTask(N={self.n_tokens}, S={self.context}, T_0={self.n_sequences})"
+
+
+class DistributionTask(SequenceTask):
+    """Each sequence t has a full-support target pi_t = softmax(concentration * g_t),
+    g_t ~ N(0, I_N) drawn from `target_seed`: 0 is uniform, large is nearly a look-up table."""
+
+    kind = "distribution"
+
+    def __init__(self, n_tokens: int = 50, context: int = 2, target_seed: int = 0, concentration: float = 1.0):
+        super().__init__(n_tokens, context)
+        if isinstance(concentration, bool) or not isinstance(concentration, (int, float)) or not 0 <= concentration <= 50:
+            raise ValueError(f"concentration must be a number in [0, 50], got {concentration!r}.")
+        self.target_seed, self.concentration = target_seed, float(concentration)
+        g = torch.Generator().manual_seed(target_seed)
+        logits = self.concentration * torch.randn(self.n_sequences, n_tokens, generator=g, dtype=torch.float64)
+        self.log_targets = logits.log_softmax(-1).float()  # [T_0, N] log pi_t, finite: full support
+
+    def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
+        """KL(pi_t || softmax(logits_t)) in nats per sequence: logits [..., T_0, N] on the
+        whole population -> [..., T_0]."""
+        log_pi = self.log_targets.to(logits.device)  # [T_0, N]
+        return (log_pi.exp() * (log_pi - logits.log_softmax(-1))).sum(-1)
+
+    def scores(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """On the whole population (logits [..., T_0, N]): `loss` (mean KL, nats) and
+        `accuracy` (share of sequences whose most likely next token gets the top logit)."""
+        top = self.log_targets.to(logits.device).argmax(-1)  # [T_0]
+        return {"accuracy": (logits.argmax(-1) == top).float().mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
+
+    def to_config(self) -> dict:
+        return {**self._base_config(), "target_seed": self.target_seed, "concentration": self.concentration}
+
+    def __repr__(self) -> str:
+        return (f"DistributionTask(N={self.n_tokens}, S={self.context}, T_0={self.n_sequences}, "
+                f"concentration={self.concentration:g})")
+
+
+TASKS = {"association": AssociationTask, "distribution": DistributionTask}
+
+
+def task_from_config(cfg: dict) -> AssociationTask | DistributionTask:
+    """The task of a config.json `task` section whose kind is association or distribution."""
+    kind = cfg.get("kind")
+    if kind not in TASKS:
+        raise ValueError(f"task kind {kind!r} is not one of {', '.join(TASKS)}.")
+    missing = [k for k in ("n_tokens", "context") if k not in cfg]
+    if missing:
+        raise ValueError(f"task section lacks {', '.join(missing)}.")
+    if "seq_len" in cfg and cfg["seq_len"] != cfg["context"]:
+        raise ValueError(f"task.seq_len {cfg['seq_len']!r} differs from task.context {cfg['context']!r}.")
+    if kind == "association":
+        return AssociationTask(cfg["n_tokens"], cfg["context"], cfg.get("table_seed", 0), cfg.get("next_tokens"))
+    return DistributionTask(cfg["n_tokens"], cfg["context"], cfg.get("target_seed", 0), cfg.get("concentration", 1.0))

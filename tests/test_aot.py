@@ -1,0 +1,239 @@
+"""Attention-only memorisation (Dana et al.): tasks, KL floor, the padded trainer forward
+against the TransformerBridge model, checkpoints and kind refusal, the aot_capacity CLI."""
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import CheckpointError
+from models import load as load_factual_recall
+from models.aot import (
+    AoTModelConfig,
+    init_weights,
+    load,
+    population_logits,
+    stack_models,
+)
+from models.aot_trainer import AoTTrainConfig, train
+from models.bridge import build_bridge
+from probe.association import AssociationTask, DistributionTask, task_from_config
+from probe.head_roles import head_roles
+from probe.kl_floor import rank_d_kl_floor
+
+CPU = {"device": "cpu"}
+
+
+# --------------------------------------------------------------------------- tasks
+def test_association_sequences_labels_and_sampling():
+    task = AssociationTask(n_tokens=5, context=3, table_seed=3)
+    seqs = task.sequences()  # [125, 3]
+    assert seqs.shape == (125, 3) and len({tuple(s) for s in seqs.tolist()}) == 125
+    assert torch.equal(seqs[:, 0] * 25 + seqs[:, 1] * 5 + seqs[:, 2], torch.arange(125))  # base N, first token first
+    assert torch.equal(task.next_tokens, AssociationTask(5, 3, table_seed=3).next_tokens)  # deterministic table
+    assert not torch.equal(task.next_tokens, AssociationTask(5, 3, table_seed=4).next_tokens)
+    assert set(task.next_tokens.tolist()) <= set(range(5))
+    index = task.sample_index(50_000, torch.Generator().manual_seed(0))
+    counts = torch.bincount(index, minlength=125).float()
+    assert counts.min() > 0 and (counts / counts.mean() - 1).abs().max() < 0.25  # uniform over all N^S
+    # scores: logits putting the next token first get accuracy 1; loss is the cross-entropy
+    logits = torch.randn(125, 5)
+    assert task.scores(F.one_hot(task.next_tokens, 5).float() * 10)["accuracy"] == 1.0
+    expected = F.cross_entropy(logits, task.next_tokens)
+    assert torch.allclose(task.scores(logits)["loss"], expected)
+    assert torch.equal(task_from_config(task.to_config()).next_tokens, task.next_tokens)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_tokens": 1}, "n_tokens must be an integer >= 2"),
+    ({"context": 0}, "context must be an integer >= 1"),
+    ({"n_tokens": 50, "context": 6}, "sequences is more than"),
+    ({"n_tokens": 3, "context": 1, "next_tokens": [0, 1, 7]}, "next_tokens must lie in 0..2"),
+    ({"n_tokens": 3, "context": 1, "next_tokens": [0, 1]}, "must list 3 integer token ids"),
+])
+def test_bad_association_task(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AssociationTask(**kwargs)
+
+
+def test_distribution_task_full_support_and_kl():
+    task = DistributionTask(n_tokens=6, context=2, target_seed=1, concentration=2.0)
+    pi = task.log_targets.exp()
+    assert pi.shape == (36, 6) and (pi > 0).all() and torch.allclose(pi.sum(-1), torch.ones(36))
+    assert task.scores(task.log_targets)["loss"].abs() < 1e-6  # the targets themselves: KL 0
+    uniform = task.scores(torch.zeros(36, 6))["loss"]
+    assert torch.allclose(uniform, (pi * (task.log_targets + math.log(6))).sum(-1).mean())
+    assert task_from_config(task.to_config()).log_targets.equal(task.log_targets)
+    assert DistributionTask(6, 2, concentration=0).log_targets.exp().sub(1 / 6).abs().max() < 1e-6
+
+
+# --------------------------------------------------------------------------- KL floor
+def test_kl_floor_zero_cases():
+    task = DistributionTask(n_tokens=5, context=2, concentration=3.0)
+    assert rank_d_kl_floor(task.log_targets, 4) == 0.0  # d >= N - 1 (Proposition 2)
+    g = torch.Generator().manual_seed(0)
+    low_rank = (torch.randn(40, 2, generator=g) @ torch.randn(2, 7, generator=g)).log_softmax(-1)
+    assert rank_d_kl_floor(low_rank, 2, restarts=0) < 1e-8  # targets that a rank-2 encoder reaches exactly
+    full = (3 * torch.randn(40, 7, generator=g)).log_softmax(-1)
+    floors = [rank_d_kl_floor(full, d, restarts=1) for d in (1, 2, 3, 5)]
+    assert all(a > b > 0 for a, b in itertools.pairwise(floors))  # positive, falling with d
+
+
+def test_kl_floor_matches_brute_force_on_a_hand_example():
+    """N = 3 tokens, d = 1, two sequences: a rank-1 encoder gives both sequences logits along
+    one direction b (a unit vector of the plane orthogonal to (1,1,1), angle theta) times a
+    scalar each. Brute force: theta on a grid, each scalar by a coarse then a fine grid."""
+    log_pi = (2 * torch.tensor([[3.0, -3.0, 0.0], [1.0, 1.0, -2.0]], dtype=torch.float64)).log_softmax(-1)
+    u = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2)
+    v = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6)
+    theta = torch.linspace(0, math.pi, 721, dtype=torch.float64)  # b and -b are the same encoder
+    b = torch.cos(theta)[:, None] * u + torch.sin(theta)[:, None] * v  # [theta, 3]
+
+    def kl(i, scale):  # sequence i's KL for logits scale [theta, n] * b -> [theta, n]
+        logits = scale[..., None] * b[:, None, :]
+        return (log_pi[i].exp() * (log_pi[i] - logits.log_softmax(-1))).sum(-1)
+
+    best = torch.zeros(len(theta), dtype=torch.float64)
+    for i in range(2):
+        coarse = torch.linspace(-60, 60, 2401, dtype=torch.float64).expand(len(theta), -1)
+        centre = coarse.gather(1, kl(i, coarse).argmin(1, keepdim=True))  # [theta, 1]
+        fine = centre + torch.linspace(-0.05, 0.05, 201, dtype=torch.float64)
+        best += kl(i, fine).amin(1) / 2
+    brute = best.min().item()
+    floor = rank_d_kl_floor(log_pi.float(), 1)
+    assert brute > 0.05 and abs(floor - brute) < 1e-4, (floor, brute)
+
+
+# --------------------------------------------------------------------------- models
+MODELS = [AoTModelConfig(d_model=4, n_heads=2, d_head=3), AoTModelConfig(d_model=6, n_heads=3, d_head=2),
+          AoTModelConfig(d_model=4, n_heads=1, d_head=4, d_mlp=8)]
+
+
+@pytest.mark.parametrize("context", [2, 3])
+def test_padded_stack_matches_transformer_bridge(context):
+    task = AssociationTask(n_tokens=5, context=context)
+    g = torch.Generator().manual_seed(1)
+    models, sections = [], [m.checkpoint_section(task) for m in MODELS]
+    for k, m in enumerate(MODELS):  # perturb every tensor, biases included, so every term is tested
+        models.append({key: v + 0.3 * torch.randn(v.shape, generator=g) for key, v in init_weights(m, task, k).items()})
+    stack = stack_models(models, sections)
+    ours = population_logits(stack.effective(), context, stack.score_scale, stack.act_fn)  # [3, T_0, N]
+    for k, (w, section) in enumerate(zip(models, sections)):
+        assert {key: t.shape for key, t in stack.model(k).items()} == {key: t.shape for key, t in w.items()}
+        with torch.no_grad():
+            reference = build_bridge(section, w)(task.sequences())[:, -1]  # [T_0, N]
+        assert (reference - ours[k]).abs().max().item() <= 1e-5
+
+
+def test_stacked_training_equals_separate_runs_and_batch_loss():
+    task = AssociationTask(n_tokens=6, context=2)
+    cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=5, epochs=2, eval_every=5, **CPU)
+    together = train(task, [(MODELS[0], 0), (MODELS[2], 1), (MODELS[1], 0)], cfg, progress=False)
+    alone = train(task, [(MODELS[2], 1)], cfg, progress=False)[0]
+    for key, value in alone.weights.items():
+        assert torch.allclose(together[1].weights[key], value, atol=1e-5), key
+    assert abs(together[1].accuracy - alone.accuracy) < 1e-6
+    # biases stay zero; the curve is recorded every eval_every steps and at the end
+    assert all(not t.any() for k, t in alone.weights.items() if ".b_" in k)
+    assert [m["step"] for m in alone.metrics] == [0, 5, 10]
+
+
+def test_count_weighted_population_loss_equals_the_batch_loss():
+    """The trainer's loss (population logits weighted by batch counts) is the batch's mean loss."""
+    task = AssociationTask(n_tokens=6, context=2)
+    model = MODELS[2]
+    w = init_weights(model, task, 0)
+    index = task.sample_index(100, torch.Generator().manual_seed(5))
+    stack = stack_models([w], [model.checkpoint_section(task)])
+    losses = task.sequence_losses(population_logits(stack.effective(), 2, stack.score_scale, stack.act_fn))[0]
+    weighted = (losses * torch.bincount(index, minlength=task.n_sequences)).sum() / 100
+    with torch.no_grad():
+        logits = build_bridge(model.checkpoint_section(task), w)(task.sequences(index))[:, -1]
+    assert torch.allclose(weighted, F.cross_entropy(logits, task.next_tokens[index]), atol=1e-5)
+
+
+def test_parameter_count_matches_the_paper():
+    task = AssociationTask(50, 2)
+    aot, mlp = AoTModelConfig(10, 20, 10), AoTModelConfig(10, 1, 10, d_mlp=2 * 19 * 10)
+    assert aot.parameters(task) == 10 * (2 + 2 * 50 + 4 * 10 * 20) == mlp.parameters(task)
+    weights = init_weights(aot, task, 0)
+    assert sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U")) == aot.parameters(task)
+
+
+# --------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def association_ckpt(tmp_path_factory):
+    task = AssociationTask(n_tokens=8, context=2)
+    cfg = AoTTrainConfig(lr=1e-2, batch_size=128, batches=50, epochs=4, eval_every=50, **CPU)
+    trained = train(task, [(AoTModelConfig(8, 4, 4), 0)], cfg, progress=False)[0]
+    return trained.save(tmp_path_factory.mktemp("aot") / "assoc", task, {"trainer": "test"}), trained, task
+
+
+def test_checkpoint_round_trip_and_head_roles(association_ckpt):
+    ckpt, trained, task = association_ckpt
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["task"]["kind"] == "association" and config["model"]["n_ctx"] == 2
+    model, loaded = load(ckpt, device="cpu")
+    with torch.no_grad():
+        accuracy = task.scores(model(loaded.sequences())[:, -1])["accuracy"].item()
+    assert accuracy == pytest.approx(trained.accuracy) and accuracy > 0.5  # it memorised most of the 64
+    roles = head_roles(model, loaded)
+    assert len(roles) == 4 and set(roles.role) <= {"position", "token"}
+    assert np.allclose(roles.mass_pos0 + roles.mass_pos1, 1, atol=1e-5)
+    assert ((roles.var_key_token + roles.var_query_token + roles.var_interaction) <= 1 + 1e-5).all()
+    assert np.allclose(roles.clean_accuracy, accuracy)
+
+
+def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
+    ckpt = association_ckpt[0]
+    with pytest.raises(CheckpointError) as err:
+        load_factual_recall(ckpt, device="cpu")
+    assert "task kind 'association' is not a factual-recall task" in str(err.value) and "\n" not in str(err.value)
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet", "--out", str(tmp_path / "o")],
+                          check=False, capture_output=True, text=True)
+    assert proc.returncode == 2 and "task kind 'association'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_distribution_checkpoint_kind(tmp_path):
+    task = DistributionTask(n_tokens=5, context=2, concentration=2.0)
+    cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=2, eval_every=10, **CPU)
+    trained = train(task, [(AoTModelConfig(2, 2, 2), 0)], cfg, progress=False)[0]
+    ckpt = trained.save(tmp_path / "dist", task, {})
+    _, loaded = load(ckpt, device="cpu")
+    assert isinstance(loaded, DistributionTask) and loaded.log_targets.equal(task.log_targets)
+    assert trained.loss >= rank_d_kl_floor(task.log_targets, 2) - 1e-6  # no rank-2 model beats the floor
+    with pytest.raises(CheckpointError, match="task kind 'distribution' is not a factual-recall task"):
+        load_factual_recall(ckpt, device="cpu")
+
+
+# --------------------------------------------------------------------------- CLI
+def test_aot_capacity_cli_tiny_run(tmp_path):
+    out = tmp_path / "cap"
+    args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",
+            "--n-tokens", "6", "--d-model", "3", "--d-head", "2", "--fixed-heads", "2", "--heads", "1,2,3",
+            "--d-heads", "1,2,3", "--d-models", "2,3", "--seeds", "0", "--batch-size", "64", "--batches", "10",
+            "--epochs", "2", "--eval-every", "10", "--lr", "1e-2", "--distribution-heads", "1,2"]
+    proc = subprocess.run(args, check=False, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("runs.csv", "capacity.csv", "heads.csv", "summary.json", "capacity.png", "head_roles.png",
+                 "distribution.csv", "runs.jsonl"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary)
+    capacity = __import__("pandas").read_csv(out / "capacity.csv")
+    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"}
+    bound = 1 / 6 + (1 - 1 / 6) * (capacity.n_heads * capacity.d_head + capacity.d_model) / 36
+    assert np.allclose(capacity.lower_bound, bound.clip(upper=1))
+    # a rerun finds every model finished (runs.jsonl) and trains nothing
+    before = (out / "runs.jsonl").read_text()
+    again = subprocess.run(args, check=False, capture_output=True, text=True)
+    assert again.returncode == 0 and (out / "runs.jsonl").read_text() == before
+    bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
+                         check=False, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
