@@ -44,13 +44,14 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
     x_last = torch.gather(E, 1, tokens[:, :, -1, None].expand(K, B, E.shape[-1]))  # [K, B, d]
     if positional:
         x_last = x_last + w["pos_embed.W_pos"][:, -1, None]
-    q = einsum(x_last, w[ATTN + "W_Q"], "k b d, k h d e -> k b h e") + w[ATTN + "b_Q"][:, None]  # [K, B, H, dh]
+    # The scores' 1/sqrt(d_head) goes on the query ([K, B, H, dh]), not on the [K, B, H, V] scores.
+    q = (einsum(x_last, w[ATTN + "W_Q"], "k b d, k h d e -> k b h e") + w[ATTN + "b_Q"][:, None]) / math.sqrt(d_head)
     key_vocab = einsum(E, w[ATTN + "W_K"], "k v d, k h d e -> k h v e")  # [K, H, V, dh]
     value_vocab = einsum(E, w[ATTN + "W_V"], "k v d, k h d e -> k h v e")  # [K, H, V, dh]
     # b_K and b_V are the same at every position: they belong in the vocabulary tables.
     key_vocab = key_vocab + w[ATTN + "b_K"][:, :, None]
     value_vocab = value_vocab + w[ATTN + "b_V"][:, :, None]
-    scores_vocab = einsum(q, key_vocab, "k b h e, k h v e -> k b h v") / math.sqrt(d_head)  # [K, B, H, V]
+    scores_vocab = einsum(q, key_vocab, "k b h e, k h v e -> k b h v")  # [K, B, H, V]
 
     H = key_vocab.shape[1]
     token_index = tokens[:, :, None, :].expand(K, B, H, T)  # [K, B, H, T]
@@ -58,7 +59,7 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
     if positional:
         W_pos = w["pos_embed.W_pos"]  # [K, T, d]
         key_pos = einsum(W_pos, w[ATTN + "W_K"], "k t d, k h d e -> k h t e")  # [K, H, T, dh]
-        scores = scores + einsum(q, key_pos, "k b h e, k h t e -> k b h t") / math.sqrt(d_head)
+        scores = scores + einsum(q, key_pos, "k b h e, k h t e -> k b h t")
     # The last query sees every position, so the causal mask removes nothing here.
     pattern = scores.softmax(-1) if attention == "softmax" else scores  # [K, B, H, T]
     pattern_vocab = torch.zeros_like(scores_vocab).scatter_add(-1, token_index, pattern)  # [K, B, H, V]
