@@ -11,7 +11,6 @@ function (tests/test_aot.py pins the padded forward to the TransformerBridge mod
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from models.checkpoint import FORMAT, FORMAT_VERSION, CheckpointError, read_weights
+from models.checkpoint import CheckpointError, read_envelope, read_weights
 from models.weights import ATTN, MLP, shapes
 from probe.association import SequenceTask, task_from_config
 
@@ -179,17 +178,8 @@ def population_logits(w: dict[str, torch.Tensor], context: int, score_scale: tor
 # --------------------------------------------------------------------------- checkpoints
 def read_config(ckpt: str | Path) -> tuple[dict, SequenceTask]:
     """config.json of an association or distribution checkpoint, validated, and its task."""
+    config = read_envelope(ckpt)
     path = Path(ckpt) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (every checkpoint needs config.json).")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({type(e).__name__}).") from None
-    if not isinstance(config, dict) or any(k not in config for k in ("format", "format_version", "model", "task", "training")):
-        raise CheckpointError(f"{path}: needs the fields format, format_version, model, task and training.")
-    if config["format"] != FORMAT or config["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: not a {FORMAT} version {FORMAT_VERSION} checkpoint.")
     model = config["model"]
     try:
         task = task_from_config(config["task"])

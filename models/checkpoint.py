@@ -58,7 +58,11 @@ def read_config(ckpt: str | Path) -> tuple[dict, FactualRecallTask]:
                               f"{str(e).splitlines()[0] if str(e) else 'bad field'}).") from None
 
 
-def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
+def read_envelope(ckpt: str | Path) -> dict:
+    """config.json as a dict, with the fields every checkpoint kind shares checked: the
+    directory and the file exist, the JSON is an object with format, format_version, model,
+    task and training, and the format is ours (pickles are refused, never loaded)."""
+    ckpt = Path(ckpt)
     if ckpt.is_file() and ckpt.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt"):
         raise CheckpointError(f"{ckpt}: a pickle file, which is never loaded; a checkpoint is a directory "
                               "with config.json and model.safetensors.")
@@ -80,9 +84,15 @@ def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
         raise CheckpointError(f"{path}: format is {config['format']!r}, expected {FORMAT!r}.")
     if config["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} (this reader knows {FORMAT_VERSION}).")
-    model, task_cfg = config["model"], config["task"]
-    if not isinstance(model, dict) or not isinstance(task_cfg, dict):
+    if not isinstance(config["model"], dict) or not isinstance(config["task"], dict):
         raise CheckpointError(f"{path}: 'model' and 'task' must be JSON objects.")
+    return config
+
+
+def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
+    config = read_envelope(ckpt)
+    path = ckpt / "config.json"
+    model, task_cfg = config["model"], config["task"]
     kind = task_cfg.get("kind", "factual_recall")
     if kind != "factual_recall":
         raise CheckpointError(f"{path}: task kind {kind!r} is not a factual-recall task; this tool reads factual_recall checkpoints only.")
