@@ -201,8 +201,13 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
 
 
 def training_batch(task, generators, runs, batch_size):
-    """Tokens [K, B, T] and answers [K, B]: one fresh batch per seed, shared by that seed's models."""
+    """Tokens [K, B, T] and answers [K, B]: one fresh batch per seed, shared by that seed's
+    models (a view, not a copy, when every model has the same seed)."""
     batches = {s: task.sample(batch_size, g) for s, g in generators.items()}
+    if len(batches) == 1:
+        batch = next(iter(batches.values()))
+        K = len(runs)
+        return batch.tokens.expand(K, *batch.tokens.shape), batch.answers.expand(K, batch_size)
     tokens = torch.stack([batches[s].tokens for _, s in runs])
     answers = torch.stack([batches[s].answers for _, s in runs])
     return tokens, answers
