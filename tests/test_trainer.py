@@ -79,3 +79,75 @@ def test_optimizer_step_consumes_gradients(optimizer):
         grads = torch.autograd.grad(loss, [weights2[k] for k in params])
         for (k, p), g in zip(params.items(), grads):
             torch.testing.assert_close(before[k] - p.detach(), 0.1 * g, rtol=1e-4, atol=1e-7)
+
+
+def test_adam_matches_torch_adam_for_each_model():
+    """K models in one Optimizer take the steps torch.optim.Adam takes for each alone."""
+    gen = torch.Generator().manual_seed(0)
+    lrs = [1e-2, 3e-4]
+    ours = {"a": torch.randn(2, 3, 4, generator=gen), "b": torch.randn(2, 5, generator=gen)}
+    alone = [[ours[k][i].clone().requires_grad_() for k in ours] for i in range(2)]
+    reference = [torch.optim.Adam(params, lr=lr) for params, lr in zip(alone, lrs)]
+    opt = Optimizer(ours, torch.tensor(lrs), "adam")
+    for _ in range(5):
+        grads = {k: torch.randn(p.shape, generator=gen) for k, p in ours.items()}
+        for key, p in ours.items():
+            p.grad = grads[key].clone()
+        opt.step()
+        for i, (params, ref) in enumerate(zip(alone, reference)):
+            for key, p in zip(ours, params):
+                p.grad = grads[key][i].clone()
+            ref.step()
+    for i, params in enumerate(alone):
+        for key, p in zip(ours, params):
+            torch.testing.assert_close(ours[key][i], p.detach(), rtol=1e-6, atol=1e-8)
+    assert not torch.allclose(ours["a"][0], alone[1][0])  # the two learning rates differ
+
+
+class _HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ops that make the host wait for a GPU: reading a value (.item(), bool(),
+    float()) or a shape that depends on values (nonzero, masked_select, unique)."""
+    SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
+               "aten::unique_dim", "aten::unique_consecutive"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNCING:
+            self.calls.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", ["uniform", "zipf, two seeds, positions"])
+def test_training_step_never_waits_for_the_device(variant):
+    """The hot loop (a fresh batch, forward, backward, Adam) reads no value back to the host,
+    so on a GPU steps queue without a synchronisation; checked on the CPU by the ops it runs."""
+    from models.forward import has_positions
+    from models.trainer import training_batch
+    from probe.task import FactualRecallTask
+
+    run = preset("tiny")
+    task = run.task.build()
+    seeds = (0,)
+    if variant != "uniform":
+        task = FactualRecallTask(task.n_subjects, task.n_relations, task.answers_per_relation, task.n_noise,
+                                 task.seq_len, subject_zipf=1.1, relation_zipf=0.5)
+        seeds = (0, 1)
+    runs = [(1e-2, s) for s in seeds]
+    weights = stack([init_weights(run.model, task, s) for s in seeds])
+    if variant != "uniform":
+        weights["pos_embed.W_pos"] = 0.1 * torch.randn(weights["pos_embed.W_pos"].shape)
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights)}
+    opt = Optimizer(params, torch.tensor([lr for lr, _ in runs]), "adam")
+    generators = {s: torch.Generator().manual_seed(s) for s in seeds}
+    positional = has_positions(weights)  # once per run, outside the loop
+    with _HostSyncs() as syncs:
+        for _ in range(2):
+            tokens, answers = training_batch(task, generators, runs, 32)
+            loss = train_step(weights, opt, tokens, answers, positional=positional)
+    assert syncs.calls == []
+    with _HostSyncs() as syncs:  # the recorder does see a read-back
+        bool(loss > 0)
+    assert syncs.calls == ["aten::_local_scalar_dense"]
