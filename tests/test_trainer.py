@@ -2,11 +2,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.config import preset
-from models.forward import last_position_logits
-from models.trainer import Optimizer, snapshot_schedule, train, train_step
+from models.forward import has_positions, last_position_logits
+from models.trainer import Optimizer, snapshot_schedule, train, train_step, training_batch
 from models.weights import init_weights, stack, trainable_keys
+from probe.task import FactualRecallTask
 from tests.conftest import quick
 
 
@@ -104,7 +106,7 @@ def test_adam_matches_torch_adam_for_each_model():
     assert not torch.allclose(ours["a"][0], alone[1][0])  # the two learning rates differ
 
 
-class _HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
+class _HostSyncs(TorchDispatchMode):
     """Records the ops that make the host wait for a GPU: reading a value (.item(), bool(),
     float()) or a shape that depends on values (nonzero, masked_select, unique)."""
     SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
@@ -138,7 +140,7 @@ def test_training_step_never_waits_for_the_device(variant):
     runs = [(1e-2, s) for s in seeds]
     weights = stack([init_weights(run.model, task, s) for s in seeds])
     if variant != "uniform":
-        weights["pos_embed.W_pos"] = 0.1 * torch.randn(weights["pos_embed.W_pos"].shape)
+        weights["pos_embed.W_pos"] = 0.1 * torch.randn(weights["pos_embed.W_pos"].shape, generator=torch.Generator().manual_seed(0))
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights)}
     opt = Optimizer(params, torch.tensor([lr for lr, _ in runs]), "adam")
     generators = {s: torch.Generator().manual_seed(s) for s in seeds}
