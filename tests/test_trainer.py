@@ -126,10 +126,6 @@ class _HostSyncs(TorchDispatchMode):
 def test_training_step_never_waits_for_the_device(variant):
     """The hot loop (a fresh batch, forward, backward, Adam) reads no value back to the host,
     so on a GPU steps queue without a synchronisation; checked on the CPU by the ops it runs."""
-    from models.forward import has_positions
-    from models.trainer import training_batch
-    from probe.task import FactualRecallTask
-
     run = preset("tiny")
     task = run.task.build()
     seeds = (0,)
@@ -140,7 +136,8 @@ def test_training_step_never_waits_for_the_device(variant):
     runs = [(1e-2, s) for s in seeds]
     weights = stack([init_weights(run.model, task, s) for s in seeds])
     if variant != "uniform":
-        weights["pos_embed.W_pos"] = 0.1 * torch.randn(weights["pos_embed.W_pos"].shape, generator=torch.Generator().manual_seed(0))
+        shape = weights["pos_embed.W_pos"].shape
+        weights["pos_embed.W_pos"] = 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights)}
     opt = Optimizer(params, torch.tensor([lr for lr, _ in runs]), "adam")
     generators = {s: torch.Generator().manual_seed(s) for s in seeds}
