@@ -13,7 +13,9 @@ python -m models.constructions --kind attention|mlp --out DIR
 
 Where the paper reads tokens through random projections (whose cross-talk needs d of
 order 1000 for 100% accuracy), we read them through the dual basis of the frozen random
-embeddings (the pseudo-inverse), which is exact once d >= d_vocab and d >= R*D.
+embeddings and answer directions (a pseudo-inverse), which is exact once d >= d_vocab + R*D.
+`build_storage` generalises both: a plan says, fact by fact, whether attention, the MLP,
+both or neither keeps it (the models the storage rule is validated on).
 """
 from __future__ import annotations
 
@@ -46,25 +48,56 @@ def head_groups(task: FactualRecallTask, n_heads: int) -> list[list[int]]:
         split([task.relation_token(r) for r in range(task.n_relations)], n_heads - subject_heads)
 
 
+STORES = ("attention", "mlp", "both", "none")  # where a construction keeps one fact
+
+
 def build(kind: str, task: FactualRecallTask, model: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Weights of the Theorem 3 (`attention`) or Theorem 4 (`mlp`) construction on the
     standard frozen random embeddings of `seed`."""
     if kind not in ("attention", "mlp"):
         raise ValueError(f"kind must be 'attention' or 'mlp', got {kind!r}.")
+    plan = [[kind] * task.n_relations for _ in range(task.n_subjects)]
+    return build_storage(task, model, plan, relation_logit=ANSWER_LOGIT if kind == "attention" else 0.0, seed=seed)
+
+
+def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[str]],
+                  attention_logit: float = ANSWER_LOGIT, mlp_logit: float = ANSWER_LOGIT,
+                  relation_logit: float | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A model whose storage is known fact by fact: plan[s][r] in STORES says where fact
+    (s, r) is kept. Heads attend to their group's token at the EOS query (Theorem 3).
+
+    - `attention`/`both`: the subject's OV row writes `attention_logit` onto u_a*(s, r).
+    - `mlp`/`both`: one MLP unit fires on e_s + e_r only and writes `mlp_logit` onto u_a*.
+    - `none`: the subject's OV row writes `attention_logit` onto a wrong answer of A_r, so
+      the model does not know the fact.
+    - every relation's OV row writes `relation_logit` (default: the larger of the two
+      others) onto all of A_r: the answer belongs to the relation, whoever picks it within
+      A_r, and beats the subject's answers to other relations.
+    - with an MLP, every OV row also copies its token (Theorem 4) along a direction the
+      unembedding does not read, so the MLP sees e_s + e_r and attention's logits are its
+      answer writes alone.
+
+    Tokens are read through the dual basis of the embeddings and answer directions
+    together, so readings are exact and blind to the answer writes (needs d >= V + R*D)."""
     d, H, dh = model.d_model, model.n_heads, model.d_head
-    if d < task.d_vocab or d < task.d_vocab_out:
-        raise ValueError(f"the constructions need d_model >= d_vocab = {task.d_vocab} and >= R*D = "
-                         f"{task.d_vocab_out}, got {d}.")
+    if d < task.d_vocab + task.d_vocab_out:
+        raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, got {d}.")
     groups = head_groups(task, H)
     if max(map(len, groups)) > dh:
         raise ValueError(f"each head holds up to {max(map(len, groups))} tokens, more than d_head = {dh}; "
                          "raise --d-head or --n-heads.")
-    if kind == "mlp" and (model.attn_only or model.d_mlp < task.n_facts):
-        raise ValueError(f"the mlp construction needs an MLP with d_mlp >= S*R = {task.n_facts}.")
+    unknown = sorted({where for row in plan for where in row} - set(STORES))
+    if len(plan) != task.n_subjects or any(len(row) != task.n_relations for row in plan) or unknown:
+        raise ValueError(f"plan must be [S={task.n_subjects}][R={task.n_relations}] entries of {STORES}.")
+    in_mlp = [(s, r) for s in range(task.n_subjects) for r in range(task.n_relations) if plan[s][r] in ("mlp", "both")]
+    if in_mlp and (model.attn_only or model.d_mlp < len(in_mlp)):
+        raise ValueError(f"the plan keeps {len(in_mlp)} facts in the MLP: it needs an MLP with d_mlp >= {len(in_mlp)}.")
+    relation_logit = max(attention_logit, mlp_logit) if relation_logit is None else relation_logit
     w = init_weights(model, task, seed)
     E, W_U = w["embed.W_E"], w["unembed.W_U"]  # [V, d], [d, O]
-    reader = torch.linalg.pinv(E)  # [d, V]: e_z . reader[:, z'] = 1{z = z'}
-    writer = torch.linalg.pinv(W_U)  # [O, d]: writer[a] @ W_U = one-hot(a)
+    reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]  # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
+    writer = torch.linalg.pinv(W_U)  # [O, d]: writer[a] @ W_U = one-hot(a), in the span of the u_a
+    copy = E - (E @ writer.T) @ W_U.T  # [V, d]: e_z without its part the unembedding reads
     scale = math.sqrt(ATTENTION_LOGIT * math.sqrt(dh))
     for key in (ATTN + "W_Q", ATTN + "W_K", ATTN + "W_V", ATTN + "W_O"):
         w[key].zero_()
@@ -73,31 +106,41 @@ def build(kind: str, task: FactualRecallTask, model: ModelConfig, seed: int = 0)
         w[ATTN + "W_K"][h, :, 0] = scale * reader[:, group].sum(1)
         for slot, z in enumerate(group):
             w[ATTN + "W_V"][h, :, slot] = reader[:, z]  # slot holds 1 when z is attended
-            w[ATTN + "W_O"][h, slot] = _answers_of(task, z) @ writer * ANSWER_LOGIT if kind == "attention" else E[z]
-    if kind == "mlp":
-        _associative_memory(w, task, reader, writer)
+            answers = _attention_answers(task, plan, z, attention_logit, relation_logit)  # [O]
+            w[ATTN + "W_O"][h, slot] = answers @ writer + (copy[z] if not model.attn_only else 0.0)
+    if not model.attn_only:
+        _associative_memory(w, task, in_mlp, reader, writer * mlp_logit)
     return w
 
 
-def _answers_of(task: FactualRecallTask, z: int) -> torch.Tensor:
-    """Indicator [O] of the answers tied to token z: a subject's R answers, a relation's D."""
+def _attention_answers(task: FactualRecallTask, plan: list[list[str]], z: int, attention_logit: float,
+                       relation_logit: float) -> torch.Tensor:
+    """The logits [O] that token z's OV row writes: a subject's answers of the facts it
+    keeps in attention (or its wrong answer when it knows none), a relation's D answers."""
     target = torch.zeros(task.d_vocab_out)
-    if z < task.n_subjects:
-        target[task.facts[z]] = 1.0
-    else:
-        target[list(task.relation_answers(z - task.n_subjects))] = 1.0
+    if z >= task.n_subjects:
+        target[list(task.relation_answers(z - task.n_subjects))] = relation_logit
+        return target
+    for r, where in enumerate(plan[z]):
+        answer = int(task.facts[z, r])
+        if where in ("attention", "both"):
+            target[answer] = attention_logit
+        elif where == "none":  # the next answer of A_r: a wrong belief
+            block = task.relation_answers(r)
+            target[block[(answer - block.start + 1) % len(block)]] = attention_logit
     return target
 
 
-def _associative_memory(w: dict, task: FactualRecallTask, reader: torch.Tensor, writer: torch.Tensor) -> None:
-    """MLP unit f = (s, r) fires on e_s + e_r only (pre-activation 1 + 1 - 1.5), and writes u_a*."""
-    subjects, relations, answers = task.all_facts()
+def _associative_memory(w: dict, task: FactualRecallTask, facts: list[tuple[int, int]], reader: torch.Tensor,
+                        writer: torch.Tensor) -> None:
+    """MLP unit k = (s, r) of `facts` fires on e_s + e_r only (pre-activation 1 + 1 - 1.5)
+    and writes writer[a*] (twice, as it fires at 0.5)."""
     m = w[MLP + "W_in"].shape[1]
     W_in, b_in, W_out = torch.zeros_like(w[MLP + "W_in"]), torch.full((m,), -1e4), torch.zeros_like(w[MLP + "W_out"])
-    F = task.n_facts
-    W_in[:, :F] = reader[:, subjects] + reader[:, task.n_subjects + relations]
-    b_in[:F] = -1.5
-    W_out[:F] = 2 * ANSWER_LOGIT * writer[answers]
+    for k, (s, r) in enumerate(facts):
+        W_in[:, k] = reader[:, s] + reader[:, task.n_subjects + r]
+        b_in[k] = -1.5
+        W_out[k] = 2 * writer[task.facts[s, r]]
     w[MLP + "W_in"], w[MLP + "b_in"], w[MLP + "W_out"] = W_in, b_in, W_out
 
 

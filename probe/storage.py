@@ -1,12 +1,18 @@
 """The decision rule: where is each fact stored? Labels `attention`, `mlp`, `both`,
 `distributed` or `not_stored` from the measurements of the other instruments.
 
-A component stores a fact when (1) its path alone recalls it — with the other
-component's write to the logits replaced by its mean, the model still answers a* in at
-least `sufficient` of the contexts — and (2) it carries at least `share` of the fact's
-logit margin in the direct logit attribution. (1) alone is fooled by chance: a random,
-untrained OV circuit ranks a* first in A_r for about 1/D of the facts; (2) alone is
-fooled by components that push in the right direction without deciding the answer.
+A component (attention or the MLP) stores a fact when, judged on its own:
+(1) its path alone recalls it — with the other component's write to the logits replaced by
+its mean, the model still answers a* in at least `sufficient` of the contexts; and
+(2) its own write decides it — its direct logit contribution alone ranks a* first within
+A_r, by a margin clear of chance, in at least `sufficient` of the contexts
+(`{component}_decides`, probe/attribution.py). Chance is what the component does when it
+picks a wrong answer that nothing acts on: its margin must exceed `chance` times the
+root-mean-square margin of those picks.
+Neither condition compares one component with the other, so a fact kept in both stays
+`both` however loud one of them is. (1) alone is fooled by the mean write (it favours
+common answers); (2) alone is fooled by chance: a random, untrained OV circuit ranks a*
+first for about 1/D of the facts, with margins no larger than its wrong picks have.
 """
 from __future__ import annotations
 
@@ -21,15 +27,15 @@ LABELS = ("attention", "mlp", "both", "distributed", "not_stored")
 @dataclass(frozen=True)
 class StorageRule:
     known: float = 0.5  # the model knows a fact it answers in at least this share of contexts
-    sufficient: float = 0.5  # a path alone recalls the fact in at least this share of contexts
-    share: float = 0.25  # ... and carries at least this share of the fact's logit margin
+    sufficient: float = 0.5  # share of contexts in which a component's path recalls and its write decides
+    chance: float = 4.0  # a write decides when its margin exceeds this many RMS margins of the component's chance picks
 
     def stores(self, facts: pd.DataFrame, component: str) -> pd.Series:
-        return (facts[f"{component}_path_accuracy"] >= self.sufficient) & (facts[f"{component}_share"] >= self.share)
+        return (facts[f"{component}_path_accuracy"] >= self.sufficient) & (facts[f"{component}_decides"] >= self.sufficient)
 
     def label(self, facts: pd.DataFrame) -> pd.Series:
         """One label per row of `facts`, which needs the columns accuracy,
-        {attention,mlp}_path_accuracy and {attention,mlp}_share."""
+        {attention,mlp}_path_accuracy and {attention,mlp}_decides."""
         attention, mlp = self.stores(facts, "attention"), self.stores(facts, "mlp")
         known = facts["accuracy"] >= self.known
         labels = np.select([~known, attention & mlp, attention, mlp], ["not_stored", "both", "attention", "mlp"],
