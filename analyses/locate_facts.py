@@ -59,7 +59,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
         return frame
 
     parts = [step(per_fact_accuracy(model, task, contexts, seed)),
-             step(direct_logit_attribution(model, task, contexts, seed, rule.chance)),
+             step(direct_logit_attribution(model, task, contexts, seed)),
              ablations(model, task, contexts, seed, progress=lambda: bar.update(1)),
              step(activation_patching(model, task, "subject", patch_contexts, seed)),
              step(activation_patching(model, task, "relation", patch_contexts, seed)),

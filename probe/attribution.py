@@ -14,19 +14,18 @@ from probe.task import FactualRecallTask
 COMPONENTS = ("attention", "mlp")
 
 
-def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                             chance: float = 4.0) -> pd.DataFrame:
+def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
     """Per fact, in logit units averaged over contexts (each with a 95% interval):
 
     - `margin`: a* over the model's strongest other answer b in A_r; `X_margin` for
       X = head{h}, attention (heads summed), mlp, direct (EOS embedding, biases): X's part
       of it (they add up to `margin`).
-    - `X_top`: share of contexts where X alone ranks a* first in A_r.
+    - `X_top`: share of contexts where X alone ranks a* first in A_r (ties do not count).
     - `attention_own_margin`, `mlp_own_margin`: X's own margin of a* over X's strongest
-      other answer in A_r, X judged alone whatever the other component writes;
-      `X_chance_margin` (one number per model, see `chance_margin`): the margin X reaches
-      by chance; `X_decides`: share of contexts where X alone ranks a* first in A_r with a
-      margin above its chance margin (`chance` times the RMS margin of its chance picks).
+      other answer in A_r, X judged alone whatever the other component writes.
+    - `X_top_chance`, `X_top_z` (one value per model, see `above_chance`): the share of
+      facts X would rank first if its picks ignored the subject, and how many standard
+      errors X's mean `X_top` lies above it.
     - `attention_share`, `mlp_share`: X's margin over the full margin (means over contexts);
       NaN where the full margin is not positive or both components' margins are negative,
       where a share means nothing.
@@ -55,9 +54,9 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
         cols.update(with_interval(f"{name}_top", per_fact(top, contexts), seed))
         if name in COMPONENTS:
             cols.update(with_interval(f"{name}_own_margin", per_fact(own, contexts), seed))
-            level = chance_margin(logits, run["logits"].argmax(-1), batch.relations, batch.answers, D, chance)
-            cols[f"{name}_chance_margin"] = torch.full((task.n_facts,), level)
-            cols.update(with_interval(f"{name}_decides", per_fact(top * (own > level), contexts), seed))
+            chance, z = above_chance(logits, batch.relations, batch.answers, D, per_fact(top, contexts).mean(1))
+            cols[f"{name}_top_chance"] = torch.full((task.n_facts,), chance)
+            cols[f"{name}_top_z"] = torch.full((task.n_facts,), z)
     means = {name: cols[f"{name}_margin"] for name in COMPONENTS}
     meaningless = (cols["margin"] <= 0) | ((means["attention"] < 0) & (means["mlp"] < 0))  # [F]
     for name in COMPONENTS:
@@ -66,17 +65,23 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     return columns(facts_frame(task), cols)
 
 
-def chance_margin(logits: torch.Tensor, model_answers: torch.Tensor, relations: torch.Tensor,
-                  answers: torch.Tensor, D: int, times: float) -> float:
-    """The margin (logit units) beyond which a component's pick is clear of chance: `times`
-    the root-mean-square margin of its top answer over its runner-up in A_r, over the
-    prompts where that top answer is wrong and not the model's answer either (picks nothing
-    acted on; the model's own wrong beliefs are left out). 0 when it never picks so.
-    A random OV circuit ranks a* first for about 1/D of the facts with margins of this size."""
+def above_chance(logits: torch.Tensor, relations: torch.Tensor, answers: torch.Tensor, D: int,
+                 top: torch.Tensor) -> tuple[float, float]:
+    """Does a component rank the facts' answers first more often than chance?
+
+    Chance: the share of prompts whose a* it would rank first if its pick within A_r were
+    drawn independently of the subject, sum_r p(r) sum_b q_r(b) p_r(b), with q_r its
+    distribution of picks and p_r that of the answers in relation r's prompts (1/D for a
+    uniform pick; more for a component that always names a common answer). Returns
+    (chance, z): z = (mean of `top` [F], each fact's share of contexts ranked first,
+    minus chance) in standard errors sqrt(chance (1 - chance) / F)."""
     block = answer_block(logits, relations, D)  # [n, D]
-    best, runner_up = block.topk(2, -1).values.unbind(-1)  # [n], [n]
-    picked = block.argmax(-1) + relations * D  # [n] answer id
-    chance_picks = (picked != answers) & (picked != model_answers)
-    if not chance_picks.any():
-        return 0.0
-    return times * float((best - runner_up)[chance_picks].float().pow(2).mean().sqrt())
+    picks = block.argmax(-1)  # [n] index within A_r
+    target = answers - relations * D  # [n]
+    R = int(relations.max()) + 1
+    joint_pick = torch.zeros(R, D).index_put_((relations.cpu(), picks.cpu()), torch.ones(len(picks)), accumulate=True)
+    joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)), accumulate=True)
+    per_relation = joint_pick.sum(1).clamp(min=1)  # [R] prompts of each relation
+    chance = float(((joint_pick / per_relation[:, None]) * joint_answer).sum() / len(picks))
+    spread = max(chance * (1 - chance), 1e-12) ** 0.5 / len(top) ** 0.5
+    return chance, float((top.float().mean() - chance) / spread)

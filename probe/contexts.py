@@ -30,11 +30,14 @@ def correct(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     return (logits.argmax(-1) == answers).float()
 
 
+TIE = 1e-4  # logits closer than this are a tie (float rounding), not a pick
+
+
 def ranks_first_in_block(logits: torch.Tensor, relations: torch.Tensor, answers: torch.Tensor, D: int):
-    """1.0 where a* is the top logit within A_r, and a*'s margin over the best other
-    answer of A_r (logit units), per prompt: two [n] tensors."""
+    """1.0 where a* is the top logit within A_r by more than a rounding tie, and a*'s
+    margin over the best other answer of A_r (logit units), per prompt: two [n] tensors."""
     block = answer_block(logits, relations, D)  # [n, D]
     target = answers - relations * D  # [n] index within the block
     own = block.gather(-1, target[:, None])[:, 0]
     others = block.scatter(-1, target[:, None], float("-inf")).amax(-1)
-    return (own > others).float(), own - others
+    return (own - others > TIE).float(), own - others

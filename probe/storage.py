@@ -4,15 +4,15 @@
 A component (attention or the MLP) stores a fact when, judged on its own:
 (1) its path alone recalls it — with the other component's write to the logits replaced by
 its mean, the model still answers a* in at least `sufficient` of the contexts; and
-(2) its own write decides it — its direct logit contribution alone ranks a* first within
-A_r, by a margin clear of chance, in at least `sufficient` of the contexts
-(`{component}_decides`, probe/attribution.py). Chance is what the component does when it
-picks a wrong answer that nothing acts on: its margin must exceed `chance` times the
-root-mean-square margin of those picks.
+(2) its own write picks it — its direct logit contribution alone ranks a* first within
+A_r in at least `sufficient` of the contexts (`{component}_top`, probe/attribution.py) —
+and the component picks the facts' answers more often than chance at all: its share of
+facts ranked first lies `chance` standard errors above what picks that ignore the subject
+would give (`{component}_top_z`).
 Neither condition compares one component with the other, so a fact kept in both stays
-`both` however loud one of them is. (1) alone is fooled by the mean write (it favours
-common answers); (2) alone is fooled by chance: a random, untrained OV circuit ranks a*
-first for about 1/D of the facts, with margins no larger than its wrong picks have.
+`both` however loud one of them is. (1) alone is fooled by the mean write, which favours
+common answers; (2) alone by chance: a random, untrained OV circuit ranks a* first for
+about 1/D of the facts, but no more often than that.
 """
 from __future__ import annotations
 
@@ -27,15 +27,16 @@ LABELS = ("attention", "mlp", "both", "distributed", "not_stored")
 @dataclass(frozen=True)
 class StorageRule:
     known: float = 0.5  # the model knows a fact it answers in at least this share of contexts
-    sufficient: float = 0.5  # share of contexts in which a component's path recalls and its write decides
-    chance: float = 4.0  # a write decides when its margin exceeds this many RMS margins of the component's chance picks
+    sufficient: float = 0.5  # share of contexts in which a component's path recalls a* and its own write ranks it first
+    chance: float = 3.0  # standard errors above chance a component's picks must lie before it stores anything
 
     def stores(self, facts: pd.DataFrame, component: str) -> pd.Series:
-        return (facts[f"{component}_path_accuracy"] >= self.sufficient) & (facts[f"{component}_decides"] >= self.sufficient)
+        return ((facts[f"{component}_path_accuracy"] >= self.sufficient) & (facts[f"{component}_top"] >= self.sufficient)
+                & (facts[f"{component}_top_z"] >= self.chance))
 
     def label(self, facts: pd.DataFrame) -> pd.Series:
         """One label per row of `facts`, which needs the columns accuracy,
-        {attention,mlp}_path_accuracy and {attention,mlp}_decides."""
+        {attention,mlp}_path_accuracy, {attention,mlp}_top and {attention,mlp}_top_z."""
         attention, mlp = self.stores(facts, "attention"), self.stores(facts, "mlp")
         known = facts["accuracy"] >= self.known
         labels = np.select([~known, attention & mlp, attention, mlp], ["not_stored", "both", "attention", "mlp"],
