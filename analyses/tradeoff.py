@@ -42,7 +42,7 @@ from models.config import (
 from models.pruning import head_norms, neuron_norms, prune, prune_order
 from models.trainer import train
 from models.weights import parameter_count
-from probe.storage import LABELS
+from probe.storage import LABELS, StorageRule
 
 BASE = "paper-tradeoff"
 
@@ -80,7 +80,8 @@ def _settings(run: RunConfig, args, extra: dict) -> dict:
     recorded = asdict(run)
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
     return {"analysis": f"tradeoff {args.command}", "run": recorded, "contexts": args.contexts,
-            "patch_contexts": args.patch_contexts, "seed_locate": args.seed_locate, **extra}
+            "patch_contexts": args.patch_contexts, "seed_locate": args.seed_locate,
+            "rule": asdict(StorageRule()), **extra}  # cells labelled under another rule are not reused
 
 
 # ----------------------------------------------------------------------------- grid
