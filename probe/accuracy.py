@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.contexts import correct, fact_batch, per_fact
-from probe.hooks import Hook, clean_run, last_position_logits
+from probe.contexts import correct, per_fact
+from probe.hooks import Hook, clean_run, rerun_last_position
 from probe.stats import with_interval
 from probe.task import FactualRecallTask
 
@@ -29,11 +29,7 @@ def per_fact_accuracy(model, task: FactualRecallTask, contexts: int = 8, seed: i
                       fwd_hooks: tuple[Hook, ...] = (), name: str = "accuracy") -> pd.DataFrame:
     """Share of a fact's `contexts` prompts whose top answer (over all R*D) is a*, with its
     95% bootstrap interval over contexts; `fwd_hooks` edit the run (ablations)."""
-    if fwd_hooks:
-        batch = fact_batch(task, contexts, seed, model_device(model))
-        logits = last_position_logits(model, batch.tokens, fwd_hooks)
-    else:
-        batch, run = clean_run(model, task, contexts, seed)
-        logits = run["logits"]
+    batch, run = clean_run(model, task, contexts, seed)
+    logits = rerun_last_position(model, run, fwd_hooks) if fwd_hooks else run["logits"]
     hits = correct(logits, batch.answers)  # [n]
     return columns(facts_frame(task), with_interval(name, per_fact(hits, contexts), seed))

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 import torch
 
+HOOK_RESID_PRE = "blocks.0.hook_resid_pre"  # [batch, pos, d_model] embedding (+ position)
 HOOK_Z = "blocks.0.attn.hook_z"  # [batch, pos, head, d_head] per-head mix of values
 HOOK_PATTERN = "blocks.0.attn.hook_pattern"  # [batch, head, query, key]
 HOOK_ATTN_OUT = "blocks.0.hook_attn_out"  # [batch, pos, d_model] all heads + b_O
@@ -35,9 +36,26 @@ def last_position_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] 
     return torch.cat(out)
 
 
+def rerun_last_position(model, run: dict[str, torch.Tensor], fwd_hooks: Sequence[Hook] = ()) -> torch.Tensor:
+    """Logits [n, d_vocab_out] of `model` at the last position of the prompts cached in
+    `run` (a cached_last_position dict), run again with `fwd_hooks`, which may edit the
+    last position only (ablations, patching, path swaps).
+
+    In one layer nothing at the last position reads another position except the heads'
+    z, so the model runs on one position: its residual input and every head's z are set to
+    the cached values through hook_resid_pre and hook_z, then `fwd_hooks` run, and the
+    model computes the rest (W_O, MLP, unembedding) itself. T times less work than
+    last_position_logits on the full prompts, and the same logits (tests/test_probe_hooks.py)."""
+    restore = [(HOOK_RESID_PRE, lambda x, hook: run["resid_pre"][:, None].to(x.dtype)),
+               (HOOK_Z, lambda x, hook: run["z"][:, None].to(x.dtype))]
+    with torch.inference_mode():
+        eos = run["tokens"][:, -1:]  # [n, 1]
+        return model.run_with_hooks(eos, fwd_hooks=restore + list(fwd_hooks))[:, -1]
+
+
 def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
-    """A hook that overwrites the last position (of one head, on hook_z) with a constant
-    `value`: 0 for zero-ablation, a mean for mean-ablation."""
+    """A hook that overwrites the last position (of one head, on hook_z) with `value`: 0
+    for zero-ablation, a mean for mean-ablation, one value per prompt for patching."""
     target = (slice(None), -1) if head is None else (slice(None), -1, head)
 
     def hook(x, hook):
@@ -50,10 +68,11 @@ def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
 def cached_last_position(model, tokens: torch.Tensor, chunk: int = CHUNK) -> dict[str, torch.Tensor]:
     """One clean run, read at the last position: logits [n, O], per-head outputs
     `head_results` [n, head, d] (ActivationCache.stack_head_results), `mlp_out` [n, d]
-    (zeros without an MLP), `attn_out` [n, d], `z` [n, head, d_head], and `pattern`
-    [n, head, key] of the EOS query."""
-    names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT}
-    parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern")}
+    (zeros without an MLP), `attn_out` [n, d], `z` [n, head, d_head], `pattern`
+    [n, head, key] of the EOS query, the residual input `resid_pre` [n, d], and `tokens`."""
+    names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_PRE}
+    parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern",
+                                              "resid_pre")}
     with torch.inference_mode():
         for start in range(0, len(tokens), chunk):
             logits, cache = model.run_with_cache(tokens[start:start + chunk], names_filter=lambda n: n in names)
@@ -64,7 +83,8 @@ def cached_last_position(model, tokens: torch.Tensor, chunk: int = CHUNK) -> dic
             parts["mlp_out"].append(cache[HOOK_MLP_OUT][:, -1] if has_mlp(model) else torch.zeros_like(attn_out))
             parts["z"].append(cache[HOOK_Z][:, -1])
             parts["pattern"].append(cache[HOOK_PATTERN][:, :, -1])
-    return {k: torch.cat(v) for k, v in parts.items()}
+            parts["resid_pre"].append(cache[HOOK_RESID_PRE][:, -1])
+    return {"tokens": tokens, **{k: torch.cat(v) for k, v in parts.items()}}
 
 
 @lru_cache(maxsize=4)

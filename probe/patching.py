@@ -1,16 +1,15 @@
 """Activation patching, ROME-style: corrupt the subject (or the relation) by swapping in
-another one, restore one component's output from the clean run, and measure the share of
-the clean logit difference it restores (TransformerLens's patching.generic_activation_patch)."""
+another one, restore one component's output at the last position from the clean run, and
+measure the share of the clean logit difference it restores (the normalisation of
+TransformerLens's patching results: (patched - corrupted) / (clean - corrupted))."""
 from __future__ import annotations
-
-from unittest import mock
 
 import pandas as pd
 import torch
-from transformer_lens import patching
 
-from probe.accuracy import columns, facts_frame, model_device
-from probe.contexts import fact_batch, per_fact
+from probe.accuracy import columns, facts_frame
+from probe.contexts import per_fact
+from probe.hooks import HOOK_MLP_OUT, HOOK_Z, cached_last_position, clean_run, rerun_last_position, set_last
 from probe.stats import with_interval
 from probe.task import FactualRecallTask
 
@@ -45,36 +44,27 @@ def corrupted_prompts(task: FactualRecallTask, batch, corrupt: str, generator: t
 def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject",
                         contexts: int = 2, seed: int = 0) -> pd.DataFrame:
     """Per fact, the share of the clean logit difference logit(a*) - logit(a_corrupt)
-    restored by patching each head's output (hook_z) and the MLP output from the clean
-    run into the corrupted one (0: nothing, 1: all), with 95% intervals over contexts.
-    Columns `patch_<corrupt>_head<h>`, `patch_<corrupt>_mlp`."""
-    device = model_device(model)
-    batch = fact_batch(task, contexts, seed, device)
+    restored by patching each head's output (hook_z) and the MLP output at the last
+    position from the clean run into the corrupted one (0: nothing, 1: all), with 95%
+    intervals over contexts. Columns `patch_<corrupt>_head<h>`, `patch_<corrupt>_mlp`."""
+    batch, clean = clean_run(model, task, contexts, seed)
+    device = batch.tokens.device
     tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt, torch.Generator(device=device).manual_seed(seed + 1))
+    corrupted = cached_last_position(model, tokens)
     valid = corrupt_answer >= 0
     rival = corrupt_answer.clamp(min=0)
 
-    def logit_diff(logits):  # [batch, pos, O] -> [batch]
-        last = logits[:, -1]
-        return last.gather(-1, batch.answers[:, None])[:, 0] - last.gather(-1, rival[:, None])[:, 0]
+    def logit_diff(logits):  # [n, O] -> [n]
+        return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
 
-    with torch.inference_mode():
-        clean_logits, clean_cache = model.run_with_cache(
-            batch.tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_mlp_out")))
-    clean = logit_diff(clean_logits)  # the one clean run gives both the cache and the baseline
-    sweeps = {"head": ("z", patching.layer_head_vector_patch_setter, ["layer", "head"])}
+    restores = {f"head{h}": [(HOOK_Z, set_last(clean["z"][:, h], head=h))] for h in range(model.cfg.n_heads)}
     if not model.cfg.attn_only:
-        sweeps["mlp"] = ("mlp_out", lambda corrupted, index, clean_act: clean_act, ["layer"])
+        restores["mlp"] = [(HOOK_MLP_OUT, set_last(clean["mlp_out"]))]
+    clean_diff, corrupted_diff = logit_diff(clean["logits"]), logit_diff(corrupted["logits"])  # [n]
+    no_scale = ~valid | ((clean_diff - corrupted_diff).abs() < 1e-6)  # nothing to restore
     cols = {}
-    with mock.patch.object(patching, "tqdm", lambda iterable, **_: iterable), torch.inference_mode():
-        for component, (act, setter, axes) in sweeps.items():
-            result = patching.generic_activation_patch(
-                model, tokens, clean_cache, logit_diff, setter, act, index_axis_names=axes,
-                reduce="none", baseline=True)
-            restored = result.normalized(clean)  # [layer, (head,) batch]
-            restored = restored.reshape(-1, len(batch))  # [component, batch]
-            restored[:, ~valid | ((clean - result.baseline).abs() < 1e-6)] = float("nan")
-            for i, row in enumerate(restored):
-                name = f"patch_{corrupt}_{component}{i if component == 'head' else ''}"
-                cols.update(with_interval(name, per_fact(row, contexts), seed))
+    for name, hooks in restores.items():
+        patched = logit_diff(rerun_last_position(model, corrupted, hooks))
+        restored = ((patched - corrupted_diff) / (clean_diff - corrupted_diff)).masked_fill(no_scale, float("nan"))
+        cols.update(with_interval(f"patch_{corrupt}_{name}", per_fact(restored, contexts), seed))
     return columns(facts_frame(task), cols)

@@ -1,11 +1,35 @@
-"""Every rate or share comes with a 95% percentile-bootstrap interval (TransformerLens's
-`utilities.statistics.bootstrap_ci`, the one behind PatchingResult.bootstrap_ci)."""
+"""Every rate or share comes with a 95% percentile-bootstrap interval: the interval of
+TransformerLens's `utilities.statistics.bootstrap_ci` (the one behind
+PatchingResult.bootstrap_ci), computed from the same resamples as a product of resample
+counts and values, which is much faster for thousands of facts."""
 from __future__ import annotations
 
 import torch
-from transformer_lens.utilities.statistics import bootstrap_ci, derive_generator
+from transformer_lens.utilities.statistics import derive_generator
 
 N_RESAMPLES = 500
+CHUNK = 256  # resamples drawn at a time, as bootstrap_ci draws them
+
+
+def bootstrap_ci(x: torch.Tensor, n_resamples: int, generator: torch.Generator,
+                 confidence: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Percentile bootstrap interval of the mean over the last axis of x [..., n]: the
+    draws of TransformerLens's bootstrap_ci (resample indices [resample, n] shared by every
+    leading cell), each resample's mean as counts @ x, and torch.quantile's linear
+    interpolation on the sorted means."""
+    n = x.shape[-1]
+    idx = torch.cat([torch.randint(0, n, (min(CHUNK, n_resamples - start), n), generator=generator)
+                     for start in range(0, n_resamples, CHUNK)])  # [resample, n]
+    counts = torch.zeros(n_resamples, n).scatter_add_(1, idx, torch.ones(n_resamples, n))  # [resample, n]
+    means = (x.float() @ counts.T / n).sort(-1).values  # [..., resample]
+    alpha = (1 - confidence) / 2
+
+    def quantile(q):  # linear interpolation between order statistics
+        position = q * (n_resamples - 1)
+        below, frac = int(position), position - int(position)
+        above = min(below + 1, n_resamples - 1)
+        return means[..., below] + frac * (means[..., above] - means[..., below])
+    return quantile(alpha).to(x.dtype), quantile(1 - alpha).to(x.dtype)
 
 
 def with_interval(name: str, values: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -17,8 +41,7 @@ def with_interval(name: str, values: torch.Tensor, seed: int = 0) -> dict[str, t
         filled = torch.where(torch.isnan(values), mean[..., None], values)  # neutral for the interval
     else:
         mean, filled = values.mean(-1), values
-    low, high = bootstrap_ci(filled, dim=-1, n_resamples=N_RESAMPLES,
-                             generator=derive_generator(seed, "bootstrap", name))
+    low, high = bootstrap_ci(filled, N_RESAMPLES, derive_generator(seed, "bootstrap", name))
     return {name: mean, f"{name}_low": low, f"{name}_high": high}
 
 

@@ -1,0 +1,69 @@
+"""The instruments' one-position reruns give the logits of full-sequence runs with the same hooks."""
+import pytest
+import torch
+from transformer_lens import patching
+
+from models import build_bridge
+from models.weights import ATTN, MLP
+from probe.ablation import ablation_hooks
+from probe.contexts import fact_batch
+from probe.hooks import HOOK_Z, cached_last_position, last_position_logits, rerun_last_position
+from probe.patching import activation_patching, corrupted_prompts
+
+
+@pytest.fixture(scope="module")
+def model_and_task(tiny_result):
+    """The trained tiny model with a random positional embedding and biases: every input
+    of the last position's computation is non-trivial."""
+    g = torch.Generator().manual_seed(0)
+    weights = {k: v.clone() for k, v in tiny_result.weights.items()}
+    for key in ("pos_embed.W_pos", ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out"):
+        weights[key] = 0.3 * torch.randn(weights[key].shape, generator=g)
+    return build_bridge(tiny_result.model, weights), tiny_result.task
+
+
+def test_rerun_equals_the_full_run_under_every_ablation(model_and_task):
+    model, task = model_and_task
+    batch = fact_batch(task, 2, seed=0)
+    run = cached_last_position(model, batch.tokens)
+    assert torch.allclose(rerun_last_position(model, run), run["logits"], atol=1e-5)
+    hooks = ablation_hooks(model, task, contexts=2, seed=0)
+    for name in ("mean_ablate_head1", "zero_ablate_heads", "mean_ablate_mlp", "mlp_path"):
+        full = last_position_logits(model, batch.tokens, hooks[name])
+        assert (rerun_last_position(model, run, hooks[name]) - full).abs().max() < 1e-4, name
+        assert (full - run["logits"]).abs().max() > 1e-2, name  # the ablation does change the logits
+
+
+def test_patching_matches_transformer_lens_generic_activation_patch(model_and_task):
+    model, task = model_and_task
+    contexts = 2
+    ours = activation_patching(model, task, "subject", contexts, seed=0)
+    batch = fact_batch(task, contexts, seed=0)
+    tokens, rival = corrupted_prompts(task, batch, "subject", torch.Generator().manual_seed(1))
+
+    def logit_diff(logits):
+        return logits[:, -1].gather(-1, batch.answers[:, None])[:, 0] - logits[:, -1].gather(-1, rival.clamp(min=0)[:, None])[:, 0]
+
+    with torch.inference_mode():
+        clean_logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n == HOOK_Z)
+        result = patching.generic_activation_patch(model, tokens, cache, logit_diff, patching.layer_head_vector_patch_setter,
+                                                   "z", index_axis_names=["layer", "head"], reduce="none", baseline=True)
+    theirs = result.normalized(logit_diff(clean_logits)).reshape(model.cfg.n_heads, -1, contexts)  # [head, fact, context]
+    for h in range(model.cfg.n_heads):
+        expected = torch.nanmean(torch.where(rival.reshape(-1, contexts) >= 0, theirs[h], float("nan")), -1)
+        measured = torch.tensor(ours[f"patch_subject_head{h}"].to_numpy())
+        both = ~expected.isnan() & ~measured.isnan()
+        assert both.sum() > 0.9 * len(measured)
+        assert torch.allclose(measured[both], expected[both].float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(1024, 8), (13,), (3, 5, 2)])
+def test_bootstrap_interval_is_transformer_lens_bootstrap_ci(shape):
+    from transformer_lens.utilities.statistics import bootstrap_ci, derive_generator
+
+    from probe.stats import N_RESAMPLES, bootstrap_ci as ours
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    expected = bootstrap_ci(x, dim=-1, n_resamples=N_RESAMPLES, generator=derive_generator(0, "t"))
+    measured = ours(x, N_RESAMPLES, derive_generator(0, "t"))
+    for a, b in zip(expected, measured):
+        assert torch.allclose(a, b, atol=1e-5)
