@@ -3,8 +3,8 @@ R(W_hat, W*), candidates restricted to A_r), with each head's measured attention
 
 OV probe: does u_a^T W_OV^h (alpha_s^h e_s + alpha_r^h e_r) rank a* first in A_r, per head
 and summed over heads, alpha being the head's mean attention to the subject and relation?
-MLP probe: does the MLP, applied to the attention output that this idealised attention
-writes (plus the EOS embedding, noise attention at its mean), rank a* first?
+MLP probe: does the MLP, applied to the residual this idealised attention gives
+(`idealised_residual`: EOS embedding and position, noise at its mean, biases), rank a* first?
 """
 from __future__ import annotations
 
@@ -25,6 +25,25 @@ def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int 
     return {k: per_fact(v, contexts).mean(1) for k, v in masses.items()}
 
 
+def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The residual the MLP reads at EOS [F, d] when each head h puts attention alpha[k]
+    [F, H] on the subject, the relation, EOS and the noise: the EOS embedding and position,
+    plus each head's OV write of what it attends to (the subject, relation and noise sit
+    anywhere in the first T-1 positions: their mean positional embedding; noise tokens their
+    mean embedding), plus b_V W_O and b_O (each head's attention sums to 1)."""
+    subjects, relations, _ = (t.to(model_device(model)) for t in task.all_facts())
+    E, OV = model.W_E, model.OV.AB[0]  # [V, d], [H, d, d]
+    W_pos = model.W_pos  # [T, d]
+    position, eos_position = W_pos[:-1].mean(0), W_pos[-1]  # [d], [d]
+    noise = E[list(task.noise_tokens)].mean(0) if task.n_noise else torch.zeros_like(E[0])
+    e_eos = E[task.eos] + eos_position
+    attended = {"subject": E[subjects] + position, "relation": E[task.n_subjects + relations] + position,  # [F, d]
+                "eos": e_eos.expand(len(subjects), -1), "noise": (noise + position).expand(len(subjects), -1)}
+    write = sum(torch.einsum("fh,fd,hde->fe", alpha[k], x, OV) for k, x in attended.items())  # [F, d]
+    bias = torch.einsum("hv,hvd->d", model.b_V[0], model.W_O[0]) + model.b_O[0]  # [d]
+    return e_eos + write + bias
+
+
 def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
     """Per fact: `ov_probe_head<h>` and `ov_probe` (heads summed), `mlp_probe`: 1.0 where
     the probe ranks a* first within A_r (NaN for mlp_probe without an MLP)."""
@@ -41,10 +60,7 @@ def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int =
         cols[f"ov_probe_head{h}"] = ranks_first_in_block(write[:, h] @ W_U, relations, answers, D)[0]
     cols["ov_probe"] = ranks_first_in_block(write.sum(1) @ W_U, relations, answers, D)[0]
     if has_mlp(model):
-        noise = E[list(task.noise_tokens)].mean(0) if task.n_noise else torch.zeros_like(E[0])
-        e_eos = E[task.eos]
-        rest = torch.einsum("fh,d,hde->fe", alpha["eos"], e_eos, OV) + torch.einsum("fh,d,hde->fe", alpha["noise"], noise, OV)
-        mid = e_eos + write.sum(1) + rest + model.b_O[0]  # [F, d] the idealised residual the MLP reads
+        mid = idealised_residual(model, task, alpha)  # [F, d]
         with torch.inference_mode():
             mlp_out = model.blocks[0].mlp(mid[:, None])[:, 0]  # the model's own MLP module
         cols["mlp_probe"] = ranks_first_in_block(mlp_out @ W_U, relations, answers, D)[0]

@@ -11,15 +11,18 @@ from probe.hooks import HOOK_Z, cached_last_position, last_position_logits, reru
 from probe.patching import activation_patching, corrupted_prompts
 
 
+def _perturbed(tiny_result) -> dict:
+    """A random positional embedding and random biases for the tiny model."""
+    g = torch.Generator().manual_seed(0)
+    keys = ("pos_embed.W_pos", ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
+    return {key: 0.3 * torch.randn(tiny_result.weights[key].shape, generator=g) for key in keys}
+
+
 @pytest.fixture(scope="module")
 def model_and_task(tiny_result):
     """The trained tiny model with a random positional embedding and biases: every input
     of the last position's computation is non-trivial."""
-    g = torch.Generator().manual_seed(0)
-    weights = {k: v.clone() for k, v in tiny_result.weights.items()}
-    for key in ("pos_embed.W_pos", ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out"):
-        weights[key] = 0.3 * torch.randn(weights[key].shape, generator=g)
-    return build_bridge(tiny_result.model, weights), tiny_result.task
+    return build_bridge(tiny_result.model, {**tiny_result.weights, **_perturbed(tiny_result)}), tiny_result.task
 
 
 def test_rerun_equals_the_full_run_under_every_ablation(model_and_task):
@@ -67,3 +70,24 @@ def test_bootstrap_interval_is_transformer_lens_bootstrap_ci(shape):
     measured = ours(x, N_RESAMPLES, derive_generator(0, "t"))
     for a, b in zip(expected, measured):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_memory_probe_residual_is_the_mean_residual_the_mlp_reads(model_and_task, tiny_result):
+    """With uniform attention (W_Q = b_Q = 0) the idealised residual of the MLP probe is the
+    expectation of the real one over contexts: positions, b_V and b_O included."""
+    from probe.contexts import per_fact
+    from probe.hooks import HOOK_RESID_MID
+    from probe.memory import fact_attention, idealised_residual
+
+    task = tiny_result.task
+    weights = {**tiny_result.weights, **_perturbed(tiny_result)}
+    weights[ATTN + "W_Q"], weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "W_Q"]), torch.zeros_like(weights[ATTN + "b_Q"])
+    uniform = build_bridge(tiny_result.model, weights)
+    contexts = 64
+    batch = fact_batch(task, contexts, seed=0)
+    with torch.inference_mode():
+        _, cache = uniform.run_with_cache(batch.tokens, names_filter=lambda n: n == HOOK_RESID_MID)
+    measured = per_fact(cache[HOOK_RESID_MID][:, -1], contexts).mean(1)  # [F, d]
+    ideal = idealised_residual(uniform, task, fact_attention(uniform, task, contexts))
+    scale = measured.norm(dim=-1).mean()
+    assert (ideal - measured).norm(dim=-1).max() < 0.05 * scale
