@@ -193,14 +193,17 @@ def _capacity_figure(means, table, full, slope, line, title, path):
 
     scale_name = "d²" if full else "m·d"  # the `theory` column: the paper's x axis
     fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 4))
-    by_ratio = not full and means["m"].notna().all() and (means["m"] / means["d"]).nunique() > 1
-    groups = means.groupby(means["m"] / means["d"]) if by_ratio else [(None, means)]
+    groups, label = [(None, means)], "mean over seeds".format
+    if not full and means["m"].nunique() > 1:  # one series per m/d on a grid of d x (m/d), else per m
+        ratio = means["m"] / means["d"]
+        by_ratio = ratio.groupby(means["d"]).apply(frozenset).nunique() == 1
+        groups = means.groupby(ratio if by_ratio else means["m"])
+        label = "m = {:g}·d".format if by_ratio else "m = {:g}".format
     ax.scatter(table["theory"], table["n_star"], s=10, alpha=0.4, color="gray", label="one seed")
-    for k, (ratio, g) in enumerate(groups):
-        label = "mean over seeds" if ratio is None else f"m = {ratio:g}·d"
-        ax.errorbar(g["theory"], g["n_star"], yerr=g["n_star_std"].fillna(0), fmt="o", color=f"C{k}", label=label)
+    for k, (key, g) in enumerate(groups):
+        ax.errorbar(g["theory"], g["n_star"], yerr=g["n_star_std"].fillna(0), fmt="o", color=f"C{k}", label=label(key))
         reference = line.n_on_line(g["theory"]) if line is not None else g["theory"]
-        right.plot(g["x"], g["n_star"] / reference, "o-", color=f"C{k}", label=label)
+        right.plot(g["x"], g["n_star"] / reference, "o-", color=f"C{k}", label=label(key))
     x = np.geomspace(means["theory"].min(), means["theory"].max(), 50)
     anchor_x, anchor_y = np.exp(np.log(means["theory"]).mean()), np.exp(np.log(means["n_star"]).mean())
     per_scale = 2.0 if full else 1.0  # x = d (full linear) is the square root of the plotted scale d^2
@@ -219,8 +222,10 @@ def _capacity_figure(means, table, full, slope, line, title, path):
     right.set(xscale="log", xlabel="d" if full else "m·d",
               ylabel=f"N* / N on the paper's line ({line.law})" if line is not None else f"N* / {scale_name}",
               title="against the paper's line" if line is not None else f"N* / {scale_name}")
+    right.set_xticks(sorted(means["x"].unique()))
+    right.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    if by_ratio:
+    if len(groups) > 1:
         right.legend(fontsize=7)
     save_figure(fig, path)
 
