@@ -12,6 +12,9 @@ transformer  For each shape (alpha = H*d_h/d, beta = m/d, H) and each d, binary-
 Both fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
+Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
+for the linear memory, N ln N = 0.35 m d for the MLP, N = m d / 1.2 for the MLP with M = 32
+fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
 """
 from __future__ import annotations
 
