@@ -12,12 +12,15 @@ transformer  For each shape (alpha = H*d_h/d, beta = m/d, H) and each d, binary-
 Both fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
+Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
+for the linear memory, N ln N = 0.35 m d for the MLP, N = m d / 1.2 for the MLP with M = 32
+fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
 """
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -63,15 +66,20 @@ def _fit_row(cfg: MemoryConfig, n: int, seed: int, device) -> dict:
 
 def run_memory(args) -> dict:
     device = resolve_device(args.device)
-    widths = args.m or (None,)
-    if args.kind == "mlp" and args.m is None:
-        raise ValueError("--kind mlp needs --m (the widths).")
+    if args.m is not None and args.m_per_d is not None:
+        raise ValueError("give --m or --m-per-d, not both.")
+    if args.kind == "mlp" and args.m is None and args.m_per_d is None:
+        raise ValueError("--kind mlp needs --m (the widths) or --m-per-d.")
+    sizes = [(d, m) for d in args.d for m in (args.m or (None,))] if args.m_per_d is None else \
+        [(d, round(a * d)) for d in args.d for a in args.m_per_d]
     configs = [MemoryConfig(kind=args.kind, d=d, m=m, embedding=args.embedding, steps=args.steps, lr=args.lr,
-                            outputs_per_input=args.outputs_per_input) for d in args.d for m in widths]
+                            outputs_per_input=args.outputs_per_input, n_outputs=args.outputs) for d, m in sizes]
     for cfg in configs:
         cfg.validate()
-    # what every probe shares; sizes and seeds are in the cell keys, so a sweep can grow
-    settings = {"analysis": "capacity memory", **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")}}
+    # what every probe shares; sizes and seeds are in the cell keys, so a sweep can grow.
+    # Fields added after the first sweeps are recorded only when set: those sweeps stay readable.
+    settings = {"analysis": "capacity memory", **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")
+                                                  and not (k in ("n_outputs", "eval_every") and v == getattr(MemoryConfig, k))}}
     cells = Cells(args.out, settings)
     rows = []
     with tqdm(desc="memory probes", unit="probe", disable=args.quiet) as bar:
@@ -82,57 +90,146 @@ def run_memory(args) -> dict:
                              "parameters": cfg.parameters, "theory": cfg.theory,
                              "n_star_over_theory": n_star / cfg.theory})
     table = pd.DataFrame(rows)
-    full = args.kind == "linear" and args.m is None
-    x_name = "d" if full else "m*d"
-    table["x"] = table["d"] if full else table["m"] * table["d"]
-    means = table.groupby(["d", "m"], dropna=False).agg(x=("x", "first"), n_star=("n_star", "mean"),
-                                                        n_star_std=("n_star", "std"), theory=("theory", "first"))
-    means = means.reset_index()
-    slope = fitted_slope(means["x"], means["n_star"]) if means["x"].nunique() > 1 else float("nan")
-    summary = {"kind": args.kind, "x": x_name, "fitted_slope": slope,
-               "theory_slope": 2.0 if full else 1.0,
-               "sizes": [{"d": int(r.d), "m": None if pd.isna(r.m) else int(r.m), "x": int(r.x),
-                          "n_star_mean": float(r.n_star), "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
-                          "n_star_over_theory": float(r.n_star / r.theory)} for r in means.itertuples()],
-               "settings": settings, "seeds": args.seeds, "device": str(device), "probes_computed": cells.computed}
-    write_csv(args.out / "probes.csv", pd.DataFrame(cells.rows()))
-    write_csv(args.out / "capacity.csv", table)
-    write_summary(args.out / "summary.json", summary)
-    _capacity_figure(means, table, x_name, 2.0 if full else 1.0, slope,
-                     f"{args.kind} memory" + ("" if full else (" (rank m)" if args.kind == "linear" else " (width m)")),
-                     "associations stored N*", args.out / f"capacity_{args.kind}.png")
-    lines = [(f"{args.kind} memory: fitted slope of log N* against log {x_name}: {slope:.2f} "
-              f"(theory {summary['theory_slope']:.0f}, up to a log factor)")]
-    lines += [f"  d={s['d']:<4} m={s['m']}  N*={s['n_star_mean']:.1f}  N*/{'d^2' if full else 'md'}={s['n_star_over_theory']:.3f}"
-              for s in summary["sizes"]]
-    print("\n".join(lines + [f"wrote {args.out}/ ({cells.computed} new probes)"]))
+    summary = memory_report(table, configs[0], args.out, pd.DataFrame(cells.rows()),
+                            {"settings": settings, "seeds": args.seeds, "device": str(device),
+                             "probes_computed": cells.computed})
+    print(f"wrote {args.out}/ ({cells.computed} new probes)")
     return summary
 
 
-def _capacity_figure(means, table, x_name, theory_slope, slope, title, ylabel, path, bound=None):
+@dataclass(frozen=True)
+class AuthorsLine:
+    """The reference line the paper draws through a capacity figure: N ln N = c x (or N = c x
+    without the log factor), x = d^2 for a full linear memory and m*d otherwise."""
+    law: str
+    c: float
+    log_factor: bool
+    setting: str  # the memories the paper drew it for
+
+    def value(self, n):
+        """N ln N (or N) for N* = n."""
+        n = np.asarray(n, float)
+        return n * np.log(n) if self.log_factor else n
+
+    def n_on_line(self, x):
+        """N on the line at scale x: N ln N = c x solved by Newton's method."""
+        target = self.c * np.asarray(x, float)
+        if not self.log_factor:
+            return target
+        n = np.maximum(target / np.log(np.maximum(target, 3.0)), 1.0)
+        for _ in range(30):  # n ln n is convex and increasing for n >= 1: monotone convergence
+            n = n - (n * np.log(n) - target) / (np.log(n) + 1)
+        return n
+
+
+def authors_line(cfg: MemoryConfig) -> AuthorsLine | None:
+    """The paper's reference line for this memory (Figure 1 and Figure 6), or None."""
+    if cfg.kind == "linear" and cfg.m is None:
+        return AuthorsLine("N ln N = d²/1.3", 1 / 1.3, True, "full linear memory, f(i) = i (Figure 1 left)")
+    if cfg.kind == "mlp" and cfg.n_outputs is not None:
+        return AuthorsLine("N = m·d/1.2", 1 / 1.2, False, "MLP memory, M = 32 outputs (Figure 6)")
+    if cfg.kind == "mlp" and cfg.outputs_per_input == 1:
+        return AuthorsLine("N ln N = 0.35·m·d", 0.35, True, "MLP memory, f(i) = i (Figure 1 right)")
+    return None
+
+
+def memory_report(table: pd.DataFrame, cfg: MemoryConfig, out: Path, probes: pd.DataFrame, extra: dict) -> dict:
+    """From one row per (size, seed) with its N*: probes.csv, capacity.csv, summary.json and
+    capacity_{kind}.png, and the summary printed. Reports the plain slope of log N* against
+    log d (full linear) or log m*d, and the authors' law: the slope of log(N* ln N*) against
+    the same (2 and 1 when the law holds) and N* against the paper's line at every size."""
+    full = cfg.kind == "linear" and cfg.m is None
+    x_name, theory_slope = ("d", 2.0) if full else ("m*d", 1.0)
+    table = table.assign(x=table["d"] if full else table["m"] * table["d"])
+    means = table.groupby(["d", "m"], dropna=False).agg(x=("x", "first"), n_star=("n_star", "mean"),
+                                                        n_star_std=("n_star", "std"), theory=("theory", "first"))
+    means = means.reset_index()
+    several = means["x"].nunique() > 1
+    slope = fitted_slope(means["x"], means["n_star"]) if several else float("nan")
+    line = authors_line(cfg)
+    sizes = []
+    for r in means.itertuples():
+        size = {"d": int(r.d), "m": None if pd.isna(r.m) else int(r.m), "x": int(r.x),
+                "n_star_mean": float(r.n_star), "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
+                "n_star_over_theory": float(r.n_star / r.theory)}
+        if line is not None:
+            n_line = float(line.n_on_line(r.theory))
+            size.update(n_line=n_line, n_star_over_line=float(r.n_star / n_line))
+        sizes.append(size)
+    summary = {"kind": cfg.kind, "x": x_name, "fitted_slope": slope, "theory_slope": theory_slope, "authors_line": None,
+               "sizes": sizes, **extra}
+    if line is not None:
+        law_slope = fitted_slope(means["x"], line.value(means["n_star"])) if several else float("nan")
+        summary["authors_line"] = {"law": line.law, "setting": line.setting,
+                                   "fitted_slope": law_slope, "theory_slope": theory_slope,
+                                   "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*") + f" against log {x_name}"}
+    write_csv(out / "probes.csv", probes)
+    write_csv(out / "capacity.csv", table)
+    write_summary(out / "summary.json", summary)
+    kind = cfg.kind + " memory" + ("" if full else (" (rank m)" if cfg.kind == "linear" else " (width m)"))
+    if cfg.n_outputs is not None:
+        kind += f", M = {cfg.n_outputs} outputs"
+    _capacity_figure(means, table, full, slope, line, kind, out / f"capacity_{cfg.kind}.png")
+    lines = [f"{kind}: fitted slope of log N* against log {x_name}: {slope:.2f} (theory {theory_slope:.0f}, up to a log factor)"]
+    if line is not None:
+        a = summary["authors_line"]
+        lines.append(f"  the paper's line {line.law}: slope of {a['fitted_slope_of']}: {a['fitted_slope']:.2f} "
+                     f"(the law: {theory_slope:.0f})")
+    for s in sizes:
+        text = f"  d={s['d']:<4} m={s['m']}  N*={s['n_star_mean']:.1f}  N*/{'d^2' if full else 'md'}={s['n_star_over_theory']:.3f}"
+        if line is not None:
+            text += f"  line N={s['n_line']:.1f}  N*/line={s['n_star_over_line']:.2f}"
+        lines.append(text)
+    print("\n".join(lines))
+    return summary
+
+
+def _capacity_figure(means, table, full, slope, line, title, path):
+    """Left, as the paper plots it: N* against d^2 (full linear) or m*d, with the fit, the
+    theory lines and the paper's line. Right: N* over the paper's line (over d^2 or m*d
+    when there is none) at every size."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.scatter(table["x"], table["n_star"], s=10, alpha=0.4, color="gray", label="one seed")
-    ax.errorbar(means["x"], means["n_star"], yerr=means["n_star_std"].fillna(0), fmt="o", color="C0",
-                label="mean over seeds")
-    x = np.geomspace(means["x"].min(), means["x"].max(), 50)
-    anchor_x, anchor_y = np.exp(np.log(means["x"]).mean()), np.exp(np.log(means["n_star"]).mean())
+    scale_name = "d²" if full else "m·d"  # the `theory` column: the paper's x axis
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 4))
+    groups, label = [(None, means)], "mean over seeds".format
+    if not full and means["m"].nunique() > 1:  # one series per m/d on a grid of d x (m/d), else per m
+        ratio = means["m"] / means["d"]
+        by_ratio = ratio.groupby(means["d"]).apply(frozenset).nunique() == 1
+        groups = means.groupby(ratio if by_ratio else means["m"])
+        label = "m = {:g}·d".format if by_ratio else "m = {:g}".format
+    ax.scatter(table["theory"], table["n_star"], s=10, alpha=0.4, color="gray", label="one seed")
+    for k, (key, g) in enumerate(groups):
+        ax.errorbar(g["theory"], g["n_star"], yerr=g["n_star_std"].fillna(0), fmt="o", color=f"C{k}", label=label(key))
+        reference = line.n_on_line(g["theory"]) if line is not None else g["theory"]
+        right.plot(g["x"], g["n_star"] / reference, "o-", color=f"C{k}", label=label(key))
+    x = np.geomspace(means["theory"].min(), means["theory"].max(), 50)
+    anchor_x, anchor_y = np.exp(np.log(means["theory"]).mean()), np.exp(np.log(means["n_star"]).mean())
+    per_scale = 2.0 if full else 1.0  # x = d (full linear) is the square root of the plotted scale d^2
     if not math.isnan(slope):
-        ax.plot(x, anchor_y * (x / anchor_x) ** slope, "C0-", lw=1, label=f"fit: slope {slope:.2f}")
-    ax.plot(x, anchor_y * (x / anchor_x) ** theory_slope, "k--", lw=1, label=f"theory ∝ {x_name}" + ("²" if theory_slope == 2 else ""))
-    if theory_slope == 2:  # d^2 / log(d^2)
-        ax.plot(x, anchor_y * (x / anchor_x) ** 2 * np.log(anchor_x ** 2) / np.log(x ** 2), "k:", lw=1,
-                label="theory ∝ d² / log d²")
-    if bound is not None:
-        ax.plot(*bound(x), "r-.", lw=1, label="information bound")
-    ax.set(xscale="log", yscale="log", xlabel=x_name, ylabel=ylabel, title=title)
+        ax.plot(x, anchor_y * (x / anchor_x) ** (slope / per_scale), "C0-", lw=1,
+                label=f"fit: N* ∝ {'d' if full else 'm·d'}^{slope:.2f}")
+    ax.plot(x, anchor_y * x / anchor_x, "k--", lw=1, label=f"theory ∝ {scale_name}")
+    if full:
+        ax.plot(x, anchor_y * (x / anchor_x) * np.log(anchor_x) / np.log(x), "k:", lw=1, label="theory ∝ d² / log d²")
+    if line is not None:
+        ax.plot(x, line.n_on_line(x), "r-.", lw=1.5, label=f"paper: {line.law}")
+    ax.set(xscale="log", yscale="log", xlabel=scale_name, ylabel="associations stored N*", title=title)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
+    right.axhline(1.0, color="r" if line is not None else "k", ls="-." if line is not None else "--", lw=1)
+    right.set(xscale="log", xlabel="d" if full else "m·d",
+              ylabel=f"N* / N on the paper's line ({line.law})" if line is not None else f"N* / {scale_name}",
+              title="against the paper's line" if line is not None else f"N* / {scale_name}")
+    right.set_xticks(sorted(means["x"].unique()))
+    right.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if len(groups) > 1:
+        right.legend(fontsize=7)
     save_figure(fig, path)
 
 
@@ -254,11 +351,15 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--kind", choices=KINDS, default="linear", help="linear (full, or low rank with --m) | mlp")
     m.add_argument("--d", type=_comma_list(int), default=(8, 16, 32), help="embedding dimensions (default 8,16,32)")
     m.add_argument("--m", type=_comma_list(int), default=None, help="linear: ranks (default full); mlp: widths")
+    m.add_argument("--m-per-d", type=_comma_list(float), default=None,
+                   help="sizes m = a*d for each listed a, in place of --m (the paper's MLP widths: 1,2,4,8)")
     m.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per size (default 3; the paper 5)")
     m.add_argument("--steps", type=int, default=2000, help="maximum Adam steps per fit (default 2000; the paper 2^15)")
     m.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (default 0.1)")
     m.add_argument("--embedding", choices=("sphere", "gaussian"), default="sphere")
     m.add_argument("--outputs-per-input", type=float, default=1.0, help="M/N: 1 = injective f (default)")
+    m.add_argument("--outputs", type=int, default=None,
+                   help="M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
     t = sub.add_parser("transformer", help="facts stored against parameters across shapes (Figure 4 left)")
     t.add_argument("--shape", type=_shape, action="append", help="ALPHA,BETA,H; repeat for several shapes (default 1,1,2)")
     t.add_argument("--d", type=_comma_list(int), default=(8, 16), help="embedding dimensions (default 8,16)")

@@ -43,6 +43,10 @@ class ModelConfig:
     embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian (random, N(0, 1/d) "
                         "entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and answers on their own axes)",
                         choices=("sphere", "gaussian", "onehot"))
+    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) | direct "
+                      "(the last d_vocab_out axes are the answers' own and the tokens' random embeddings fill the first "
+                      "d_model - d_vocab_out: the attention's output matrix writes straight to the answer logits, as in the "
+                      "paper's Figure 5; --embedding onehot always reads directly)", choices=("unembed", "direct"))
     attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's non-factorised "
                                 "key-query and output-value matrices: W_Q = sqrt(d_head) I and W_V = I frozen, d_head = d)",
                                 choices=("factored", "merged"))
@@ -64,6 +68,9 @@ class ModelConfig:
         model = self
         if model.embedding == "onehot":
             model = replace(model, d_model=task.d_vocab + task.d_vocab_out)
+        elif model.readout == "direct" and model.d_model <= task.d_vocab_out:
+            raise ValueError(f"readout 'direct' keeps the last d_vocab_out = {task.d_vocab_out} axes for the answers; "
+                             f"d_model must exceed it, got {model.d_model}.")
         if model.attention_weights == "merged":
             model = replace(model, d_head=model.d_model)
         return model
@@ -153,9 +160,19 @@ PRESETS: dict[str, RunConfig] = {
                           attention_weights="merged", init="constant", init_scale=1e-5),
         train=TrainConfig(optimizer="sgd", lr=(0.1,), steps=8192, eval_every=64, eval_size=2048,
                           target_accuracy=2.0, snapshots_per_octave=8)),
-    # Figure 5 right: one softmax head on frozen random embeddings, TransformerLens factors,
-    # Adam. d = 128 (at d = 64 the head stalls near 94% within 8192 steps).
-    "fig5-softmax": RunConfig(
+    # Figure 5 right as the official code runs it: fig5-linear with the softmax swapped in
+    # and random unit-norm token embeddings (d = 128) in place of one-hot ones; the output
+    # matrix [d, |A|] still writes straight to the answer logits (--readout direct: the 32
+    # answer axes come on top of the 128 token axes).
+    "fig5-softmax-gd": RunConfig(
+        task=_FIG5_TASK,
+        model=ModelConfig(d_model=128 + 32, n_heads=1, attn_only=True, attention="softmax", embedding="sphere",
+                          readout="direct", attention_weights="merged", init="constant", init_scale=1e-5),
+        train=TrainConfig(optimizer="sgd", lr=(0.1,), steps=8192, eval_every=64, eval_size=2048,
+                          target_accuracy=2.0, snapshots_per_octave=8)),
+    # Figure 5 right, our variant: one softmax head on frozen random embeddings,
+    # TransformerLens factors, Adam. d = 128 (at d = 64 the head stalls near 94% within 8192 steps).
+    "fig5-softmax-adam": RunConfig(
         task=_FIG5_TASK,
         model=ModelConfig(d_model=128, n_heads=1, d_head=128, attn_only=True, init_scale=0.1),
         train=TrainConfig(optimizer="adam", lr=(1e-2,), steps=8192, eval_every=64, eval_size=2048,

@@ -1,7 +1,8 @@
 """Associative memories over frozen random embeddings (paper section 3, Figure 1).
 
 N inputs with embeddings e_z and M outputs with embeddings u_y (random, frozen, [N, d] and
-[M, d]) and the map f(z) = floor(z * M / N). A memory scores output y for input z by
+[M, d]) and the map f(z) = floor(z * M / N); M grows with N (M = ceil(outputs_per_input * N))
+or is fixed (`n_outputs`, the paper's Figure 6). A memory scores output y for input z by
   linear       u_y^T W e_z                 W [d, d]              d^2 parameters
   low rank     u_y^T A B^T e_z             A, B [d, m]          2 m d parameters
   MLP          u_y^T W_1 relu(W_2^T e_z)   W_1, W_2 [d, m]      2 m d parameters
@@ -33,6 +34,8 @@ class MemoryConfig:
     steps: int = 2000  # maximum Adam steps
     lr: float = 1e-2
     target_accuracy: float = 0.99  # stop once every model has reached it
+    n_outputs: int | None = None  # M fixed whatever N (None: M = ceil(outputs_per_input * N))
+    eval_every: int = 1  # accuracy measured every this many steps (best over the measurements)
 
     def validate(self) -> None:
         if self.kind not in KINDS:
@@ -43,6 +46,14 @@ class MemoryConfig:
             raise ValueError("an MLP memory needs its width m.")
         if not 0 < self.outputs_per_input <= 1 or self.steps < 1 or not self.lr > 0:
             raise ValueError("outputs_per_input must be in (0, 1], steps >= 1 and lr > 0.")
+        if self.n_outputs is not None and self.n_outputs < 2:
+            raise ValueError(f"n_outputs must be >= 2, got {self.n_outputs}.")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}.")
+
+    def outputs(self, n: int) -> int:
+        """M, the number of outputs for N = n inputs."""
+        return self.n_outputs if self.n_outputs is not None else math.ceil(self.outputs_per_input * n)
 
     @property
     def parameters(self) -> int:
@@ -56,7 +67,7 @@ class MemoryConfig:
 
 def memory_data(n: int, cfg: MemoryConfig, seeds: list[int], device="cpu"):
     """Per seed, frozen embeddings E [K, N, d], U [K, M, d] and targets f [N]."""
-    n_out = math.ceil(cfg.outputs_per_input * n)
+    n_out = cfg.outputs(n)
     E, U = [], []
     for seed in seeds:
         g = torch.Generator().manual_seed(seed)
@@ -101,10 +112,11 @@ def fit(cfg: MemoryConfig, n: int, seeds: list[int], device="cpu") -> dict:
     step = 0
     for step in range(1, cfg.steps + 1):
         logits = memory_logits(params, E, U, cfg.kind)  # [K, N, M]
-        with torch.no_grad():
-            best = torch.maximum(best, (logits.argmax(-1) == targets).float().mean(-1))
-        if bool((best >= cfg.target_accuracy).all()):
-            break
+        if (step - 1) % cfg.eval_every == 0:  # the weights after step - 1 updates
+            with torch.no_grad():
+                best = torch.maximum(best, (logits.argmax(-1) == targets).float().mean(-1))
+            if bool((best >= cfg.target_accuracy).all()):
+                break
         # sum over models of each model's mean cross-entropy: K independent problems
         loss = F.cross_entropy(logits.flatten(0, 1), targets.repeat(len(seeds)), reduction="sum") / n
         optimizer.zero_grad(set_to_none=True)

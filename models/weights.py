@@ -50,7 +50,7 @@ def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> 
 
 def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
-    or one-hot), zero positional embedding and biases, trainable matrices N(0,
+    one-hot, or random tokens with answers on their own axes), zero positional embedding and biases, trainable matrices N(0,
     init_scale^2/fan_in) or constant init_scale; merged attention weights fix W_Q and W_V."""
     model = model.for_task(task)
     section = model.checkpoint_section(task)
@@ -61,6 +61,10 @@ def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict
         V, O = task.d_vocab, task.d_vocab_out
         w["embed.W_E"] = torch.eye(V, d)  # token z on axis z
         w["unembed.W_U"] = torch.eye(d, V + O)[:, V:].contiguous()  # answer a read from axis V + a
+    elif model.readout == "direct":  # tokens on the first d - O axes, answer a read from axis d - O + a
+        O = task.d_vocab_out
+        w["embed.W_E"][:, :d - O] = random_directions(task.d_vocab, d - O, model.embedding, g)
+        w["unembed.W_U"] = torch.eye(d)[:, d - O:].contiguous()
     else:
         w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
         w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()

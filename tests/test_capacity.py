@@ -2,6 +2,7 @@
 import itertools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -116,7 +117,69 @@ def test_memory_sweep_rerun_skips_recorded_probes(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "other settings" in err
 
 
+def test_memory_sweep_sizes_from_m_per_d_with_fixed_outputs(tmp_path, capsys):
+    """--m-per-d 1,2 gives widths m = d, 2d; --outputs M fixes the outputs (Figure 6), and the
+    report compares N* with the paper's line N = m d / 1.2."""
+    argv = ["memory", "--kind", "mlp", "--d", "4", "--m-per-d", "1,2", "--outputs", "4", "--seeds", "1",
+            "--steps", "60", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "N = m·d/1.2" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(s["d"], s["m"]) for s in summary["sizes"]] == [(4, 4), (4, 8)]
+    assert summary["authors_line"]["law"] == "N = m·d/1.2" and summary["settings"]["n_outputs"] == 4
+    for s in summary["sizes"]:
+        assert s["n_line"] == pytest.approx(s["m"] * s["d"] / 1.2)
+        assert s["n_star_over_line"] == pytest.approx(s["n_star_mean"] / s["n_line"])
+    code, _, err = _cli(argv[:-2] + ["--m", "8", "--out", str(tmp_path / "both")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--m or --m-per-d" in err
+
+
+def test_authors_line_solves_n_log_n():
+    from analyses.capacity import authors_line
+
+    line = authors_line(MemoryConfig(kind="linear", d=64))
+    n = line.n_on_line([64.0, 4096.0, 1e6])
+    assert n * torch.tensor(n).log().numpy() == pytest.approx([64 / 1.3, 4096 / 1.3, 1e6 / 1.3], rel=1e-9)
+    assert authors_line(MemoryConfig(kind="mlp", d=8, m=16)).law == "N ln N = 0.35·m·d"
+    assert authors_line(MemoryConfig(kind="linear", d=8, m=4)) is None  # the paper draws no line for low rank
+
+
+def test_memory_report_reads_the_authors_law(tmp_path, capsys):
+    """N* exactly on N ln N = d^2 / 1.3: the law's slope is 2 and every ratio 1, while the
+    plain slope of log N* against log d stays below 2 (the log factor)."""
+    import pandas as pd
+
+    from analyses.capacity import authors_line, memory_report
+
+    cfg = MemoryConfig(kind="linear", d=8)
+    ds = [8, 16, 32, 64, 128]
+    on_line = authors_line(cfg).n_on_line([d * d for d in ds])
+    table = pd.DataFrame([{"kind": "linear", "d": d, "m": None, "seed": s, "n_star": n, "parameters": d * d,
+                           "theory": d * d, "n_star_over_theory": n / d / d} for d, n in zip(ds, on_line) for s in (0, 1)])
+    summary = memory_report(table, cfg, tmp_path, pd.DataFrame(), {})
+    assert summary["authors_line"]["fitted_slope"] == pytest.approx(2.0, abs=1e-9)
+    assert [s["n_star_over_line"] for s in summary["sizes"]] == pytest.approx([1.0] * 5)
+    assert 1.5 < summary["fitted_slope"] < 1.8
+    assert (tmp_path / "capacity_linear.png").stat().st_size > 10_000
+    assert "slope of log(N* ln N*) against log d: 2.00" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ memories
+def test_fixed_outputs_and_measurement_interval():
+    """n_outputs fixes M (f(i) = floor(i M / N)); accuracy is measured every eval_every steps,
+    so a run stops on a measurement step."""
+    cfg = MemoryConfig(kind="mlp", d=8, m=16, n_outputs=4, lr=0.1, steps=400)
+    E, U, targets = memory_data(20, cfg, [0])
+    assert U.shape == (1, 4, 8) and targets.tolist() == [i * 4 // 20 for i in range(20)]
+    assert memory_data(3, cfg, [0])[1].shape == (1, 4, 8)
+    every_step = fit(cfg, 20, [0])
+    sparse = fit(replace(cfg, eval_every=32), 20, [0])
+    assert every_step["accuracy"][0] >= 0.99 and sparse["accuracy"][0] >= 0.99
+    assert (sparse["steps_run"] - 1) % 32 == 0 and sparse["steps_run"] >= every_step["steps_run"] > 1
+    with pytest.raises(ValueError, match="eval_every"):
+        replace(cfg, eval_every=0).validate()
+
+
 def test_one_step_memory_is_the_gradient_and_recalls_everything_when_n_much_below_d2():
     cfg = MemoryConfig(d=64)
     E, U, targets = memory_data(40, cfg, [0])  # N = 40 << d^2 = 4096

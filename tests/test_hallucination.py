@@ -1,6 +1,7 @@
 """The hallucination phase: metrics, phase detection, the linear-attention model and the CLI."""
 import json
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -100,6 +101,45 @@ def test_fig5_linear_preset_is_the_papers_model():
     assert torch.equal(w["blocks.0.attn.W_V"][0], torch.eye(d))
     assert (w["blocks.0.attn.W_O"] == 1e-5).all()
     assert sorted(trainable_keys(w, run.model)) == ["blocks.0.attn.W_K", "blocks.0.attn.W_O"]
+
+
+def test_fig5_softmax_gd_preset_is_the_official_right_panel():
+    """Random unit-norm token embeddings, one softmax head whose output matrix [d, |A|]
+    writes straight to the answer logits, merged weights at 1e-5, plain GD at lr 0.1."""
+    run = preset("fig5-softmax-gd")
+    assert (run.train.optimizer, run.train.lr, run.train.steps, run.train.batch_size) == ("sgd", (0.1,), 8192, 1024)
+    task = run.task.build()
+    assert (task.n_subjects, task.n_relations, task.answers_per_relation, task.seq_len) == (16, 4, 8, 32)
+    w = init_weights(run.model, task, 0)
+    d, O = 128, task.d_vocab_out
+    assert w["embed.W_E"].shape == (task.d_vocab, d + O) and (w["embed.W_E"][:, d:] == 0).all()
+    assert torch.allclose(w["embed.W_E"].norm(dim=-1), torch.ones(task.d_vocab))
+    assert (w["embed.W_E"][:, :d] @ w["embed.W_E"][:, :d].T).fill_diagonal_(0).abs().max() < 0.5  # random, not one-hot
+    assert (w["blocks.0.attn.W_K"] == 1e-5).all() and (w["blocks.0.attn.W_O"] == 1e-5).all()
+    assert sorted(trainable_keys(w, run.model)) == ["blocks.0.attn.W_K", "blocks.0.attn.W_O"]
+    # through the TransformerBridge: the logits are the head's output times W_O's answer columns
+    w["blocks.0.attn.W_O"] = torch.randn(w["blocks.0.attn.W_O"].shape)
+    w["blocks.0.attn.W_K"] = torch.randn(w["blocks.0.attn.W_K"].shape)
+    model = build_bridge(run.model.checkpoint_section(task), w)
+    tokens = task.sample(8, torch.Generator().manual_seed(0)).tokens
+    logits, cache = model.run_with_cache(tokens)
+    z = cache["blocks.0.attn.hook_z"][:, -1, 0]  # [batch, d_head]
+    pattern = cache["blocks.0.attn.hook_pattern"][:, 0, -1]  # [batch, pos]
+    assert torch.allclose(pattern.sum(-1), torch.ones(8))  # softmax
+    assert torch.allclose(logits[:, -1], z @ w["blocks.0.attn.W_O"][0][:, d:], atol=1e-4)
+
+
+def test_fig5_softmax_presets_are_renamed():
+    assert preset("fig5-softmax-adam").train.optimizer == "adam"
+    with pytest.raises(ValueError, match="unknown preset 'fig5-softmax'"):
+        preset("fig5-softmax")
+
+
+def test_direct_readout_needs_room_for_the_answers():
+    run = preset("fig5-softmax-gd")
+    task = run.task.build()
+    with pytest.raises(ValueError, match="d_model must exceed"):
+        replace(run.model, d_model=task.d_vocab_out).checkpoint_section(task)
 
 
 def test_linear_bridge_pattern_is_the_scaled_scores():

@@ -16,6 +16,8 @@ from probe.task import FactualRecallTask
     # linear attention: the bridge's pattern hook is replaced by the scaled scores
     (False, {"attention": "linear"}),
     (True, {"attention": "linear", "embedding": "onehot", "attention_weights": "merged", "init": "constant"}),
+    # random tokens, answers on their own axes (fig5-softmax-gd)
+    (True, {"readout": "direct", "attention_weights": "merged", "init": "constant"}),
 ])
 def test_last_position_logits_match_transformer_bridge(attn_only, options, positional):
     task = FactualRecallTask(12, 4, 3, 10, 9)
