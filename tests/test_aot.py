@@ -300,16 +300,26 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",
             "--n-tokens", "6", "--d-model", "3", "--d-head", "2", "--fixed-heads", "2", "--heads", "1,2,3",
             "--d-heads", "1,2,3", "--d-models", "2,3", "--seeds", "0", "--batch-size", "64", "--batches", "10",
-            "--epochs", "2", "--eval-every", "10", "--lr", "1e-2", "--distribution-heads", "1,2"]
+            "--epochs", "2", "--eval-every", "10", "--lr", "1e-2", "--distribution-heads", "1,2",
+            "--head-layout", "standard,dana"]
     proc = subprocess.run(args, check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in ("runs.csv", "capacity.csv", "heads.csv", "summary.json", "capacity.png", "head_roles.png",
                  "distribution.csv", "runs.jsonl"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
-    assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"]["standard"])
+    for layout in ("standard", "dana"):
+        assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
-    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard"}
+    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard", "dana"}
+    dana = capacity[capacity.head_layout == "dana"]  # the authors' parameter count, and its own checkpoints
+    assert (dana.parameters == [AoTModelConfig(r.d_model, r.n_heads, r.d_head, r.d_mlp, head_layout="dana").parameters(
+        AssociationTask(6, 2)) for r in dana.itertuples()]).all()
+    runs = __import__("pandas").read_csv(out / "runs.csv")
+    ckpt = runs[runs.head_layout == "dana"].checkpoint.iloc[0]
+    assert json.loads((out / ckpt / "config.json").read_text())["model"]["head_layout"] == "dana"
+    assert set(json.loads((out / "summary.json").read_text())["distribution"]["kl_by_model"]) == {
+        "standard H=1", "standard H=2", "dana H=1", "dana H=2"}
     bound = 1 / 6 + (1 - 1 / 6) * (capacity.n_heads * capacity.d_head + capacity.d_model) / 36
     assert np.allclose(capacity.lower_bound, bound.clip(upper=1))
     # a rerun finds every model finished (runs.jsonl) and trains nothing
@@ -319,3 +329,7 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
                          check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--head-layout",
+                          "dana,paper"], check=False, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "head_layout must be one of" in bad.stderr
+    assert not (tmp_path / "x").exists()
