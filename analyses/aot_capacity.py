@@ -132,14 +132,14 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
                 record = json.loads(line)
                 done[record["key"]] = record
     # similar shapes share a stack (a stack costs its largest size along every axis): one
-    # bucket per (attention-only or not, d), sorted by H d_h and m, cut into stacks
+    # bucket per (head layout, attention-only or not), sorted by d, H d_h and m, cut into stacks
     runs = sorted({(m, s) for m in models for s in seeds},
                   key=lambda r: (r[0].head_layout, r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp,
                                  r[0].name, r[1]))
     pending = [r for r in runs if _run_key(task, *r, cfg) not in done]
     buckets: dict[tuple, list] = {}
     for r in pending:
-        buckets.setdefault((r[0].head_layout, r[0].d_mlp > 0, r[0].d_model), []).append(r)
+        buckets.setdefault((r[0].head_layout, r[0].d_mlp > 0), []).append(r)
     groups = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
     for i, group in enumerate(groups):
         for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i + 1}/{len(groups)}"):
