@@ -5,11 +5,18 @@ Trains, on bigrams over N tokens with a random next token each (T_0 = N^S associ
   heads    attention-only models, H in --heads at fixed d_h = --d-head, d = --d-model
   d_head   H = --fixed-heads, d_h in --d-heads
   d_model  H = --fixed-heads, d_h = --d-head, d in --d-models
-  mlp      one head of d_h = --d-head + a GELU MLP of width m = 2 (H - 1) d_h: the same
-           parameter count as the attention-only model with H heads (H in --heads, H > 1)
-and measures the accuracy on all T_0 sequences (the share of associations memorised),
+  mlp      one head of d_h = --d-head + a GELU MLP of width m: the same parameter count
+           as the attention-only model with H heads (H in --heads, H > 1)
+  d_equal  d = d_h in --equal-dims, H in --heads (the paper's Figure 2b; none by default)
+in each --head-layout: standard (the paper's equations: every head its own maps from the
+d-dimensional stream) and/or dana (the authors' code: one shared d -> d_h compression,
+d_h-dimensional positions, one shared d_h -> d decompression; models/aot.py).
+Measures the accuracy on all T_0 sequences (the share of associations memorised) and the
+authors' accuracy (mean of the last 100 training-batch accuracies, batch_accuracy),
 averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the
-exponent k); draws the paper's lower bound 1/N + (1 - 1/N)(H d_h + d)/T_0 on every axis.
+exponent k), and for d_equal the per-head slope at each d (points up to the first above
+0.95, as the authors) and its growth slope ~ d^k; draws the lower bound of Corollary 2,
+1/N + (1 - 1/N)(H min(d_h, d) + d)/T_0 (the theorem takes d_h <= d), on every axis.
 With --distribution-heads it also trains attention-only models on the distribution task
 and compares their KL with the rank-d floor. On the heads sweep's models it reads, through
 the TransformerBridge hooks, whether each head attends by position or by token.
@@ -44,19 +51,39 @@ from probe.kl_floor import rank_d_kl_floor
 
 
 def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequences: int) -> float:
-    """Corollary 2: an AoT can reach accuracy 1/N + (1 - 1/N)(H d_h + d)/T_0 (at most 1)."""
-    return min(1.0, 1 / n_tokens + (1 - 1 / n_tokens) * (n_heads * d_head + d_model) / n_sequences)
+    """Corollary 2: an AoT can reach accuracy 1/N + (1 - 1/N)(H d_h + d)/T_0 (at most 1),
+    for d_h <= d; a head wider than d writes no more than d, so d_h counts as min(d_h, d)."""
+    return min(1.0, 1 / n_tokens + (1 - 1 / n_tokens) * (n_heads * min(d_head, d_model) + d_model) / n_sequences)
 
 
-def sweeps(args) -> dict[str, list[AoTModelConfig]]:
-    """The models of each sweep (a model may belong to several)."""
+def sweeps(args, layout: str = "standard") -> dict[str, list[AoTModelConfig]]:
+    """The models of each sweep in one head layout (a model may belong to several)."""
     d, dh, H = args.d_model, args.d_head, args.fixed_heads
+    base = AoTModelConfig(d, 1, dh, head_layout=layout)
+    base.validate()
     return {
-        "heads": [AoTModelConfig(d, h, dh) for h in args.heads],
-        "d_head": [AoTModelConfig(d, H, k) for k in args.d_heads],
-        "d_model": [AoTModelConfig(k, H, dh) for k in args.d_models],
-        "mlp": [AoTModelConfig(d, 1, dh, d_mlp=2 * (h - 1) * dh) for h in args.heads if h > 1],
+        "heads": [AoTModelConfig(d, h, dh, head_layout=layout) for h in args.heads],
+        "d_head": [AoTModelConfig(d, H, k, head_layout=layout) for k in args.d_heads],
+        "d_model": [AoTModelConfig(k, H, dh, head_layout=layout) for k in args.d_models],
+        "mlp": [AoTModelConfig(d, 1, dh, d_mlp=base.matched_mlp_width(h), head_layout=layout)
+                for h in args.heads if h > 1 and not args.skip_mlp],
+        "d_equal": [AoTModelConfig(k, h, k, head_layout=layout) for k in args.equal_dims for h in args.heads],
     }
+
+
+def per_head_slopes(rows: pd.DataFrame, saturation: float = 0.95) -> pd.DataFrame:
+    """For each d of the d_equal sweep: the slope of accuracy against H (least squares) over
+    the H values up to and including the first with accuracy above `saturation` (the
+    authors' rule, Figure 2b)."""
+    out = []
+    for d, group in rows.groupby("d_model"):
+        group = group.sort_values("n_heads")
+        above = np.flatnonzero(group.accuracy.to_numpy() > saturation)
+        kept = group.iloc[: above[0] + 1] if len(above) else group
+        if len(kept) >= 2:
+            out.append({"d": int(d), "slope": fit_linear(kept.n_heads.to_numpy(float), kept.accuracy.to_numpy(float))["slope"],
+                        "points": len(kept)})
+    return pd.DataFrame(out, columns=["d", "slope", "points"])
 
 
 def fit_linear(x: np.ndarray, y: np.ndarray) -> dict:
@@ -84,8 +111,11 @@ def fit_power(x: np.ndarray, y: np.ndarray) -> dict:
 
 # --------------------------------------------------------------------------- training
 def _run_key(task: SequenceTask, model: AoTModelConfig, seed: int, cfg: AoTTrainConfig) -> str:
+    model_settings = asdict(model)
+    if model.head_layout == "standard":  # the keys of runs made before layouts existed
+        del model_settings["head_layout"]
     settings = {"task": {k: v for k, v in task.to_config().items() if k != "next_tokens"},
-                "model": asdict(model), "seed": seed, "train": {k: v for k, v in asdict(cfg).items() if k != "device"}}
+                "model": model_settings, "seed": seed, "train": {k: v for k, v in asdict(cfg).items() if k != "device"}}
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -102,13 +132,14 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
                 record = json.loads(line)
                 done[record["key"]] = record
     # similar shapes share a stack (a stack costs its largest size along every axis): one
-    # bucket per (attention-only or not, d), sorted by H d_h and m, cut into stacks
+    # bucket per (head layout, attention-only or not), sorted by d, H d_h and m, cut into stacks
     runs = sorted({(m, s) for m in models for s in seeds},
-                  key=lambda r: (r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp, r[0].name, r[1]))
+                  key=lambda r: (r[0].head_layout, r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp,
+                                 r[0].name, r[1]))
     pending = [r for r in runs if _run_key(task, *r, cfg) not in done]
     buckets: dict[tuple, list] = {}
     for r in pending:
-        buckets.setdefault((r[0].d_mlp > 0, r[0].d_model), []).append(r)
+        buckets.setdefault((r[0].head_layout, r[0].d_mlp > 0), []).append(r)
     groups = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
     for i, group in enumerate(groups):
         for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i + 1}/{len(groups)}"):
@@ -116,7 +147,7 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
             ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
             trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
             done[key] = {"key": key, "model": asdict(trained.model), "seed": trained.seed,
-                         "accuracy": trained.accuracy, "loss": trained.loss,
+                         "accuracy": trained.accuracy, "loss": trained.loss, "batch_accuracy": trained.batch_accuracy,
                          "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))}
         write_text(log, "".join(json.dumps(r) + "\n" for r in done.values()))
     return {(m, s): done[_run_key(task, m, s, cfg)] for m, s in runs}
@@ -128,10 +159,12 @@ def runs_frame(task: AssociationTask, sweep_models: dict, results: dict, seeds: 
         for model in models:
             for seed in seeds:
                 r = results[(model, seed)]
-                rows.append({"sweep": sweep, "model_type": "attention-only" if model.attn_only else "one head + MLP",
+                rows.append({"head_layout": model.head_layout, "sweep": sweep,
+                             "model_type": "attention-only" if model.attn_only else "one head + MLP",
                              "d_model": model.d_model, "n_heads": model.n_heads, "d_head": model.d_head,
                              "d_mlp": model.d_mlp, "seed": seed, "parameters": model.parameters(task),
-                             "accuracy": r["accuracy"], "loss": r["loss"],
+                             "accuracy": r["accuracy"], "batch_accuracy": r.get("batch_accuracy", float("nan")),
+                             "loss": r["loss"],
                              "associations_memorised": r["accuracy"] * task.n_sequences,
                              "lower_bound": lower_bound(model.n_heads, model.d_head, model.d_model,
                                                         task.n_tokens, task.n_sequences),
@@ -140,8 +173,9 @@ def runs_frame(task: AssociationTask, sweep_models: dict, results: dict, seeds: 
 
 
 def capacity_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    keys = ["sweep", "model_type", "d_model", "n_heads", "d_head", "d_mlp", "parameters", "lower_bound"]
+    keys = ["head_layout", "sweep", "model_type", "d_model", "n_heads", "d_head", "d_mlp", "parameters", "lower_bound"]
     frame = runs.groupby(keys, sort=False).agg(accuracy=("accuracy", "mean"), accuracy_std=("accuracy", "std"),
+                                               batch_accuracy=("batch_accuracy", "mean"),
                                                loss=("loss", "mean"), seeds=("seed", "count")).reset_index()
     frame["above_lower_bound"] = frame["accuracy"] > frame["lower_bound"]
     return frame
@@ -149,23 +183,30 @@ def capacity_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- instruments
 def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str, progress: bool):
-    """head_roles on every attention-only model of the heads sweep (first seed), and the
-    key-token table of the largest one."""
+    """head_roles on every attention-only model of the heads sweep (first seed, every head
+    layout), and the key-token table of the largest one of the first layout."""
     from tqdm.auto import tqdm
 
     chosen = runs[(runs.sweep == "heads") & (runs.seed == runs.seed.min())]
+    largest = chosen[chosen.head_layout == chosen.head_layout.iloc[0]].n_heads.idxmax()
     frames, table = [], None
-    for row in tqdm(list(chosen.itertuples()), desc="head roles", disable=not progress):
+    for index, row in tqdm(list(chosen.iterrows()), desc="head roles", disable=not progress):
         model, _ = load(out / row.checkpoint, device)
         frame = head_roles(model, task)
-        frames.append(frame.assign(n_heads=row.n_heads, d_head=row.d_head, d_model=row.d_model, seed=row.seed))
-        if row.n_heads == chosen.n_heads.max():
+        frames.append(frame.assign(head_layout=row.head_layout, n_heads=row.n_heads, d_head=row.d_head,
+                                   d_model=row.d_model, seed=row.seed))
+        if index == largest:
             table = key_token_table(model, task)
     return pd.concat(frames, ignore_index=True), table
 
 
 # --------------------------------------------------------------------------- figures
+LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}
+
+
 def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path: Path) -> None:
+    """One panel per sweep (the paper's Figures 1a, 1b, 2a, 3 and, with --equal-dims, 2b),
+    every head layout in its own colour, the lower bound of Corollary 2 dashed red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,43 +214,58 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path
 
     from analyses.output import save_figure
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     chance = 1 / task.n_tokens
     panels = [("heads", "n_heads", f"H (d_h = {args.d_head}, d = {args.d_model})", axes[0, 0]),
               ("d_head", "d_head", f"d_h (H = {args.fixed_heads}, d = {args.d_model})", axes[0, 1]),
-              ("d_model", "d_model", f"d (H = {args.fixed_heads}, d_h = {args.d_head})", axes[1, 0])]
+              ("d_model", "d_model", f"d (H = {args.fixed_heads}, d_h = {args.d_head})", axes[0, 2])]
     for sweep, x, label, ax in panels:
-        rows = capacity[capacity.sweep == sweep].sort_values(x)
-        if rows.empty:
+        if not (capacity.sweep == sweep).any():
             ax.set_visible(False)
             continue
-        ax.errorbar(rows[x], rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt="o", color="C0",
-                    label="trained AoT (mean over seeds)")
+        for layout, f in fits.items():
+            rows = capacity[(capacity.sweep == sweep) & (capacity.head_layout == layout)].sort_values(x)
+            color, marker = LAYOUT_STYLE[layout]
+            ax.errorbar(rows[x], rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt=marker, color=color,
+                        label=f"{layout} layout (mean over seeds)")
+            grid = np.linspace(rows[x].min(), rows[x].max(), 100)
+            if sweep == "heads" and "fit_H" in f:
+                ax.plot(grid, f["fit_H"]["intercept"] + f["fit_H"]["slope"] * grid, color=color, lw=1,
+                        label=f"linear fit, {f['fit_H']['slope']:.4f}/head, R$^2$ = {f['fit_H']['r2']:.3f}")
+            if sweep == "d_head" and "fit_dh" in f:
+                g = f["fit_dh"]
+                ax.plot(grid, g["intercept"] + g["coefficient"] * grid ** g["exponent"], color=color, lw=1,
+                        label=f"fit a + b d_h^k, k = {g['exponent']:.2f}")
+        rows = capacity[capacity.sweep == sweep].drop_duplicates(x).sort_values(x)
         ax.plot(rows[x], rows.lower_bound, "s--", color="C3", ms=4, label="lower bound (Corollary 2)")
         ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance 1/N")
-        grid = np.linspace(rows[x].min(), rows[x].max(), 100)
-        if sweep == "heads" and "H" in fits:
-            ax.plot(grid, fits["H"]["intercept"] + fits["H"]["slope"] * grid, color="C0", lw=1,
-                    label=f"linear fit, R$^2$ = {fits['H']['r2']:.3f}")
-        if sweep == "d_head" and "d_head" in fits:
-            f = fits["d_head"]
-            ax.plot(grid, f["intercept"] + f["coefficient"] * grid ** f["exponent"], color="C0", lw=1,
-                    label=f"fit a + b d_h^k, k = {f['exponent']:.2f}")
         ax.set(xlabel=label, ylabel="accuracy (share of T_0 associations)")
-        ax.legend(fontsize=8)
-    ax = axes[1, 1]
-    for kind, color in (("attention-only", "C0"), ("one head + MLP", "C1")):
-        rows = capacity[((capacity.sweep == "heads") & (capacity.model_type == kind)) | (capacity.sweep == "mlp")]
-        rows = rows[rows.model_type == kind].sort_values("parameters")
-        if not rows.empty:
-            ax.errorbar(rows.parameters, rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt="o-", color=color,
-                        label=f"{kind}")
-    rows = capacity[capacity.sweep == "heads"].sort_values("parameters")
-    if not rows.empty:
-        ax.plot(rows.parameters, rows.lower_bound, "s--", color="C3", ms=4, label="lower bound (AoT)")
+        ax.legend(fontsize=7)
+    ax = axes[1, 0]
+    for layout in fits:
+        color, marker = LAYOUT_STYLE[layout]
+        for kind, style in (("attention-only", "-"), ("one head + MLP", ":")):
+            rows = capacity[(capacity.head_layout == layout) & (capacity.model_type == kind)
+                            & capacity.sweep.isin(["heads", "mlp"])].drop_duplicates("parameters").sort_values("parameters")
+            if not rows.empty:
+                ax.errorbar(rows.parameters, rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt=marker + style,
+                            color=color, mfc="none" if kind != "attention-only" else color, label=f"{layout}: {kind}")
     ax.axhline(chance, color="grey", lw=0.8, ls=":")
     ax.set(xlabel=f"trainable parameters (d = {args.d_model}, d_h = {args.d_head})", ylabel="accuracy")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    for layout, f in fits.items():
+        if "d_equal_slopes" in f:
+            color, marker = LAYOUT_STYLE[layout]
+            slopes = pd.DataFrame(f["d_equal_slopes"])
+            label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in f else "")
+            ax.plot(slopes.d, slopes.slope, marker + "-", color=color, label=label)
+    if ax.lines:
+        ax.set(xlabel="d = d_h", ylabel="accuracy per head (slope before saturation)", yscale="log", xscale="log")
+        ax.legend(fontsize=7)
+    else:
+        ax.set_visible(False)
+    axes[1, 2].set_visible(False)
     fig.suptitle(f"Memorisation by one-layer attention-only transformers: {task}", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path)
@@ -254,6 +310,10 @@ def parser() -> argparse.ArgumentParser:
                    help="H values of the heads sweep (and the MLP model's matched sizes)")
     p.add_argument("--d-heads", type=ints, default=(1, 2, 4, 6, 8, 10), metavar="A,B,...", help="d_h values")
     p.add_argument("--d-models", type=ints, default=(2, 4, 6, 8, 10, 15, 20), metavar="A,B,...", help="d values")
+    p.add_argument("--equal-dims", type=ints, default=(), metavar="A,B,...",
+                   help="d = d_h values of the d_equal sweep, each with H in --heads (default: none)")
+    p.add_argument("--head-layout", type=_comma_list(str), default=("standard",), metavar="A,B,...",
+                   help="head layouts trained side by side: standard (default) and/or dana (the authors' code)")
     p.add_argument("--distribution-heads", type=ints, default=(), metavar="A,B,...",
                    help="also train attention-only models with these H on the distribution task (default: none)")
     p.add_argument("--concentration", type=float, default=1.0, help="distribution task: pi_t = softmax(c g_t) (default 1)")
@@ -265,6 +325,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=500, help="steps between scores in each checkpoint's metrics")
     p.add_argument("--stack", type=int, default=8, help="models trained at once in one padded stack (default 8)")
     p.add_argument("--skip-instruments", action="store_true", help="no head-role measurements")
+    p.add_argument("--skip-mlp", action="store_true", help="no one-head-plus-MLP models (the mlp sweep)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -277,7 +338,11 @@ def main(argv=None) -> int:
     cfg = AoTTrainConfig(lr=args.lr, batch_size=args.batch_size, batches=args.batches, epochs=args.epochs,
                          eval_every=args.eval_every, device=args.device)
     cfg.validate()
-    sweep_models = sweeps(args)
+    args.head_layout = tuple(dict.fromkeys(args.head_layout))  # each layout once, in the order given
+    sweep_models = {}  # sweep -> its models in every layout
+    for layout in args.head_layout:
+        for sweep, models in sweeps(args, layout).items():
+            sweep_models.setdefault(sweep, []).extend(models)
     for models in sweep_models.values():
         for m in models:
             m.validate()
@@ -294,28 +359,12 @@ def main(argv=None) -> int:
     results = train_all(task, all_models, list(args.seeds), cfg, out, args.stack, progress)
     runs = runs_frame(task, sweep_models, results, list(args.seeds))
     capacity = capacity_frame(runs)
-    fits = {}
-    heads_rows = capacity[capacity.sweep == "heads"]
-    if len(heads_rows) >= 2:
-        fits["H"] = fit_linear(heads_rows.n_heads.to_numpy(float), heads_rows.accuracy.to_numpy(float))
-    dh_rows = capacity[capacity.sweep == "d_head"]
-    if len(dh_rows) >= 3:
-        fits["d_head"] = fit_power(dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float))
-        fits["d_head_quadratic"] = dict(zip(("c2", "c1", "c0"), map(float, np.polyfit(
-            dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float), 2))))
+    fits = {layout: layout_fits(capacity[capacity.head_layout == layout], task, args) for layout in args.head_layout}
     write_csv(out / "runs.csv", runs)
     write_csv(out / "capacity.csv", capacity)
     figure(capacity, fits, task, args, out / "capacity.png")
 
-    summary = {
-        "task": repr(task), "n_sequences": task.n_sequences,
-        "fit_H_r2": fits.get("H", {}).get("r2"), "fit_H": fits.get("H"),
-        "fit_dh_exponent": fits.get("d_head", {}).get("exponent"), "fit_dh": fits.get("d_head"),
-        "fit_dh_quadratic": fits.get("d_head_quadratic"),
-        "above_lower_bound_everywhere": bool(capacity.above_lower_bound.all()),
-        "min_margin_over_lower_bound": float((capacity.accuracy - capacity.lower_bound).min()),
-        "mlp_vs_attention_only": _matched(capacity),
-    }
+    summary = {"task": repr(task), "n_sequences": task.n_sequences, "layouts": fits}
     if args.distribution_heads:
         summary["distribution"] = distribution(args, cfg, out, progress)
     if not args.skip_instruments and (runs.sweep == "heads").any():
@@ -340,6 +389,38 @@ def main(argv=None) -> int:
     return 0
 
 
+def layout_fits(capacity: pd.DataFrame, task: AssociationTask, args) -> dict:
+    """The fits and comparisons of one head layout's rows of capacity.csv."""
+    fits = {}
+    heads_rows = capacity[capacity.sweep == "heads"]
+    if len(heads_rows) >= 2:
+        fits["fit_H"] = fit_linear(heads_rows.n_heads.to_numpy(float), heads_rows.accuracy.to_numpy(float))
+        fits["fit_H_r2"] = fits["fit_H"]["r2"]
+        slope = per_head_slopes(heads_rows).slope
+        if len(slope):  # associations per head (before saturation), per head dimension
+            fits["per_head_slope"] = float(slope.iloc[0])
+            fits["associations_per_head_dim"] = float(slope.iloc[0]) * task.n_sequences / (1 - 1 / task.n_tokens) / args.d_head
+    dh_rows = capacity[capacity.sweep == "d_head"]
+    if len(dh_rows) >= 3:
+        fits["fit_dh"] = fit_power(dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float))
+        fits["fit_dh_exponent"] = fits["fit_dh"]["exponent"]
+        fits["fit_dh_quadratic"] = dict(zip(("c2", "c1", "c0"), map(float, np.polyfit(
+            dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float), 2))))
+    d_rows = capacity[capacity.sweep == "d_model"]
+    for side, rows in (("below", d_rows[d_rows.d_model <= args.d_head]), ("above", d_rows[d_rows.d_model >= args.d_head])):
+        if len(rows) >= 2:  # the paper's two linear pieces of Figure 2a, meeting at d = d_h
+            fits[f"fit_d_{side}_dh"] = fit_linear(rows.d_model.to_numpy(float), rows.accuracy.to_numpy(float))
+    slopes = per_head_slopes(capacity[capacity.sweep == "d_equal"])
+    if len(slopes):
+        fits["d_equal_slopes"] = slopes.to_dict("records")
+        if len(slopes) >= 2 and (slopes.slope > 0).all():  # slope ~ d^k, least squares in log-log
+            fits["fit_d_equal_exponent"] = float(np.polyfit(np.log(slopes.d), np.log(slopes.slope), 1)[0])
+    fits["above_lower_bound_everywhere"] = bool(capacity.above_lower_bound.all())
+    fits["min_margin_over_lower_bound"] = float((capacity.accuracy - capacity.lower_bound).min())
+    fits["mlp_vs_attention_only"] = _matched(capacity)
+    return fits
+
+
 def _matched(capacity: pd.DataFrame) -> list[dict]:
     """Attention-only vs one-head-plus-MLP accuracy at equal parameter counts."""
     aot = capacity[(capacity.sweep == "heads")].set_index("parameters").accuracy
@@ -351,36 +432,43 @@ def _matched(capacity: pd.DataFrame) -> list[dict]:
 def distribution(args, cfg: AoTTrainConfig, out: Path, progress: bool) -> dict:
     """KL of attention-only models on the distribution task vs the rank-d floor."""
     task = DistributionTask(args.n_tokens, args.context, args.table_seed, args.concentration)
-    models = [AoTModelConfig(args.d_model, h, args.d_head) for h in args.distribution_heads]
+    models = [AoTModelConfig(args.d_model, h, args.d_head, head_layout=layout)
+              for layout in args.head_layout for h in args.distribution_heads]
     results = train_all(task, models, list(args.seeds), cfg, out, args.stack, progress)
     floor = rank_d_kl_floor(task.log_targets, args.d_model)
-    rows = [{"n_heads": m.n_heads, "d_head": m.d_head, "d_model": m.d_model, "seed": s, "kl": r["loss"],
-             "kl_floor": floor, "kl_gap": r["loss"] - floor, "top_token_accuracy": r["accuracy"],
+    rows = [{"head_layout": m.head_layout, "n_heads": m.n_heads, "d_head": m.d_head, "d_model": m.d_model, "seed": s,
+             "kl": r["loss"], "kl_floor": floor, "kl_gap": r["loss"] - floor, "top_token_accuracy": r["accuracy"],
              "checkpoint": r["checkpoint"]} for (m, s), r in results.items()]
-    frame = pd.DataFrame(rows).sort_values(["n_heads", "seed"])
+    frame = pd.DataFrame(rows).sort_values(["head_layout", "n_heads", "seed"])
     write_csv(out / "distribution.csv", frame)
     uniform_kl = float((task.log_targets.exp() * (task.log_targets + np.log(task.n_tokens))).sum(-1).mean())
+    by_model = frame.groupby(["head_layout", "n_heads"]).kl.mean()
     return {"task": repr(task), "kl_floor_rank_d": floor, "kl_of_uniform": uniform_kl,
-            "kl_by_heads": frame.groupby("n_heads").kl.mean().to_dict()}
+            "kl_by_model": {f"{layout} H={h}": float(v) for (layout, h), v in by_model.items()}}
 
 
 def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
     lines = [f"task      {summary['task']}"]
-    for sweep, x in (("heads", "n_heads"), ("d_head", "d_head"), ("d_model", "d_model"), ("mlp", "d_mlp")):
-        rows = capacity[capacity.sweep == sweep].sort_values(x)
-        if not rows.empty:
-            lines.append(f"{sweep:<9} " + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
-    if summary["fit_H_r2"] is not None:
-        lines.append(f"fit       accuracy linear in H: R^2 = {summary['fit_H_r2']:.3f}; "
-                     f"slope {summary['fit_H']['slope']:.4f} per head")
-    if summary["fit_dh_exponent"] is not None:
-        lines.append(f"fit       accuracy = a + b d_h^k: k = {summary['fit_dh_exponent']:.2f} (R^2 {summary['fit_dh']['r2']:.3f})")
-    lines.append(f"bound     above the lower bound everywhere: {summary['above_lower_bound_everywhere']} "
-                 f"(smallest margin {summary['min_margin_over_lower_bound']:+.3f})")
+    for layout, fits in summary["layouts"].items():
+        lines.append(f"-- {layout} head layout")
+        rows_of = capacity[capacity.head_layout == layout]
+        for sweep, x in (("heads", "n_heads"), ("d_head", "d_head"), ("d_model", "d_model"), ("mlp", "d_mlp")):
+            rows = rows_of[rows_of.sweep == sweep].sort_values(x)
+            if not rows.empty:
+                lines.append(f"{sweep:<9} " + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
+        if "fit_H" in fits:
+            lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; slope {fits['fit_H']['slope']:.4f} per head")
+        if "fit_dh" in fits:
+            lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} (R^2 {fits['fit_dh']['r2']:.3f})")
+        if "d_equal_slopes" in fits:
+            lines.append("d = d_h   per-head slope " + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
+                         + (f"; ~ d^{fits['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in fits else ""))
+        lines.append(f"bound     above the lower bound everywhere: {fits['above_lower_bound_everywhere']} "
+                     f"(smallest margin {fits['min_margin_over_lower_bound']:+.3f})")
     if "distribution" in summary:
         d = summary["distribution"]
         lines.append(f"KL        floor of rank d: {d['kl_floor_rank_d']:.4f} nats; trained: "
-                     + ", ".join(f"H={h}: {v:.4f}" for h, v in d["kl_by_heads"].items()))
+                     + ", ".join(f"{k}: {v:.4f}" for k, v in d["kl_by_model"].items()))
     if "head_roles" in summary:
         r = summary["head_roles"]
         lines.append(f"heads     {r['position_heads']} position heads, {r['token_heads']} token heads of {r['heads']}; "

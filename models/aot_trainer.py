@@ -11,6 +11,12 @@ A batch of 1024 draws from only T_0 = N^S distinct sequences (2500 for bigrams),
 step computes the logits of the whole population once (models.aot.population_logits, a
 grid of contractions) and weights each sequence's loss by its count in the batch / 1024:
 the same loss and gradient as the batch, and exact scores on all T_0 sequences for free.
+Both scores are kept: the accuracy on all T_0 sequences at the end, and the authors' own,
+the mean of the last 100 training-batch accuracies (`batch_accuracy`).
+
+The models of the dana head layout train in their own parametrisation: each step maps it
+to the equivalent TransformerLens weights (models.aot.to_transformer_lens, differentiable)
+and runs the same population forward.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from models.trainer import Optimizer
 from probe.association import SequenceTask
 
 DATA_SEED_OFFSET = 1_000_000  # the batches of seed s come from seed s + DATA_SEED_OFFSET
-BIAS_KEYS = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
+BATCH_ACCURACY_STEPS = 100  # batch_accuracy: the mean over the last this many training batches
 
 
 def _f(default, help: str):
@@ -64,26 +70,29 @@ class AoTTrainConfig:
 
 @dataclass
 class Trained:
-    """One trained model: its config, seed, final scores on all T_0 sequences, weights."""
+    """One trained model: its config, seed, final scores on all T_0 sequences, the mean
+    accuracy of its last training batches, weights."""
 
     model: AoTModelConfig
     seed: int
     accuracy: float
     loss: float
-    weights: dict[str, torch.Tensor]  # checkpoint dict, CPU
+    weights: dict[str, torch.Tensor]  # checkpoint dict (HookedTransformer keys), CPU
     metrics: list[dict]  # {"step", "loss", "accuracy"} per evaluation
+    batch_accuracy: float  # mean training-batch accuracy over the last BATCH_ACCURACY_STEPS steps
 
     def save(self, out, task: SequenceTask, training: dict):
         return write_checkpoint(out, self.model.checkpoint_section(task), task,
                                 {**training, "seed": self.seed, "final_accuracy": self.accuracy,
-                                 "final_loss": self.loss, "parameters": self.model.parameters(task)},
+                                 "final_loss": self.loss, "batch_accuracy": self.batch_accuracy,
+                                 "head_layout": self.model.head_layout, "parameters": self.model.parameters(task)},
                                 self.weights, self.metrics)
 
 
 def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
     """Accuracy and loss [K] of every stacked model on all T_0 sequences."""
     with torch.no_grad():
-        return task.scores(population_logits(stack.effective(), task.context, stack.score_scale, stack.act_fn))
+        return task.scores(population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn))
 
 
 def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
@@ -95,7 +104,7 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     device = resolve_device(cfg.device)
     sections = [model.checkpoint_section(task) for model, _ in runs]
     stack = stack_models([init_weights(model, task, seed) for model, seed in runs], sections).to(device)
-    params = {k: stack.weights[k].requires_grad_() for k in stack.weights if k.rsplit(".", 1)[-1] not in BIAS_KEYS}
+    params = {k: stack.weights[k].requires_grad_() for k in stack.trainable()}
     optimizer = Optimizer(params, torch.full((len(runs),), cfg.lr, device=device), "adam")
     seeds = sorted({seed for _, seed in runs})
     data = {}
@@ -120,12 +129,16 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
         return acc
 
     ones = torch.ones(len(seeds), cfg.batch_size, device=device)
+    batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
+    window = min(BATCH_ACCURACY_STEPS, cfg.steps)
     bar = tqdm(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
     for step in range(cfg.steps):
         counts = torch.zeros(len(seeds), task.n_sequences, device=device)
         counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
-        logits = population_logits(stack.effective(), task.context, stack.score_scale, stack.act_fn)  # [K, T_0, N]
+        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)  # [K, T_0, N]
         losses = task.sequence_losses(logits)  # [K, T_0]
+        if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
+            batch_correct += (task.sequence_correct(logits.detach()) * counts[order]).sum(-1)
         if step % cfg.eval_every == 0:
             acc = record(step, task.scores(logits.detach()))
             bar.set_postfix(mean_acc=f"{sum(acc) / len(acc):.3f}")
@@ -135,5 +148,7 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     record(cfg.steps, scores(stack, task))
     bar.close()
     weights = {k: v.detach() for k, v in stack.effective().items()}
-    return [Trained(model, seed, curves[k][-1]["accuracy"], curves[k][-1]["loss"], stack.model(k, weights), curves[k])
+    batch_accuracy = (batch_correct / (window * cfg.batch_size)).tolist()
+    return [Trained(model, seed, curves[k][-1]["accuracy"], curves[k][-1]["loss"], stack.checkpoint(k, weights),
+                    curves[k], batch_accuracy[k])
             for k, (model, seed) in enumerate(runs)]

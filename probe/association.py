@@ -106,11 +106,14 @@ class AssociationTask(SequenceTask):
         target = self.next_tokens.to(logits.device)  # [T_0]
         return -logits.log_softmax(-1).gather(-1, target.expand(logits.shape[:-1])[..., None])[..., 0]
 
+    def sequence_correct(self, logits: torch.Tensor) -> torch.Tensor:
+        """1 where the sequence's next token gets the top logit: logits [..., T_0, N] -> [..., T_0]."""
+        return (logits.argmax(-1) == self.next_tokens.to(logits.device)).float()
+
     def scores(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """On the whole population (logits [..., T_0, N]): `accuracy` (share of the T_0
         associations whose next token gets the top logit) and `loss` (mean cross-entropy, nats)."""
-        correct = (logits.argmax(-1) == self.next_tokens.to(logits.device)).float()
-        return {"accuracy": correct.mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
+        return {"accuracy": self.sequence_correct(logits).mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
 
     def to_config(self) -> dict:
         return {**self._base_config(), "table_seed": self.table_seed, "next_tokens": self.next_tokens.tolist()}
@@ -140,11 +143,14 @@ class DistributionTask(SequenceTask):
         log_pi = self.log_targets.to(logits.device)  # [T_0, N]
         return (log_pi.exp() * (log_pi - logits.log_softmax(-1))).sum(-1)
 
+    def sequence_correct(self, logits: torch.Tensor) -> torch.Tensor:
+        """1 where the sequence's most likely next token gets the top logit: [..., T_0, N] -> [..., T_0]."""
+        return (logits.argmax(-1) == self.log_targets.to(logits.device).argmax(-1)).float()
+
     def scores(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """On the whole population (logits [..., T_0, N]): `loss` (mean KL, nats) and
         `accuracy` (share of sequences whose most likely next token gets the top logit)."""
-        top = self.log_targets.to(logits.device).argmax(-1)  # [T_0]
-        return {"accuracy": (logits.argmax(-1) == top).float().mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
+        return {"accuracy": self.sequence_correct(logits).mean(-1), "loss": self.sequence_losses(logits).mean(-1)}
 
     def to_config(self) -> dict:
         return {**self._base_config(), "target_seed": self.target_seed, "concentration": self.concentration}

@@ -19,6 +19,7 @@ from models.aot import (
     load,
     population_logits,
     stack_models,
+    to_transformer_lens,
 )
 from models.aot_trainer import AoTTrainConfig, train
 from models.bridge import build_bridge
@@ -165,6 +166,87 @@ def test_parameter_count_matches_the_paper():
     assert sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U")) == aot.parameters(task)
 
 
+# --------------------------------------------------------------------------- the dana head layout
+DANA = [AoTModelConfig(d_model=3, n_heads=2, d_head=4, head_layout="dana"),  # d < d_h
+        AoTModelConfig(d_model=5, n_heads=3, d_head=2, head_layout="dana"),
+        AoTModelConfig(d_model=4, n_heads=1, d_head=4, d_mlp=6, head_layout="dana")]
+
+
+def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """The authors' layout written with torch.nn modules, independently of models.aot: a
+    shared nn.Linear compression, d_h-dimensional positions, one nn.MultiheadAttention(d_h, 1)
+    per head (causal), heads summed, a shared decompression added to the token embedding,
+    GELU MLP, unembedding. Logits [batch, S, N] at every position, in w's dtype."""
+    nn = torch.nn
+    d, dh = w["dana.W_C"].shape
+    S = tokens.shape[1]
+    compress = nn.Linear(d, dh, bias=False).to(w["dana.W_C"].dtype)
+    heads = [nn.MultiheadAttention(dh, 1, batch_first=True).to(w["dana.W_C"].dtype) for _ in range(w["dana.W_Q"].shape[0])]
+    with torch.no_grad():
+        compress.weight.copy_(w["dana.W_C"].T)
+        for h, mha in enumerate(heads):  # torch stores out x in: the transposes of our x @ W maps
+            mha.in_proj_weight.copy_(torch.cat([w[f"dana.W_{n}"][h].T for n in "QKV"]))
+            mha.in_proj_bias.copy_(torch.cat([w[f"dana.b_{n}"][h] for n in "QKV"]))
+            mha.out_proj.weight.copy_(w["dana.W_O"][h].T)
+            mha.out_proj.bias.copy_(w["dana.b_O"][h])
+        x = compress(w["dana.W_E"][tokens]) + w["dana.W_pos"][:S]  # [batch, S, dh]
+        mask = torch.ones(S, S, dtype=torch.bool).triu(1)  # True: not attended
+        heads_out = sum(mha(x, x, x, attn_mask=mask, need_weights=False)[0] for mha in heads)  # [batch, S, dh]
+        resid = w["dana.W_E"][tokens] + heads_out @ w["dana.W_D"]  # [batch, S, d]
+        if "dana.W_in" in w:
+            resid = resid + F.gelu(resid @ w["dana.W_in"]) @ w["dana.W_out"]
+        return resid @ w["dana.W_U"]
+
+
+def perturbed(model: AoTModelConfig, task, seed: int, dtype=torch.float32) -> dict:
+    """Initial weights + noise on every tensor (biases included), so every term is tested."""
+    g = torch.Generator().manual_seed(100 + seed)
+    return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype) for k, v in init_weights(model, task, seed).items()}
+
+
+@pytest.mark.parametrize("context", [2, 3])
+def test_dana_layout_equals_its_transformer_lens_form(context):
+    """The dana layout's own forward (torch.nn modules) equals its TransformerLens form:
+    the TransformerBridge at every position (float32), and the trainer's padded stack
+    forward at the last position (float64)."""
+    task = AssociationTask(n_tokens=5, context=context)
+    tokens = task.sequences()  # [T_0, S]
+    models = [perturbed(m, task, k) for k, m in enumerate(DANA)]
+    for model, w in zip(DANA, models):
+        section = model.checkpoint_section(task)
+        tl = to_transformer_lens(w)
+        assert section["d_model"] == model.d_model + model.d_head and tl["embed.W_E"].shape[-1] == section["d_model"]
+        with torch.no_grad():
+            bridge = build_bridge(section, tl)(tokens)  # [T_0, S, N]
+        assert (bridge - dana_reference(w, tokens)).abs().max().item() <= 1e-5
+    models64 = [{k: v.double() for k, v in w.items()} for w in models]
+    stack = stack_models(models64, [m.checkpoint_section(task) for m in DANA])
+    ours = population_logits(stack.transformer_lens(), context, stack.score_scale, stack.act_fn)
+    for k, w in enumerate(models64):
+        assert (ours[k] - dana_reference(w, tokens)[:, -1]).abs().max().item() <= 1e-10
+
+
+def test_dana_layout_trains_and_saves_its_transformer_lens_form(tmp_path):
+    """The trainer trains every dana parameter (biases included), reports the authors'
+    batch accuracy, and the saved checkpoint reloads as a bridge with the trained accuracy."""
+    task = AssociationTask(n_tokens=6, context=2)
+    cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=3, eval_every=10, **CPU)
+    model = DANA[0]
+    trained = train(task, [(model, 0), (DANA[2], 1)], cfg, progress=False)[0]
+    assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.batch_accuracy <= 1
+    assert model.parameters(task) == sum(t.numel() for t in init_weights(model, task, 0).values())
+    ckpt = trained.save(tmp_path / "dana", task, {"trainer": "test"})
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["model"]["head_layout"] == "dana" and config["model"]["d_embed"] == model.d_model
+    bridge, loaded = load(ckpt, device="cpu")
+    with torch.no_grad():
+        accuracy = loaded.scores(bridge(loaded.sequences())[:, -1])["accuracy"].item()
+    assert accuracy == pytest.approx(trained.accuracy)
+
+
+ATTN_B_Q = "blocks.0.attn.b_Q"
+
+
 # --------------------------------------------------------------------------- checkpoints
 @pytest.fixture(scope="module")
 def association_ckpt(tmp_path_factory):
@@ -218,16 +300,26 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",
             "--n-tokens", "6", "--d-model", "3", "--d-head", "2", "--fixed-heads", "2", "--heads", "1,2,3",
             "--d-heads", "1,2,3", "--d-models", "2,3", "--seeds", "0", "--batch-size", "64", "--batches", "10",
-            "--epochs", "2", "--eval-every", "10", "--lr", "1e-2", "--distribution-heads", "1,2"]
+            "--epochs", "2", "--eval-every", "10", "--lr", "1e-2", "--distribution-heads", "1,2",
+            "--head-layout", "standard,dana"]
     proc = subprocess.run(args, check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in ("runs.csv", "capacity.csv", "heads.csv", "summary.json", "capacity.png", "head_roles.png",
                  "distribution.csv", "runs.jsonl"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
-    assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary)
+    for layout in ("standard", "dana"):
+        assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
-    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"}
+    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard", "dana"}
+    dana = capacity[capacity.head_layout == "dana"]  # the authors' parameter count, and its own checkpoints
+    assert (dana.parameters == [AoTModelConfig(r.d_model, r.n_heads, r.d_head, r.d_mlp, head_layout="dana").parameters(
+        AssociationTask(6, 2)) for r in dana.itertuples()]).all()
+    runs = __import__("pandas").read_csv(out / "runs.csv")
+    ckpt = runs[runs.head_layout == "dana"].checkpoint.iloc[0]
+    assert json.loads((out / ckpt / "config.json").read_text())["model"]["head_layout"] == "dana"
+    assert set(json.loads((out / "summary.json").read_text())["distribution"]["kl_by_model"]) == {
+        "standard H=1", "standard H=2", "dana H=1", "dana H=2"}
     bound = 1 / 6 + (1 - 1 / 6) * (capacity.n_heads * capacity.d_head + capacity.d_model) / 36
     assert np.allclose(capacity.lower_bound, bound.clip(upper=1))
     # a rerun finds every model finished (runs.jsonl) and trains nothing
@@ -237,3 +329,7 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
                          check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--head-layout",
+                          "dana,paper"], check=False, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "head_layout must be one of" in bad.stderr
+    assert not (tmp_path / "x").exists()
