@@ -23,6 +23,7 @@ def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
     for label in LABELS:
         ax.bar(counts.index, counts[label], bottom=bottom, color=COLORS[label], label=label, width=0.8)
         bottom += counts[label]
+    ax.set_xticks(counts.index, [f"R{r}" for r in counts.index], fontsize=8 if len(counts) <= 32 else 6)
     ax.set(xlabel="relation", ylabel="facts", title="Where each relation's facts are stored")
     ax.legend(fontsize=8, ncol=len(LABELS), loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     save_figure(fig, path)
