@@ -1,13 +1,14 @@
 """Flush subnormal floats to zero on every CPU thread torch computes with, while training.
 
 As a model learns, its answer probabilities and attention weights fall below float32's
-smallest normal number (2^-126, about 1.2e-38): at step 8000 of the paper-tradeoff run,
-12% of the answer probabilities, and 0.15% of the attention weights and 1.5% of their
-gradients. Exponentials with such results are several times slower on a CPU (torch's
-log-softmax on [1024, 256] logits: 0.71 ms against 0.39 ms on fresh weights), so a
-trainer slows down as it trains. The CPU's flush-to-zero and denormals-are-zero modes
-(FTZ and DAZ, set by `torch.set_flush_denormal`) replace such numbers by zero at full speed;
-a value below 1.2e-38 changes nothing a float32 loss or gradient can show.
+smallest normal number (2^-126, about 1.2e-38): at step 8000 of a paper-tradeoff run, 12%
+of the answer probabilities, 0.15% of the attention weights and 1.5% of their gradients.
+Exponentials with such results take a slow path on a CPU (the cross-entropy's log-softmax,
+forward and backward, about twice as long on this 2-core AMD EPYC), so a trainer slows
+down as it trains (bench/train_throughput.py, trained weights). The CPU's flush-to-zero
+and denormals-are-zero modes (FTZ and DAZ, set by `torch.set_flush_denormal`) replace such
+numbers by zero at full speed; a value below 1.2e-38 vanishes in any sum with a normal
+float32 number, so training changes little if at all (bench/subnormal_seeds.py).
 
 FTZ and DAZ are bits of each thread's own control register (MXCSR on x86), and
 `torch.set_flush_denormal` sets them on the calling thread only. A thread starts with its
