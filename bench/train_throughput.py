@@ -200,18 +200,22 @@ def matmul_flops_per_second(device: torch.device, n: int = 1024, repeats: int = 
     return max(steps_per_second(lambda: torch.mm(a, b), repeats, device) for _ in range(rounds)) * 2 * n ** 3
 
 
-def steps_per_second(step, n: int, device: torch.device, seconds: float = 0.0) -> float:
+def steps_per_second(step, n: int, device: torch.device, seconds: float = 0.0, cpu_rates: list | None = None) -> float:
     """Steps per second, timed in blocks of `n` steps until at least `seconds` have passed
-    (on CUDA one synchronisation per block: the clock sees queued work only after it)."""
+    (on CUDA one synchronisation per block: the clock sees queued work only after it).
+    With `cpu_rates`, also appends steps per second of this process's CPU time (on a shared
+    machine with one torch thread, the time other processes take from it is left out)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start, done = time.perf_counter(), 0
+    start, cpu_start, done = time.perf_counter(), time.process_time(), 0
     while done == 0 or time.perf_counter() - start < seconds:
         for _ in range(n):
             step()
         done += n
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    if cpu_rates is not None:
+        cpu_rates.append(done / (time.process_time() - cpu_start))
     return done / (time.perf_counter() - start)
 
 
@@ -272,11 +276,12 @@ def main() -> None:
         with flushed(device, FLUSHED[name]):
             steps_per_second(step, 1, device)
     rates = {name: [] for name in steps}
+    cpu_rates = {name: [] for name in steps}
     matmul_rates = []  # measured in every round, next to ours: the floor moves with the machine
     for _ in range(args.repeats):
         for name, step in steps.items():
             with flushed(device, FLUSHED[name]):  # as models.trainer.train does for ours
-                rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds))
+                rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds, cpu_rates[name]))
             if name == "ours":
                 matmul_rates.append(matmul_flops_per_second(device))
 
@@ -294,11 +299,12 @@ def main() -> None:
           f"and >= {args.round_seconds:g} s | "
           f"device {device} | torch threads {torch.get_num_threads()}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
-    print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}   ({memory_kind})")
+    print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
     for name, r in rates.items():
         peak = f"{memory[name]:>10.1f}" if name in memory else f"{'-':>10}"
         models = 1 if name.startswith("tl") else args.k
-        print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}")
+        print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}"
+              f"{statistics.median(cpu_rates[name]):>12.2f}")
     flops = step_flops(bench_run(args.preset), args.batch) * args.k
     ours_rate, matmul = statistics.median(rates["ours"]), statistics.median(matmul_rates)
     floor_ms, step_ms = 1e3 * flops / matmul, 1e3 / ours_rate
@@ -323,6 +329,9 @@ def main() -> None:
                             ("ours_trained_flushed_over_kept", "ours-trained", "ours-trained-kept")):
             per_round, median = median_ratio(rates[a], rates[b])
             print(f"{label} {median:.2f}  (steps/s {a} / {b} per round: {', '.join(f'{r:.2f}' for r in per_round)})")
+            if device.type == "cpu":  # the same in steps per second of CPU time (one thread: load-free)
+                per_round, median = median_ratio(cpu_rates[a], cpu_rates[b])
+                print(f"{label}_cpu_time {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
         per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k)
         print(f"speedup_vs_transformerlens_trained {median:.1f}  (per round: {', '.join(f'{r:.1f}' for r in per_round)})")
     ratios, median = median_ratio(rates["ours"], rates["tl"], args.k)
