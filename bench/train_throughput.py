@@ -17,28 +17,43 @@ about +-25% over minutes on this shared VM), so the two ratios are taken per rou
 measurements seconds apart, and their median is printed: the speedup (ours / tl; with
 --k > 1 one step of ours updates K models, so it compares model-steps per second) and our
 step time over the FLOP floor at the matmul throughput measured right after ours.
+Both are also timed on a model trained late into a run (--trained-steps, default 8192, of
+our trainer on the same preset, seed 0; its weights, Adam moments and data stream are kept
+in --trained-state and reused by later runs): a trained model's answer probabilities and
+attention weights fall below float32's smallest normal number, and such subnormal floats
+make a CPU slower. Our trainer flushes them to zero (models.subnormals), so `ours` runs
+flushed, and `ours-kept` is the same trained model with subnormals kept, for the A/B; the
+TransformerLens loop runs as a user would run it (subnormals kept). The subnormal share of
+the trained model's answer probabilities is printed, per-round ratios trained / fresh and
+flushed / kept, and their medians.
 Peak memory is measured in a fresh spawned process per variant (a few steps after setup):
 on CUDA torch.cuda.max_memory_allocated, on CPU (Linux) the peak RSS (VmHWM, its high-water
 mark reset through /proc/self/clear_refs) minus the RSS just before the model is built, both in
 MiB; library imports are done before and not counted.
 
-    .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1]
+    .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
+        [--trained-steps 8192] [--trained-state DIR]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import re
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from models.bridge import build_bridge, resolve_device
 from models.config import RunConfig, override, preset
-from models.forward import has_positions
-from models.trainer import DATA_SEED_OFFSET, Optimizer, train_step, training_batch
+from models.forward import has_positions, last_position_logits
+from models.subnormals import flushed
+from models.train_state import load_state
+from models.trainer import DATA_SEED_OFFSET, Optimizer, train, train_step, training_batch
 from models.weights import init_weights, stack, trainable_keys
 
 MEMORY_STEPS = 3
@@ -51,8 +66,10 @@ def bench_run(preset_name: str, seq_len: int | None = None) -> RunConfig:
     return run if seq_len is None else RunConfig(override(run.task, {"seq_len": seq_len}), run.model, run.train)
 
 
-def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None):
-    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1)."""
+def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
+              trained: dict | None = None):
+    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1), from
+    fresh weights or, given `trained` (a saved training state of one model), K copies of it."""
     run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
@@ -60,6 +77,14 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
     params = {key: weights[key].requires_grad_() for key in trainable_keys(weights, run.model)}
     optimizer = Optimizer(params, torch.full((k,), lr, device=device), "adam")
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for _, s in runs}
+    if trained is not None:
+        with torch.no_grad():
+            for key, p in params.items():
+                p.copy_(trained["weights"][key].expand_as(p))
+                optimizer.m[key].copy_(trained["m"][key].expand_as(p))
+                optimizer.v[key].copy_(trained["v"][key].expand_as(p))
+        optimizer.t = trained["t"]
+        generators[0].set_state(trained["rng"])
     positional = has_positions(weights)  # as models.trainer.train: decided once
 
     def step():
@@ -68,18 +93,33 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
     return step
 
 
-def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None):
-    """A closure doing one step of the plain TransformerBridge training loop (one model)."""
+def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
+            trained: dict | None = None):
+    """A closure doing one step of the plain TransformerBridge training loop (one model),
+    from fresh weights or from `trained` (its weights, Adam moments and data stream)."""
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
     run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
-    bridge = build_bridge(run.model.checkpoint_section(task), init_weights(run.model, task, 0), device)
-    params = [p for name, p in bridge.named_parameters()
-              if name.endswith(".weight") and any(part in name for part in TL_TRAINABLE)]
-    for p in params:
+    start = init_weights(run.model, task, 0)
+    if trained is not None:
+        start.update(trained["weights"])
+    bridge = build_bridge(run.model.checkpoint_section(task), start, device)
+    named = {name: p for name, p in bridge.named_parameters()
+             if name.endswith(".weight") and any(part in name for part in TL_TRAINABLE)}
+    for p in named.values():
         p.requires_grad_(True)
     bridge.train()
-    optimizer = torch.optim.Adam(params, lr=lr)
+    optimizer = torch.optim.Adam(named.values(), lr=lr)
     generator = torch.Generator(device=device).manual_seed(DATA_SEED_OFFSET)
+    if trained is not None:  # the same moments, in the bridge's layout (its state-dict keys)
+        m, v = (convert_tl_checkpoint(trained[x], bridge.cfg) for x in ("m", "v"))
+        key_of = {id(t): key for key, t in bridge.state_dict(keep_vars=True).items()}
+        for p in named.values():
+            key = key_of[id(p)]
+            optimizer.state[p] = {"step": torch.tensor(float(trained["t"])), "exp_avg": m[key].to(device),
+                                  "exp_avg_sq": v[key].to(device)}
+        generator.set_state(trained["rng"])
 
     def step():
         sample = task.sample(batch, generator)
@@ -92,6 +132,43 @@ def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len:
 
 
 VARIANTS = {"ours": make_ours, "tl": make_tl}
+FLUSHED = {"ours": True, "tl": False, "ours-trained": True, "ours-trained-kept": False, "tl-trained": False}
+
+
+def trained_state(preset_name: str, steps: int, folder: Path, device: torch.device) -> dict:
+    """Seed 0 of the preset (its first learning rate) trained by our trainer for `steps`
+    steps, never stopping early: weights, Adam moments and step, data stream (CPU tensors
+    of one model). The trainer's resumable state in `folder` makes a later call instant."""
+    base = preset(preset_name)
+    run = RunConfig(base.task, base.model, override(base.train, {
+        "lr": base.train.lr[:1], "seed": (0,), "steps": steps, "target_accuracy": 2.0,
+        "snapshots_per_octave": 1, "device": str(device)}))
+    train(run, progress=True, state_folder=folder)
+    tensors, info = load_state(folder, steps)
+
+    def one(prefix):
+        return {key[len(prefix):]: t[0] for key, t in tensors.items() if key.startswith(prefix)}
+    return {"weights": one("weights."), "m": one("adam.m."), "v": one("adam.v."), "t": info["adam_t"],
+            "rng": tensors["rng.0"]}
+
+
+def subnormal_shares(preset_name: str, trained: dict, batch: int) -> tuple[float, float]:
+    """Shares of the trained model's answer probabilities on a fresh batch that are
+    subnormal (0 < p < 2^-126) and that are exactly 0."""
+    run = preset(preset_name)
+    task = run.task.build()
+    weights = stack([{**init_weights(run.model, task, 0), **trained["weights"]}])
+    sample = task.sample(batch, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        p = last_position_logits(weights, sample.tokens[None]).softmax(-1)  # [1, B, O]
+    tiny = torch.finfo(p.dtype).tiny
+    return ((p > 0) & (p < tiny)).float().mean().item(), (p == 0).float().mean().item()
+
+
+def median_ratio(a: list[float], b: list[float], scale: float = 1.0) -> tuple[list[float], float]:
+    """Per-round ratios a / b (sorted) and their median."""
+    ratios = sorted(x * scale / y for x, y in zip(a, b))
+    return ratios, statistics.median(ratios)
 
 
 def step_flops(run: RunConfig, batch: int) -> int:
@@ -123,18 +200,22 @@ def matmul_flops_per_second(device: torch.device, n: int = 1024, repeats: int = 
     return max(steps_per_second(lambda: torch.mm(a, b), repeats, device) for _ in range(rounds)) * 2 * n ** 3
 
 
-def steps_per_second(step, n: int, device: torch.device, seconds: float = 0.0) -> float:
+def steps_per_second(step, n: int, device: torch.device, seconds: float = 0.0, cpu_rates: list | None = None) -> float:
     """Steps per second, timed in blocks of `n` steps until at least `seconds` have passed
-    (on CUDA one synchronisation per block: the clock sees queued work only after it)."""
+    (on CUDA one synchronisation per block: the clock sees queued work only after it).
+    With `cpu_rates`, also appends steps per second of this process's CPU time (on a shared
+    machine with one torch thread, the time other processes take from it is left out)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start, done = time.perf_counter(), 0
+    start, cpu_start, done = time.perf_counter(), time.process_time(), 0
     while done == 0 or time.perf_counter() - start < seconds:
         for _ in range(n):
             step()
         done += n
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    if cpu_rates is not None:
+        cpu_rates.append(done / (time.process_time() - cpu_start))
     return done / (time.perf_counter() - start)
 
 
@@ -172,24 +253,42 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--memory-seq-lens", type=lambda t: [int(x) for x in t.split(",")], default=[32, 256],
                         help="sequence lengths T at which to measure our peak memory (default 32,256)")
+    parser.add_argument("--trained-steps", type=int, default=8192,
+                        help="also time both on a model trained this many steps (a power of two; 0: fresh weights only)")
+    parser.add_argument("--trained-state", type=Path, default=None,
+                        help="folder keeping that trained model's state, reused when present "
+                             "(default: PRESET-STEPS-DEVICE in the temporary folder)")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    if args.trained_steps and 2 ** round(math.log2(args.trained_steps)) != args.trained_steps:
+        parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
 
     steps = {name: make(args.preset, args.batch, args.k, device) for name, make in VARIANTS.items()}
-    for step in steps.values():  # warm-up
-        steps_per_second(step, 1, device)
+    if args.trained_steps:
+        folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
+            f"{args.preset}-{args.trained_steps}-{device.type}"
+        print(f"trained model: {args.trained_steps} steps of models.trainer, state in {folder}")
+        trained = trained_state(args.preset, args.trained_steps, folder, device)
+        steps.update({"ours-trained": make_ours(args.preset, args.batch, args.k, device, trained=trained),
+                      "ours-trained-kept": make_ours(args.preset, args.batch, args.k, device, trained=trained),
+                      "tl-trained": make_tl(args.preset, args.batch, args.k, device, trained=trained)})
+    for name, step in steps.items():  # warm-up
+        with flushed(device, FLUSHED[name]):
+            steps_per_second(step, 1, device)
     rates = {name: [] for name in steps}
+    cpu_rates = {name: [] for name in steps}
     matmul_rates = []  # measured in every round, next to ours: the floor moves with the machine
     for _ in range(args.repeats):
         for name, step in steps.items():
-            rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds))
+            with flushed(device, FLUSHED[name]):  # as models.trainer.train does for ours
+                rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds, cpu_rates[name]))
             if name == "ours":
                 matmul_rates.append(matmul_flops_per_second(device))
 
     def memory_of(name: str, seq_len: int | None = None) -> float:
         with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
             return pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device), seq_len))
-    memory = {name: memory_of(name) for name in steps}
+    memory = {name: memory_of(name) for name in VARIANTS}
     memory_by_length = {T: memory_of("ours", T) for T in args.memory_seq_lens}
 
     run = preset(args.preset)
@@ -200,10 +299,12 @@ def main() -> None:
           f"and >= {args.round_seconds:g} s | "
           f"device {device} | torch threads {torch.get_num_threads()}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
-    print(f"{'variant':<8}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}   ({memory_kind})")
-    models = {"ours": args.k, "tl": 1}
+    print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
     for name, r in rates.items():
-        print(f"{name:<8}{models[name]:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{memory[name]:>10.1f}")
+        peak = f"{memory[name]:>10.1f}" if name in memory else f"{'-':>10}"
+        models = 1 if name.startswith("tl") else args.k
+        print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}"
+              f"{statistics.median(cpu_rates[name]):>12.2f}")
     flops = step_flops(bench_run(args.preset), args.batch) * args.k
     ours_rate, matmul = statistics.median(rates["ours"]), statistics.median(matmul_rates)
     floor_ms, step_ms = 1e3 * flops / matmul, 1e3 / ours_rate
@@ -220,9 +321,22 @@ def main() -> None:
         f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()))
     # each round's ratio compares two runs seconds apart, so the machine's drift (measured here:
     # +-25% over minutes) cancels; the median over rounds is the figure
-    ratios = sorted(o * args.k / t for o, t in zip(rates["ours"], rates["tl"]))
+    if args.trained_steps:
+        share, zero = subnormal_shares(args.preset, trained, args.batch)
+        print(f"trained model's answer probabilities: {100 * share:.2f}% subnormal, {100 * zero:.2f}% exactly 0")
+        for label, a, b in (("ours_trained_over_fresh", "ours-trained", "ours"),
+                            ("tl_trained_over_fresh", "tl-trained", "tl"),
+                            ("ours_trained_flushed_over_kept", "ours-trained", "ours-trained-kept")):
+            per_round, median = median_ratio(rates[a], rates[b])
+            print(f"{label} {median:.2f}  (steps/s {a} / {b} per round: {', '.join(f'{r:.2f}' for r in per_round)})")
+            if device.type == "cpu":  # the same in steps per second of CPU time (one thread: load-free)
+                per_round, median = median_ratio(cpu_rates[a], cpu_rates[b])
+                print(f"{label}_cpu_time {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
+        per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k)
+        print(f"speedup_vs_transformerlens_trained {median:.1f}  (per round: {', '.join(f'{r:.1f}' for r in per_round)})")
+    ratios, median = median_ratio(rates["ours"], rates["tl"], args.k)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + ", ".join(f"{r:.1f}" for r in ratios))
-    print(f"speedup_vs_transformerlens {statistics.median(ratios):.1f}")
+    print(f"speedup_vs_transformerlens {median:.1f}")
 
 
 if __name__ == "__main__":

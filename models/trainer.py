@@ -21,6 +21,7 @@ from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
 from models.forward import has_positions, last_position_logits
+from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from probe.task import FactualRecallTask
@@ -95,15 +96,26 @@ class TrainingDiverged(ValueError):
 
 
 def train(run: RunConfig, progress: bool = True, wandb_project: str | None = None,
-          preset_name: str | None = None, state_folder: Path | None = None) -> TrainResult:
+          preset_name: str | None = None, state_folder: Path | None = None,
+          flush_subnormals: bool = True) -> TrainResult:
     """Train the K = len(lr) x len(seed) models of `run` together; keep the best.
     With `state_folder`, the training state is saved there with every snapshot, and a run
-    finds its last complete state there and continues from it (bit-identical on a CPU)."""
+    finds its last complete state there and continues from it (bit-identical on a CPU).
+    On a CPU, subnormal floats are flushed to zero on every torch thread while it trains
+    (models.subnormals: a trained model's tiny probabilities otherwise slow the step down);
+    `flush_subnormals=False` keeps them, for comparison."""
+    run.train.validate()
+    device = resolve_device(run.train.device)
+    with flushed(device, flush_subnormals):
+        return _train(run, device, progress, wandb_project, preset_name, state_folder,
+                      "flushed" if device.type == "cpu" and flushing() else "kept")
+
+
+def _train(run: RunConfig, device: torch.device, progress: bool, wandb_project: str | None,
+           preset_name: str | None, state_folder: Path | None, subnormals: str) -> TrainResult:
     cfg = run.train
-    cfg.validate()
     task = run.task.build()
     model_section = run.model.checkpoint_section(task)
-    device = resolve_device(cfg.device)
     runs = cfg.runs
     K = len(runs)
 
@@ -169,7 +181,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
         "kept_model": kept, "runs": final, "device": str(device),
         "seconds": round(time.perf_counter() - start, 2), "batch_seeds": "seed + 1000000",
-        "trainer": "models.trainer", "trainable": sorted(params),
+        "trainer": "models.trainer", "trainable": sorted(params), "subnormals": subnormals,
         "task_config": asdict(run.task), "model_config": asdict(run.model),
     }
     return TrainResult(task, model_section, kept_weights, training, metrics,
