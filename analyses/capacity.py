@@ -43,7 +43,7 @@ def fitted_slope(x, y) -> float:
 
 
 # ------------------------------------------------------------------------ memories
-def memory_capacity(cfg: MemoryConfig, seed: int, device):
+def memory_capacity(cfg: MemoryConfig, seed: int, device: str):
     """The search for N* of one memory size and seed (a job of analyses.sweep): the largest
     N stored at >= 99% (relative tolerance 5%)."""
     start = max(2, cfg.theory // (4 * max(1, round(math.log(cfg.theory)))))
@@ -52,9 +52,9 @@ def memory_capacity(cfg: MemoryConfig, seed: int, device):
                   lambda row: row["accuracy"] >= cfg.target_accuracy)
 
 
-def memory_row(cfg: MemoryConfig, n: int, seed: int, device) -> dict:
-    """One probe: `cfg` fitted to n associations with `seed`."""
-    result = fit(cfg, n, [seed], device)
+def memory_row(cfg: MemoryConfig, n: int, seed: int, device: str) -> dict:
+    """One probe: `cfg` fitted to n associations with `seed` (device resolved where it runs)."""
+    result = fit(cfg, n, [seed], resolve_device(device))
     return {"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n": n,
             "accuracy": result["accuracy"][0], "steps_run": result["steps_run"]}
 
@@ -73,7 +73,7 @@ def run_memory(args) -> dict:
     cells = Cells(args.out, settings)
     searches = [(cfg, seed) for cfg in configs for seed in range(args.seeds)]
     with open_executor(args) as executor:
-        found = run_jobs([memory_capacity(cfg, seed, device) for cfg, seed in searches], cells, executor,
+        found = run_jobs([memory_capacity(cfg, seed, args.device) for cfg, seed in searches], cells, executor,
                          desc="memory probes", progress=not args.quiet)
     rows = [{"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n_star": n_star, "parameters": cfg.parameters,
              "theory": cfg.theory, "n_star_over_theory": n_star / cfg.theory}

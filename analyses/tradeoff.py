@@ -199,11 +199,12 @@ def pruning_steps(n: int, steps: int) -> list[int]:
     return sorted({round(i * n / steps) for i in range(steps + 1)})
 
 
-def pruned_storage_row(section, weights, task, component: str, order: list, k: int, args, device) -> dict:
-    """locate_facts on the model with the first k units of `order` (MLP neurons or heads) removed."""
+def pruned_storage_row(section, weights, task, component: str, order: list, k: int, args, device: str) -> dict:
+    """locate_facts on the model with the first k units of `order` (MLP neurons or heads) removed
+    (device resolved where it runs)."""
     removed = order[:k]
     pruned = prune(weights, neurons=removed if component == "mlp" else (), heads=removed if component == "heads" else ())
-    row = storage_row(build_bridge(section, pruned, device), task, args)
+    row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, args)
     facts = row.pop("_facts")
     return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,
             "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
@@ -214,11 +215,10 @@ def run_shrink(args) -> dict:
     section, weights, task = trained_model(args, run)  # a bad --ckpt is refused before anything is written
     cells = Cells(args.out, _settings(run, args, {"ckpt": str(args.ckpt) if args.ckpt else None,
                                                    "mlp_steps": args.mlp_steps}))
-    device = resolve_device(run.train.device)
     orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
     plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], args.mlp_steps)] + \
            [("heads", k) for k in pruning_steps(section["n_heads"], section["n_heads"])[1:]]
-    jobs = [one(Cell(f"{c}_{k}", pruned_storage_row, (section, weights, task, c, orders[c], k, args, device)))
+    jobs = [one(Cell(f"{c}_{k}", pruned_storage_row, (section, weights, task, c, orders[c], k, args, run.train.device)))
             for c, k in plan]
     with open_executor(args) as executor:
         rows = run_jobs(jobs, cells, executor, desc="pruning steps", total=len(jobs), progress=not args.quiet)

@@ -11,9 +11,10 @@ returned, as a binary search does), recorded like any cell.
 
 Prints cells per hour of each executor, `ray_over_local <ratio>` and
 `ray_overhead_per_cell_s <seconds>` (Ray's latency per empty cell minus the local one), and
-checks that both executors wrote the same table.
+checks that both executors wrote the same table. Other flags go to the grid command
+(e.g. --contexts 2 --patch-contexts 1 for a cheaper locate_facts).
 
-    .venv/bin/python bench/sweep_speed.py [--heads 2,4,8,16] [--widths 16,64] [--steps 200] [--workers 2]
+    .venv/bin/python bench/sweep_speed.py [--heads 2,4,8,16] [--widths 16,64] [--steps 200] [--workers 2] [GRID FLAGS]
 """
 from __future__ import annotations
 
@@ -79,12 +80,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="training steps per cell (default 200)")
     p.add_argument("--workers", type=int, default=2, help="Ray workers, one torch thread each (default 2)")
     p.add_argument("--empty", type=int, default=50, help="empty cells timed per executor (default 50)")
-    args = p.parse_args()
+    args, grid_flags = p.parse_known_args()
     argv = ["grid", "--heads", args.heads, "--widths", args.widths, "--steps", str(args.steps),
-            "--target-accuracy", "2", "--device", "cpu", "--quiet"]  # every cell runs all its steps
+            "--target-accuracy", "2", "--device", "cpu", "--quiet", *grid_flags]  # every cell runs all its steps
     n_cells = len(args.heads.split(",")) * len(args.widths.split(","))
     print(f"grid: {n_cells} cells of the paper-tradeoff task (H in {args.heads}, m in {args.widths}), "
-          f"{args.steps} steps each; {os.cpu_count()} cores")
+          f"{args.steps} steps each{' ' + ' '.join(grid_flags) if grid_flags else ''}; {os.cpu_count()} cores")
 
     local, local_table = grid_seconds(argv)
     print(f"local: {local:.1f} s = {n_cells / local * 3600:.0f} cells/h (this process, {torch.get_num_threads()} torch threads)")
