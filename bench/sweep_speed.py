@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -81,6 +82,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="Ray workers, one torch thread each (default 2)")
     p.add_argument("--empty", type=int, default=50, help="empty cells timed per executor (default 50)")
     args, grid_flags = p.parse_known_args()
+    warnings.simplefilter("ignore", pd.errors.PerformanceWarning)  # pandas' advice to locate_facts, once per cell
     argv = ["grid", "--heads", args.heads, "--widths", args.widths, "--steps", str(args.steps),
             "--target-accuracy", "2", "--device", "cpu", "--quiet", *grid_flags]  # every cell runs all its steps
     n_cells = len(args.heads.split(",")) * len(args.widths.split(","))
