@@ -24,8 +24,9 @@ the TransformerBridge hooks, whether each head attends by position or by token.
 Writes to DIR: runs.csv (one row per model and seed), capacity.csv (seed means),
 heads.csv, head_tokens.csv, summary.json (fit_H_r2, fit_dh_exponent, ...), capacity.png,
 head_roles.png, checkpoints/ (every trained model, CHECKPOINT_FORMAT.md, task.kind
-association or distribution) and runs.jsonl (finished runs: a rerun with the same
-settings resumes after the last finished group of models).
+association or distribution) and cells/ (one JSON file per finished stack of models: a
+rerun skips them). Stacks run in this process (--executor local) or as Ray tasks
+(--executor ray: one worker per core, or a cluster with --ray-address).
 """
 from __future__ import annotations
 
@@ -39,11 +40,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyses.executors import add_executor_flags, check_executor_flags, open_executor
 from analyses.output import write_csv, write_summary
+from analyses.sweep import Cell, Cells, one, run_jobs
 from models.aot import AoTModelConfig, load
 from models.aot_trainer import AoTTrainConfig, train
 from models.bridge import resolve_device
-from models.checkpoint import write_text
 from models.cli import _comma_list, run_cli
 from probe.association import AssociationTask, DistributionTask, SequenceTask
 from probe.head_roles import head_roles, key_token_table
@@ -120,37 +122,44 @@ def _run_key(task: SequenceTask, model: AoTModelConfig, seed: int, cfg: AoTTrain
 
 
 def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int], cfg: AoTTrainConfig,
-              out: Path, stack_size: int, progress: bool) -> dict[tuple, dict]:
-    """Train every (model, seed) not yet in out/runs.jsonl, in stacks of up to `stack_size`
-    models of similar shape; each finished stack is saved (checkpoints + runs.jsonl) at once.
-    Returns {(model, seed): record} for all of them."""
-    log = out / "runs.jsonl"
-    done = {}
-    if log.is_file():
-        for line in log.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                done[record["key"]] = record
-    # similar shapes share a stack (a stack costs its largest size along every axis): one
-    # bucket per (head layout, attention-only or not), sorted by d, H d_h and m, cut into stacks
+              out: Path, stack_size: int, cells: Cells, executor, progress: bool) -> dict[tuple, dict]:
+    """Train every (model, seed) in stacks of up to `stack_size` models of similar shape, one
+    cell per stack (recorded stacks are skipped). Returns {(model, seed): record}.
+
+    Similar shapes share a stack (a stack costs its largest size along every axis): one bucket
+    per (seed, head layout, attention-only or not, d), sorted by H d_h and m, cut into stacks. The stacks
+    depend only on the sweep's settings, so a resumed sweep trains the same stacks as an
+    uninterrupted one, and adding a seed adds stacks without touching the others."""
     runs = sorted({(m, s) for m in models for s in seeds},
-                  key=lambda r: (r[0].head_layout, r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp,
-                                 r[0].name, r[1]))
-    pending = [r for r in runs if _run_key(task, *r, cfg) not in done]
+                  key=lambda r: (r[0].d_mlp > 0, r[0].d_model, r[0].n_heads * r[0].d_head, r[0].d_mlp, r[0].name, r[1]))
     buckets: dict[tuple, list] = {}
-    for r in pending:
-        buckets.setdefault((r[0].head_layout, r[0].d_mlp > 0), []).append(r)
-    groups = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
-    for i, group in enumerate(groups):
-        for trained in train(task, group, cfg, progress=progress, desc=f"{task.kind} group {i + 1}/{len(groups)}"):
-            key = _run_key(task, trained.model, trained.seed, cfg)
-            ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
-            trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
-            done[key] = {"key": key, "model": asdict(trained.model), "seed": trained.seed,
-                         "accuracy": trained.accuracy, "loss": trained.loss, "batch_accuracy": trained.batch_accuracy,
-                         "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))}
-        write_text(log, "".join(json.dumps(r) + "\n" for r in done.values()))
+    for r in runs:
+        buckets.setdefault((r[1], r[0].head_layout, r[0].d_mlp > 0, r[0].d_model), []).append(r)
+    stacks = [b[i:i + stack_size] for b in buckets.values() for i in range(0, len(b), stack_size)]
+    jobs = []
+    for stack in stacks:
+        keys = [_run_key(task, m, s, cfg) for m, s in stack]
+        name = hashlib.sha1("".join(keys).encode()).hexdigest()[:12]
+        jobs.append(one(Cell(f"{task.kind}_seed{stack[0][1]}_{stack[0][0].head_layout}_d{stack[0][0].d_model}_{name}", train_stack,
+                             (task, stack, cfg, out.resolve()))))
+    done = {}
+    for result in run_jobs(jobs, cells, executor, desc=f"{task.kind} stacks", total=len(jobs), progress=progress):
+        done.update((record["key"], record) for record in result["runs"])
     return {(m, s): done[_run_key(task, m, s, cfg)] for m, s in runs}
+
+
+def train_stack(task: SequenceTask, stack: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig, out: Path) -> dict:
+    """One cell: the (model, seed) runs of `stack` trained together, each saved as a checkpoint
+    under out/checkpoints/; their records (accuracy, loss, checkpoint path relative to out)."""
+    records = []
+    for trained in train(task, stack, cfg, progress=False):
+        key = _run_key(task, trained.model, trained.seed, cfg)
+        ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
+        trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
+        records.append({"key": key, "model": asdict(trained.model), "seed": trained.seed,
+                        "accuracy": trained.accuracy, "loss": trained.loss, "batch_accuracy": trained.batch_accuracy,
+                        "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))})
+    return {"runs": records}
 
 
 def runs_frame(task: AssociationTask, sweep_models: dict, results: dict, seeds: list[int]) -> pd.DataFrame:
@@ -328,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-mlp", action="store_true", help="no one-head-plus-MLP models (the mlp sweep)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_executor_flags(p)
     return p
 
 
@@ -349,14 +359,19 @@ def main(argv=None) -> int:
     if args.stack < 1 or not args.seeds:
         raise ValueError("--stack must be >= 1 and --seeds must list at least one seed.")
     resolve_device(args.device)
+    check_executor_flags(args)
     out = args.out
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory.")
+    cells = Cells(out, {"analysis": "aot_capacity"})  # every setting is in the cell keys: a sweep can grow
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
 
     all_models = sorted({m for models in sweep_models.values() for m in models}, key=lambda m: m.name)
-    results = train_all(task, all_models, list(args.seeds), cfg, out, args.stack, progress)
+    with open_executor(args) as executor:
+        results = train_all(task, all_models, list(args.seeds), cfg, out, args.stack, cells, executor, progress)
+        if args.distribution_heads:
+            distributions = distribution(args, cfg, out, cells, executor, progress)
     runs = runs_frame(task, sweep_models, results, list(args.seeds))
     capacity = capacity_frame(runs)
     fits = {layout: layout_fits(capacity[capacity.head_layout == layout], task, args) for layout in args.head_layout}
@@ -366,7 +381,7 @@ def main(argv=None) -> int:
 
     summary = {"task": repr(task), "n_sequences": task.n_sequences, "layouts": fits}
     if args.distribution_heads:
-        summary["distribution"] = distribution(args, cfg, out, progress)
+        summary["distribution"] = distributions
     if not args.skip_instruments and (runs.sweep == "heads").any():
         heads, table = instrument(out, runs, task, args.device, progress)
         write_csv(out / "heads.csv", heads)
@@ -383,6 +398,7 @@ def main(argv=None) -> int:
     summary["settings"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
                            for k, v in vars(args).items()}
     summary["train"] = {**asdict(cfg), "steps": cfg.steps}
+    summary["cells_computed"] = cells.computed
     summary["seconds"] = round(time.perf_counter() - start, 1)
     write_summary(out / "summary.json", summary)
     print(report(summary, capacity, out))
@@ -429,12 +445,12 @@ def _matched(capacity: pd.DataFrame) -> list[dict]:
             for p in mlp.index if p in aot.index]
 
 
-def distribution(args, cfg: AoTTrainConfig, out: Path, progress: bool) -> dict:
+def distribution(args, cfg: AoTTrainConfig, out: Path, cells: Cells, executor, progress: bool) -> dict:
     """KL of attention-only models on the distribution task vs the rank-d floor."""
     task = DistributionTask(args.n_tokens, args.context, args.table_seed, args.concentration)
     models = [AoTModelConfig(args.d_model, h, args.d_head, head_layout=layout)
               for layout in args.head_layout for h in args.distribution_heads]
-    results = train_all(task, models, list(args.seeds), cfg, out, args.stack, progress)
+    results = train_all(task, models, list(args.seeds), cfg, out, args.stack, cells, executor, progress)
     floor = rank_d_kl_floor(task.log_targets, args.d_model)
     rows = [{"head_layout": m.head_layout, "n_heads": m.n_heads, "d_head": m.d_head, "d_model": m.d_model, "seed": s,
              "kl": r["loss"], "kl_floor": floor, "kl_gap": r["loss"] - floor, "top_token_accuracy": r["accuracy"],

@@ -15,6 +15,8 @@ capacity.csv (one row per size and seed), summary.json and a figure with the the
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
 for the linear memory, N ln N = 0.35 m d for the MLP, N = m d / 1.2 for the MLP with M = 32
 fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
+The searches run concurrently, each probe a cell: in this process (--executor local) or as
+Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address).
 """
 from __future__ import annotations
 
@@ -25,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
-
+from analyses.executors import add_executor_flags, check_executor_flags, open_executor
 from analyses.output import save_figure, write_csv, write_summary
-from analyses.sweep import Cells, largest_passing
+from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
 from models.cli import _comma_list, run_cli
 from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
@@ -45,23 +46,20 @@ def fitted_slope(x, y) -> float:
 
 
 # ------------------------------------------------------------------------ memories
-def memory_capacity(cfg: MemoryConfig, seed: int, cells: Cells, device, bar=None) -> int:
-    """N* of one memory size and seed: the largest N stored at >= 99% (rel. tolerance 5%)."""
-    def passes(n: int) -> bool:
-        key = f"{cfg.kind}_d{cfg.d}_m{cfg.m}_seed{seed}_N{n}"
-        row = cells.get(key, lambda: {"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n": n,
-                                      **_fit_row(cfg, n, seed, device)})
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(d=cfg.d, m=cfg.m, seed=seed, N=n, acc=f"{row['accuracy']:.3f}")
-        return row["accuracy"] >= cfg.target_accuracy
+def memory_capacity(cfg: MemoryConfig, seed: int, device: str):
+    """The search for N* of one memory size and seed (a job of analyses.sweep): the largest
+    N stored at >= 99% (relative tolerance 5%)."""
     start = max(2, cfg.theory // (4 * max(1, round(math.log(cfg.theory)))))
-    return largest_passing(passes, start, lowest=2, rel_tol=0.05)
+    return search(bisection(start, lowest=2, rel_tol=0.05),
+                  lambda n: Cell(f"{cfg.kind}_d{cfg.d}_m{cfg.m}_seed{seed}_N{n}", memory_row, (cfg, n, seed, device)),
+                  lambda row: row["accuracy"] >= cfg.target_accuracy)
 
 
-def _fit_row(cfg: MemoryConfig, n: int, seed: int, device) -> dict:
-    result = fit(cfg, n, [seed], device)
-    return {"accuracy": result["accuracy"][0], "steps_run": result["steps_run"]}
+def memory_row(cfg: MemoryConfig, n: int, seed: int, device: str) -> dict:
+    """One probe: `cfg` fitted to n associations with `seed` (device resolved where it runs)."""
+    result = fit(cfg, n, [seed], resolve_device(device))
+    return {"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n": n,
+            "accuracy": result["accuracy"][0], "steps_run": result["steps_run"]}
 
 
 def run_memory(args) -> dict:
@@ -81,14 +79,13 @@ def run_memory(args) -> dict:
     settings = {"analysis": "capacity memory", **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")
                                                   and not (k in ("n_outputs", "eval_every") and v == getattr(MemoryConfig, k))}}
     cells = Cells(args.out, settings)
-    rows = []
-    with tqdm(desc="memory probes", unit="probe", disable=args.quiet) as bar:
-        for cfg in configs:
-            for seed in range(args.seeds):
-                n_star = memory_capacity(cfg, seed, cells, device, bar)
-                rows.append({"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n_star": n_star,
-                             "parameters": cfg.parameters, "theory": cfg.theory,
-                             "n_star_over_theory": n_star / cfg.theory})
+    searches = [(cfg, seed) for cfg in configs for seed in range(args.seeds)]
+    with open_executor(args) as executor:
+        found = run_jobs([memory_capacity(cfg, seed, args.device) for cfg, seed in searches], cells, executor,
+                         desc="memory probes", progress=not args.quiet)
+    rows = [{"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n_star": n_star, "parameters": cfg.parameters,
+             "theory": cfg.theory, "n_star_over_theory": n_star / cfg.theory}
+            for (cfg, seed), n_star in zip(searches, found)]
     table = pd.DataFrame(rows)
     summary = memory_report(table, configs[0], args.out, pd.DataFrame(cells.rows()),
                             {"settings": settings, "seeds": args.seeds, "device": str(device),
@@ -246,25 +243,23 @@ def transformer_run(shape: tuple, d: int, S: int, args) -> RunConfig:
                                        target_accuracy=TARGET, snapshots_per_octave=0, device=args.device))
 
 
-def transformer_capacity(shape: tuple, d: int, args, cells: Cells, bar=None) -> int:
-    """The largest S = R learned to >= 99% by the shape at size d."""
-    def passes(S: int) -> bool:
-        key = f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}"
-        row = cells.get(key, lambda: _train_row(shape, d, S, args))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(shape=",".join(f"{v:g}" for v in shape), d=d, S=S, acc=f"{row['accuracy']:.3f}")
-        return row["accuracy"] >= TARGET
+def transformer_capacity(shape: tuple, d: int, args):
+    """The search for the largest S = R learned to >= 99% by the shape at size d (a job of
+    analyses.sweep)."""
     model = shape_model(*shape[:2], int(shape[2]), d)
     start = max(2, int(math.sqrt(parameter_count(_section(model))["total"] / 16)))
-    return largest_passing(passes, start, lowest=2, grow=1.5, rel_tol=0.1)
+    return search(bisection(start, lowest=2, grow=1.5, rel_tol=0.1),
+                  lambda S: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}", transformer_row,
+                                 (shape, d, S, args)),
+                  lambda row: row["accuracy"] >= TARGET)
 
 
 def _section(model) -> dict:
     return {"d_model": model.d_model, "n_heads": model.n_heads, "d_head": model.d_head, "d_mlp": model.d_mlp}
 
 
-def _train_row(shape, d, S, args) -> dict:
+def transformer_row(shape, d, S, args) -> dict:
+    """One probe: the shape at size d trained on S = R."""
     result = train(transformer_run(shape, d, S, args), progress=False)
     t = result.training
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
@@ -282,14 +277,15 @@ def run_transformer(args) -> dict:
                 "lr": list(args.lr), "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
                 "eval_every": args.eval_every, "eval_size": args.eval_size}
     cells = Cells(args.out, settings)
+    searches = [(shape, d) for shape in shapes for d in args.d]
+    with open_executor(args) as executor:
+        found = run_jobs([transformer_capacity(shape, d, args) for shape, d in searches], cells, executor,
+                         desc="transformer probes", progress=not args.quiet)
     rows = []
-    with tqdm(desc="transformer probes", unit="run", disable=args.quiet) as bar:
-        for shape in shapes:
-            for d in args.d:
-                S = transformer_capacity(shape, d, args, cells, bar)
-                params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
-                rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
-                             "parameters": params, "facts_per_parameter": S * S / params})
+    for (shape, d), S in zip(searches, found):
+        params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
+        rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
+                     "parameters": params, "facts_per_parameter": S * S / params})
     table = pd.DataFrame(rows)
     ok = table[table["facts"] > 0]
     slope = fitted_slope(ok["parameters"], ok["facts"]) if ok["parameters"].nunique() > 1 else float("nan")
@@ -377,11 +373,13 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
         q.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
+        add_executor_flags(q)
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    check_executor_flags(args)
     if args.command == "memory":
         if args.seeds < 1 or args.steps < 1 or min(args.d) < 1:
             raise ValueError("--seeds, --steps and --d must be >= 1.")

@@ -1,91 +1,221 @@
-"""Sweep plumbing shared by the capacity and trade-off analyses: the binary search for the
-largest size that still passes a test, and a resumable on-disk record of finished cells."""
+"""The sweep engine shared by the capacity, trade-off and attention-only analyses.
+
+A sweep is a set of cells. A cell (`Cell(key, fn, args)`) is a pure function of its settings
+returning one JSON row: `fn(*args)`, `fn` a module-level function so that a Ray worker can
+import it. Jobs ask for cells: a grid point is a job of one cell (`one`), a binary search
+(`search`) asks for one probe at a time and needs each answer to choose the next. `run_jobs`
+drives every job at once and submits each job's next cell as soon as its previous one has
+returned, so N searches keep N workers busy. Finished cells are recorded by this process in
+OUT/cells/ (`Cells`: one JSON file per cell, written atomically) and recorded cells are read
+back instead of recomputed, so a killed sweep, re-run, resumes. Each job sees its own rows in
+its own order: the results depend neither on the executor (analyses.executors) nor on the
+order in which cells finish."""
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from models.checkpoint import write_json
 
 
-def largest_passing(passes: Callable[[int], bool], start: int, *, lowest: int = 1,
-                    highest: int | None = None, grow: float = 2.0, rel_tol: float = 0.0) -> int:
-    """The largest integer n >= `lowest` with passes(n), assuming passes is (nearly) monotone
-    decreasing in n; `lowest - 1` when even `lowest` fails.
+@dataclass(frozen=True)
+class Cell:
+    """fn(*args) -> one JSON row; `key` names its file in OUT/cells/."""
+
+    key: str
+    fn: Callable[..., dict]
+    args: tuple = ()
+
+
+Job = Generator[Cell, dict, object]  # yields the cells it needs, receives their rows, returns its result
+
+
+def one(cell: Cell) -> Job:
+    """A job of one cell; its result is the cell's row."""
+    return (yield cell)
+
+
+# ------------------------------------------------------------------ binary search
+def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: float = 2.0,
+              rel_tol: float = 0.0) -> Generator[int, bool, int]:
+    """The search for the largest integer n >= `lowest` that passes, assuming passing is
+    (nearly) monotone decreasing in n: yields the size it wants tested, receives whether it
+    passed, returns the answer (`lowest - 1` when even `lowest` fails).
 
     From `start`, halve until a size passes and double (`grow`) until one fails, then bisect
-    the bracket until its width is <= max(1, rel_tol * lower end). Every call is a fresh
+    the bracket until its width is <= max(1, rel_tol * lower end). Every test is a fresh
     question: a noisy oracle gives an answer near its threshold, not a reproducible one."""
     if start < lowest:
         raise ValueError(f"start must be >= lowest ({lowest}), got {start}.")
     if grow <= 1:
         raise ValueError(f"grow must be > 1, got {grow}.")
-    lo, hi = None, None  # lo passes, hi fails
-    n = start
-    while lo is None:  # shrink until a size passes
-        if passes(n):
-            lo = n
-        else:
-            hi = n
-            if n == lowest:
-                return lowest - 1
-            n = max(lowest, n // 2)
-    while hi is None:  # grow until a size fails
-        if highest is not None and lo >= highest:
-            return lo
-        n = max(lo + 1, int(lo * grow))
-        n = n if highest is None else min(n, highest)
-        if passes(n):
-            lo = n
-        else:
-            hi = n
-    while hi - lo > max(1, int(rel_tol * lo)):
-        mid = (lo + hi) // 2
-        if passes(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+
+    def sizes():
+        lo, hi = None, None  # lo passes, hi fails
+        n = start
+        while lo is None:  # shrink until a size passes
+            if (yield n):
+                lo = n
+            else:
+                hi = n
+                if n == lowest:
+                    return lowest - 1
+                n = max(lowest, n // 2)
+        while hi is None:  # grow until a size fails
+            if highest is not None and lo >= highest:
+                return lo
+            n = max(lo + 1, int(lo * grow))
+            n = n if highest is None else min(n, highest)
+            if (yield n):
+                lo = n
+            else:
+                hi = n
+        while hi - lo > max(1, int(rel_tol * lo)):
+            mid = (lo + hi) // 2
+            if (yield mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return sizes()
 
 
+def largest_passing(passes: Callable[[int], bool], start: int, **search) -> int:
+    """`bisection` (same keywords) answered by calling passes(n) here, one size at a time."""
+    sizes = bisection(start, **search)
+    try:
+        n = next(sizes)
+        while True:
+            n = sizes.send(passes(n))
+    except StopIteration as stop:
+        return stop.value
+
+
+def search(sizes: Generator[int, bool, int], cell: Callable[[int], Cell], passed: Callable[[dict], bool]) -> Job:
+    """A job answering the search `sizes` with cells: size n is tested by the row of cell(n),
+    passed(row) says whether it passed; the job's result is the search's answer."""
+    try:
+        n = next(sizes)
+        while True:
+            n = sizes.send(passed((yield cell(n))))
+    except StopIteration as stop:
+        return stop.value
+
+
+# ------------------------------------------------------------------ recorded cells
 class Cells:
-    """One JSON file per finished cell in DIR/cells/, written atomically: a re-run with the
-    same settings reads a recorded cell instead of recomputing it. DIR/settings.json holds
-    the settings; another sweep's directory is refused."""
+    """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json
+    holds the settings shared by every cell. A directory holding another sweep (other
+    settings) is refused when this is built, before anything is written."""
 
     def __init__(self, out: Path, settings: dict):
-        self.dir = Path(out) / "cells"
-        path = Path(out) / "settings.json"
+        self.out, self.dir = Path(out), Path(out) / "cells"
+        self.settings = json.loads(json.dumps(settings))
+        path = self.out / "settings.json"
         if path.is_file():
             try:
                 recorded = json.loads(path.read_text())
             except json.JSONDecodeError:
                 recorded = None
-            if recorded != json.loads(json.dumps(settings)):
+            if recorded != self.settings:
                 raise ValueError(f"{out} holds a sweep with other settings ({path}); "
                                  "choose another --out, or delete it to start over.")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_json(path, settings)
-        self.computed = 0  # cells computed (not read back) by this process
+        self.computed = 0  # cells recorded (not read back) by this process
 
     def path(self, key: str) -> Path:
         return self.dir / (re.sub(r"[^A-Za-z0-9_.=,+-]", "_", key) + ".json")
 
-    def get(self, key: str, compute: Callable[[], dict]) -> dict:
-        """The recorded row of `key`, or compute() recorded now."""
+    def recorded(self, key: str) -> dict | None:
+        """The recorded row of `key`, or None."""
         path = self.path(key)
         if path.is_file():
             try:
                 return json.loads(path.read_text())
             except json.JSONDecodeError:
                 pass  # not ours (atomic writes never leave half a file): recompute it
-        row = compute()
-        write_json(path, row)
+        return None
+
+    def record(self, key: str, row: dict) -> dict:
+        """Write `row` as the cell `key`; the row as it reads back (JSON types)."""
+        if not (self.out / "settings.json").is_file():
+            write_json(self.out / "settings.json", self.settings)
+        write_json(self.path(key), row)
         self.computed += 1
-        return row
+        return json.loads(json.dumps(row))
 
     def rows(self) -> list[dict]:
         """Every recorded row, in file-name order."""
         return [json.loads(p.read_text()) for p in sorted(self.dir.glob("*.json"))]
+
+
+# ------------------------------------------------------------------ the engine
+def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", total: int | None = None,
+             progress: bool = True) -> list:
+    """Drive every job until it returns; their results, in the jobs' order. A cell asked for
+    is read from `cells` if recorded, else submitted to `executor` (once, however many jobs
+    wait on it) and recorded when it returns. `total`: the number of cells, when known."""
+    results: list = [None] * len(jobs)
+    waiting: dict[str, list[int]] = {}  # key of a submitted cell -> the jobs waiting on it
+    bar = _Bar(desc, total, executor, progress)
+
+    def advance(i: int, row: dict | None) -> None:
+        """Send job i its row; follow it through recorded cells until it waits on a computed
+        one or returns."""
+        while True:
+            try:
+                cell = jobs[i].send(row)
+            except StopIteration as stop:
+                results[i] = stop.value
+                return
+            row = cells.recorded(cell.key)
+            if row is None:
+                if cell.key not in waiting:
+                    executor.submit(cell)
+                    waiting[cell.key] = []
+                waiting[cell.key].append(i)
+                return
+            bar.done(computed=False)
+
+    with bar:
+        for i in range(len(jobs)):
+            advance(i, None)
+        bar.show()
+        while waiting:
+            cell, row = executor.finished()
+            row = cells.record(cell.key, row)
+            bar.done(computed=True)
+            for i in waiting.pop(cell.key):
+                advance(i, row)
+            bar.show()
+    return results
+
+
+class _Bar:
+    """Cells done / running / total, and cells per hour computed by this process."""
+
+    def __init__(self, desc: str, total: int | None, executor, progress: bool):
+        self.executor, self.start, self.computed = executor, time.perf_counter(), 0
+        shape = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" if total else "{n_fmt}"
+        self.tqdm = tqdm(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
+                         bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
+
+    def done(self, computed: bool) -> None:
+        self.computed += computed
+        self.tqdm.update(1)
+
+    def show(self) -> None:
+        hours = (time.perf_counter() - self.start) / 3600
+        rate = f"{self.computed / hours:.0f} cells/h" if self.computed else "? cells/h"
+        self.tqdm.set_postfix_str(f"{self.executor.running} running, {rate}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.tqdm.close()

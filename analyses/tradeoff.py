@@ -12,8 +12,9 @@ shrink  On one trained model (--ckpt, or trained here): prune MLP neurons (small
         step, and re-measure which facts survive and which store they were in before.
 
 Every cell is one JSON file in --out/cells/ (a re-run with the same settings skips it);
-CSV next to the figures, summary.json. Task, model and training flags as models.train,
-starting from the paper-tradeoff preset.
+CSV next to the figures, summary.json. Cells run in this process (--executor local) or as
+Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address). Task,
+model and training flags as models.train, starting from the paper-tradeoff preset.
 """
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
-
+from analyses.executors import add_executor_flags, check_executor_flags, open_executor
 from analyses.locate_facts import locate
 from analyses.output import save_figure, write_csv, write_summary
-from analyses.sweep import Cells
+from analyses.sweep import Cell, Cells, one, run_jobs
 from models.bridge import build_bridge, resolve_device
 from models.checkpoint import load_checkpoint
 from models.cli import _comma_list, add_config_flags, given, run_cli
@@ -91,10 +91,11 @@ def run_grid(args) -> dict:
     for h, m in cells_list:
         override(run.model, {"n_heads": h, "d_mlp": m}).validate()
     cells = Cells(args.out, _settings(run, args, {"heads": list(args.heads), "widths": list(args.widths)}))
-    rows = []
-    for h, m in tqdm(cells_list, desc="trade-off grid", unit="cell", disable=args.quiet):
-        cell = RunConfig(run.task, override(run.model, {"n_heads": h, "d_mlp": m}), run.train)
-        rows.append(cells.get(f"H{h}_m{m}", lambda cell=cell: train_and_locate(cell, args)))
+    jobs = [one(Cell(f"H{h}_m{m}", train_and_locate,
+                     (RunConfig(run.task, override(run.model, {"n_heads": h, "d_mlp": m}), run.train), args)))
+            for h, m in cells_list]
+    with open_executor(args) as executor:
+        rows = run_jobs(jobs, cells, executor, desc="trade-off grid", total=len(jobs), progress=not args.quiet)
     table = pd.DataFrame(rows)
     frontier = {int(h): (int(g.loc[g["accuracy"] >= 0.99, "width"].min()) if (g["accuracy"] >= 0.99).any() else None)
                 for h, g in table.groupby("heads")}
@@ -147,10 +148,12 @@ VARIANTS = {"both_free": {}, "attn_only": {"attn_only": True}, "freeze_ov": {"fr
 def run_swap(args) -> dict:
     run = base_run(args)
     cells = Cells(args.out, _settings(run, args, {"variants": list(VARIANTS)}))
-    rows = []
-    for name, change in tqdm(VARIANTS.items(), desc="swap experiments", unit="model", disable=args.quiet):
-        variant = RunConfig(run.task, override(run.model, change), override(run.train, change))
-        rows.append({"variant": name, **cells.get(name, lambda variant=variant: train_and_locate(variant, args))})
+    jobs = [one(Cell(name, train_and_locate,
+                     (RunConfig(run.task, override(run.model, change), override(run.train, change)), args)))
+            for name, change in VARIANTS.items()]
+    with open_executor(args) as executor:
+        found = run_jobs(jobs, cells, executor, desc="swap experiments", total=len(jobs), progress=not args.quiet)
+    rows = [{"variant": name, **row} for name, row in zip(VARIANTS, found)]
     table = pd.DataFrame(rows)
     write_csv(args.out / "swap.csv", table)
     write_summary(args.out / "summary.json", {"variants": table.set_index("variant").to_dict("index"),
@@ -197,28 +200,29 @@ def pruning_steps(n: int, steps: int) -> list[int]:
     return sorted({round(i * n / steps) for i in range(steps + 1)})
 
 
+def pruned_storage_row(section, weights, task, component: str, order: list, k: int, args, device: str) -> dict:
+    """locate_facts on the model with the first k units of `order` (MLP neurons or heads) removed
+    (device resolved where it runs)."""
+    removed = order[:k]
+    pruned = prune(weights, neurons=removed if component == "mlp" else (), heads=removed if component == "heads" else ())
+    row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, args)
+    facts = row.pop("_facts")
+    return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,
+            "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
+
+
 def run_shrink(args) -> dict:
     run = base_run(args)
     section, weights, task = trained_model(args, run)  # a bad --ckpt is refused before anything is written
     cells = Cells(args.out, _settings(run, args, {"ckpt": str(args.ckpt) if args.ckpt else None,
                                                    "mlp_steps": args.mlp_steps}))
-    device = resolve_device(run.train.device)
     orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
     plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], args.mlp_steps)] + \
            [("heads", k) for k in pruning_steps(section["n_heads"], section["n_heads"])[1:]]
-
-    def measure(component, k):
-        removed = orders[component][:k]
-        pruned = prune(weights, neurons=removed if component == "mlp" else (),
-                       heads=removed if component == "heads" else ())
-        row = storage_row(build_bridge(section, pruned, device), task, args)
-        facts = row.pop("_facts")
-        return {"component": component, "removed": k, "removed_units": removed,
-                "fraction": k / len(orders[component]), **row,
-                "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
-
-    rows = [cells.get(f"{c}_{k}", lambda c=c, k=k: measure(c, k))
-            for c, k in tqdm(plan, desc="pruning steps", unit="step", disable=args.quiet)]
+    jobs = [one(Cell(f"{c}_{k}", pruned_storage_row, (section, weights, task, c, orders[c], k, args, run.train.device)))
+            for c, k in plan]
+    with open_executor(args) as executor:
+        rows = run_jobs(jobs, cells, executor, desc="pruning steps", total=len(jobs), progress=not args.quiet)
     before = next(r for r in rows if r["removed"] == 0)
     facts = task.all_facts()
     table = []
@@ -284,6 +288,7 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--patch-contexts", type=int, default=2, help="locate_facts patching prompts per fact (default 2)")
         q.add_argument("--seed-locate", type=int, default=0, help="seed of locate_facts' prompts")
         q.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_executor_flags(q)
         add_config_flags(q, TaskConfig, "task (paper-tradeoff preset)")
         add_config_flags(q, ModelConfig, "model (paper-tradeoff preset)")
         add_config_flags(q, TrainConfig, "training (paper-tradeoff preset; snapshots off)")
@@ -298,6 +303,7 @@ def main(argv=None) -> int:
     run.train.validate()
     run.model.validate()
     resolve_device(run.train.device)
+    check_executor_flags(args)
     if args.command == "grid":
         if min(args.heads) < 1 or min(args.widths) < 1:
             raise ValueError("--heads and --widths must be >= 1.")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 ATTN = "blocks.0.attn."
 MLP = "blocks.0.mlp."

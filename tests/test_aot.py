@@ -305,11 +305,12 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     proc = subprocess.run(args, check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in ("runs.csv", "capacity.csv", "heads.csv", "summary.json", "capacity.png", "head_roles.png",
-                 "distribution.csv", "runs.jsonl"):
+                 "distribution.csv", "settings.json"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
     for layout in ("standard", "dana"):
         assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
+    assert summary["cells_computed"] == len(list((out / "cells").iterdir())) > 0
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
     assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard", "dana"}
     dana = capacity[capacity.head_layout == "dana"]  # the authors' parameter count, and its own checkpoints
@@ -322,10 +323,11 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
         "standard H=1", "standard H=2", "dana H=1", "dana H=2"}
     bound = 1 / 6 + (1 - 1 / 6) * (capacity.n_heads * capacity.d_head + capacity.d_model) / 36
     assert np.allclose(capacity.lower_bound, bound.clip(upper=1))
-    # a rerun finds every model finished (runs.jsonl) and trains nothing
-    before = (out / "runs.jsonl").read_text()
+    # a rerun finds every stack of models recorded (cells/) and trains nothing
+    before = (out / "runs.csv").read_text()
     again = subprocess.run(args, check=False, capture_output=True, text=True)
-    assert again.returncode == 0 and (out / "runs.jsonl").read_text() == before
+    assert again.returncode == 0 and (out / "runs.csv").read_text() == before
+    assert json.loads((out / "summary.json").read_text())["cells_computed"] == 0
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
                          check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr

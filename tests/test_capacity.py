@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from analyses.sweep import Cells, largest_passing
+from analyses.executors import LocalExecutor
+from analyses.sweep import Cell, Cells, largest_passing, one, run_jobs
 from models.memories import (
     MemoryConfig,
     fit,
@@ -75,10 +76,14 @@ def test_binary_search_refuses_bad_arguments():
 def test_cells_skip_what_is_recorded(tmp_path):
     computed = []
 
+    def square(n):
+        computed.append(n)
+        return {"n": n, "square": n * n}
+
     def sweep(cells):
-        return [cells.get(f"n{n}", lambda n=n: computed.append(n) or {"n": n, "square": n * n}) for n in range(5)]
+        return run_jobs([one(Cell(f"n{n}", square, (n,))) for n in range(5)], cells, LocalExecutor(), progress=False)
     first = sweep(Cells(tmp_path, {"a": 1}))
-    assert computed == list(range(5))
+    assert computed == list(range(5)) and first[2] == {"n": 2, "square": 4}
     (tmp_path / "cells" / "n3.json").unlink()  # as if killed before cell 3 was written
     again = Cells(tmp_path, {"a": 1})
     assert sweep(again) == first
@@ -87,7 +92,8 @@ def test_cells_skip_what_is_recorded(tmp_path):
 
 
 def test_cells_refuse_another_sweeps_directory(tmp_path):
-    Cells(tmp_path, {"steps": 10})
+    Cells(tmp_path, {"steps": 20})  # nothing recorded yet: the directory is not claimed
+    Cells(tmp_path, {"steps": 10}).record("a", {"x": 1})
     with pytest.raises(ValueError, match="other settings"):
         Cells(tmp_path, {"steps": 20})
 

@@ -1,0 +1,164 @@
+"""Where a sweep's cells run (analyses.sweep): `local`, one after another in this process,
+or `ray`, every cell a Ray task on a local Ray instance (one worker per core, each one torch
+thread) or on an existing cluster (`--ray-address`). Ray is an optional extra
+(`pip install -e '.[ray]'`) and is imported only when asked for.
+
+An executor has submit(cell), finished() -> (cell, row) for one submitted cell that has
+returned (blocking until one has), and `running`, the cells computing now."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+
+from analyses.sweep import Cell
+
+EXECUTORS = ("local", "ray")
+RETRIES = 3  # times Ray re-runs a cell whose worker died (a cell that raises is not retried)
+ROOT = Path(__file__).resolve().parents[1]  # the checkout the workers import this code from
+
+
+def add_executor_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("where the cells run")
+    group.add_argument("--executor", default="local", metavar="{local,ray}",
+                       help="local: one cell after another in this process (default); ray: every cell a Ray task")
+    group.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                       help="with --executor ray: an existing Ray cluster (`ray start --head` prints it); "
+                            "default: start a local Ray instance with one worker per core")
+    group.add_argument("--gpus-per-cell", type=float, default=None, metavar="F",
+                       help="with --executor ray on CUDA: the GPU share each cell asks for (0.25: four cells per GPU)")
+
+
+def check_executor_flags(args: argparse.Namespace) -> None:
+    """Refuse bad executor settings (ValueError) before anything runs or is written."""
+    if args.executor not in EXECUTORS:
+        raise ValueError(f"unknown --executor {args.executor!r}: choose local or ray.")
+    if args.executor == "local":
+        for flag, value in (("--ray-address", args.ray_address), ("--gpus-per-cell", args.gpus_per_cell)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --executor ray.")
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ValueError("--executor ray needs Ray: pip install -e '.[ray]'.") from None
+    if args.gpus_per_cell is not None:
+        if not args.gpus_per_cell > 0:
+            raise ValueError(f"--gpus-per-cell must be > 0, got {args.gpus_per_cell}.")
+        import torch
+
+        if args.ray_address is None and not torch.cuda.is_available():
+            raise ValueError("--gpus-per-cell needs CUDA, and this machine has no CUDA device.")
+    if args.ray_address is not None:
+        _check_reachable(args.ray_address)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse a HOST:PORT nothing answers on (ray.init would retry for a minute)."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray-address {address!r}: expected HOST:PORT (or auto).")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"--ray-address {address}: no Ray cluster answers there ({e.strerror or e}).") from None
+
+
+@contextmanager
+def open_executor(args: argparse.Namespace):
+    """The executor the flags ask for (check_executor_flags first); a Ray instance this
+    started is shut down on leaving."""
+    if args.executor == "local":
+        yield LocalExecutor()
+        return
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        start_ray(args.ray_address)
+    try:
+        if args.gpus_per_cell is not None and not ray.cluster_resources().get("GPU"):
+            raise ValueError("--gpus-per-cell: the Ray cluster has no GPU.")
+        yield RayExecutor(args.gpus_per_cell or 0)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Connect to the cluster at `address`, or start a local Ray instance with `num_cpus`
+    workers (default: one per core). Workers import this checkout's code."""
+    import logging
+
+    import ray
+
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    try:
+        ray.init(address=address, num_cpus=None if address else (num_cpus or os.cpu_count()),
+                 include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    except ConnectionError as e:
+        raise ValueError(f"--ray-address {address}: {str(e).splitlines()[0]}") from None
+
+
+class LocalExecutor:
+    """Cells run in this process, in the order they were submitted."""
+
+    def __init__(self):
+        self.queue: deque[Cell] = deque()
+
+    @property
+    def running(self) -> int:
+        return min(1, len(self.queue))
+
+    def submit(self, cell: Cell) -> None:
+        self.queue.append(cell)
+
+    def finished(self) -> tuple[Cell, dict]:
+        cell = self.queue.popleft()
+        return cell, cell.fn(*cell.args)
+
+
+class RayExecutor:
+    """Every cell a Ray task asking for one CPU (and `gpus` of a GPU); a cell whose worker
+    dies is re-run by Ray (RETRIES times); one that raises stops the sweep with its error."""
+
+    def __init__(self, gpus: float = 0.0):
+        import ray
+
+        self.ray = ray
+        self.task = ray.remote(_run_cell).options(num_cpus=1, num_gpus=gpus, max_retries=RETRIES)
+        self.slots = int(ray.cluster_resources().get("CPU", 1))
+        if gpus:
+            self.slots = min(self.slots, int(ray.cluster_resources().get("GPU", 0) / gpus))
+        self.in_flight: dict = {}  # ObjectRef -> Cell
+
+    @property
+    def running(self) -> int:
+        return min(self.slots, len(self.in_flight))
+
+    def submit(self, cell: Cell) -> None:
+        self.in_flight[self.task.remote(cell.fn, cell.args)] = cell
+
+    def finished(self) -> tuple[Cell, dict]:
+        (ref,), _ = self.ray.wait(list(self.in_flight), num_returns=1)
+        cell = self.in_flight.pop(ref)
+        try:
+            return cell, self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, (ValueError, OSError)):  # bad input: one line, as in this process
+                raise e.cause from None
+            raise
+
+
+def _run_cell(fn, args: tuple) -> dict:
+    """A cell on a Ray worker: one torch thread (a worker per core)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return fn(*args)

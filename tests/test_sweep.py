@@ -1,0 +1,195 @@
+"""The sweep engine: concurrent searches, order-independent results, the local and Ray
+executors give the same rows, a killed worker's cell is retried and recorded once, a killed
+driver resumes, bad executor settings are refused in one line."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyses.sweep import Cell, Cells, bisection, largest_passing, one, run_jobs, search
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ the engine
+def threshold_row(threshold: int, n: int) -> dict:
+    return {"threshold": threshold, "n": n, "passes": n <= threshold}
+
+
+class Shuffled:
+    """Holds every submitted cell and finishes them in a random order."""
+
+    def __init__(self, seed: int):
+        self.rng, self.pending, self.most = random.Random(seed), [], 0
+
+    @property
+    def running(self) -> int:
+        return len(self.pending)
+
+    def submit(self, cell):
+        self.pending.append(cell)
+        self.most = max(self.most, len(self.pending))
+
+    def finished(self):
+        cell = self.pending.pop(self.rng.randrange(len(self.pending)))
+        return cell, cell.fn(*cell.args)
+
+
+def _jobs(thresholds):
+    searches = [search(bisection(8), lambda n, t=t: Cell(f"t{t}_n{n}", threshold_row, (t, n)), lambda r: r["passes"])
+                for t in thresholds]
+    return searches + [one(Cell("grid_point", threshold_row, (5, 5)))]
+
+
+def test_searches_run_concurrently_and_results_do_not_depend_on_finish_order(tmp_path):
+    thresholds = [3, 17, 40, 90, 200]
+    tables = []
+    for seed in range(4):
+        executor = Shuffled(seed)
+        cells = Cells(tmp_path / str(seed), {"sweep": "thresholds"})
+        results = run_jobs(_jobs(thresholds), cells, executor, progress=False)
+        assert results == thresholds + [threshold_row(5, 5)]
+        assert results[:-1] == [largest_passing(lambda n, t=t: n <= t, 8) for t in thresholds]
+        assert executor.most == len(thresholds) + 1  # every search had a probe in flight at once
+        tables.append(cells.rows())
+    assert all(t == tables[0] for t in tables)
+
+
+def test_a_cell_two_jobs_ask_for_is_computed_once(tmp_path):
+    executor = Shuffled(0)
+    cells = Cells(tmp_path, {})
+    assert run_jobs([one(Cell("same", threshold_row, (1, 1))) for _ in range(3)], cells, executor,
+                    progress=False) == [threshold_row(1, 1)] * 3
+    assert executor.most == 1 and cells.computed == 1
+
+
+# ------------------------------------------------------------------ CLI: bad settings
+TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
+        "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",
+        "--patch-contexts", "1", "--device", "cpu", "--quiet"]
+GRID = ["grid", "--heads", "1,2", "--widths", "4,32", *TINY]
+
+
+def _tradeoff(argv, capsys):
+    """`python -m analyses.tradeoff ARGV` in this process: (exit code, stdout, stderr)."""
+    from analyses.tradeoff import main
+    from models.cli import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(argv))
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--executor", "dask"], "unknown --executor 'dask'"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "no Ray cluster answers there"),
+    (["--executor", "ray", "--gpus-per-cell", "0.25"], "needs CUDA"),
+    (["--gpus-per-cell", "0.25"], "--gpus-per-cell needs --executor ray"),
+])
+def test_bad_executor_settings_refused_in_one_line_before_anything_runs(tmp_path, capsys, flags, message):
+    if "ray" in flags:
+        pytest.importorskip("ray")
+    if "needs CUDA" in message and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out"
+    code, _, err = _tradeoff([*GRID, *flags, "--out", str(out)], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_an_out_holding_another_sweep_is_refused_in_one_line(tmp_path, capsys):
+    Cells(tmp_path, {"analysis": "capacity memory"}).record("probe", {"accuracy": 1.0})
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, _, err = _tradeoff([*GRID, "--out", str(tmp_path)], capsys)
+    assert code == 2 and "other settings" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+# ------------------------------------------------------------------ Ray
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray instance with 2 CPUs for the module (the executor reuses it)."""
+    ray = pytest.importorskip("ray")
+    from analyses.executors import start_ray
+
+    start_ray(num_cpus=2)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_grid(tmp_path_factory):
+    """The tiny trade-off grid, uninterrupted, in this process."""
+    from analyses.tradeoff import main
+
+    out = tmp_path_factory.mktemp("local")
+    assert main([*GRID, "--out", str(out)]) == 0
+    return pd.read_csv(out / "grid.csv")
+
+
+def test_ray_rows_equal_local_rows(ray_cluster, local_grid, tmp_path, capsys):
+    code, out, err = _tradeoff([*GRID, "--executor", "ray", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "(4 new cells)" in out
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "grid.csv"), local_grid)
+
+
+def dies_once(attempts: str, n: int) -> dict:
+    """A cell whose first attempt at n = 1 kills its own worker (SIGKILL) mid-cell."""
+    log = Path(attempts) / f"n{n}_{os.getpid()}_{time.monotonic_ns()}"
+    log.touch()
+    if n == 1 and len(list(Path(attempts).glob("n1_*"))) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"n": n, "attempt": len(list(Path(attempts).glob(f"n{n}_*")))}
+
+
+class CountingCells(Cells):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.writes = {}
+
+    def record(self, key, row):
+        self.writes[key] = self.writes.get(key, 0) + 1
+        return super().record(key, row)
+
+
+def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_cluster, tmp_path):
+    from analyses.executors import RayExecutor
+
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    cells = CountingCells(tmp_path / "out", {"sweep": "dies once"})
+    rows = run_jobs([one(Cell(f"n{n}", dies_once, (str(attempts), n))) for n in range(4)], cells, RayExecutor(),
+                    progress=False)
+    assert [r["n"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["attempt"] == 2 and len(list(attempts.glob("n1_*"))) == 2  # killed once, run again
+    assert cells.writes == {f"n{n}": 1 for n in range(4)} and cells.rows() == rows
+
+
+def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_grid, tmp_path, capsys):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    driver = subprocess.Popen([sys.executable, "-m", "analyses.tradeoff", *GRID, "--executor", "ray",
+                               "--ray-address", ray_cluster, "--out", str(out)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while driver.poll() is None and not list((out / "cells").glob("*.json")):
+            time.sleep(0.05)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        _, err = driver.communicate()
+    recorded = len(list((out / "cells").glob("*.json")))
+    assert 1 <= recorded < 4, err.decode()  # killed mid-sweep
+    code, stdout, stderr = _tradeoff([*GRID, "--executor", "ray", "--out", str(out)], capsys)
+    assert code == 0, stderr
+    assert f"({4 - recorded} new cells)" in stdout
+    pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), local_grid)
+    assert json.loads((out / "summary.json").read_text())["cells_computed"] == 4 - recorded
