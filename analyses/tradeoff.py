@@ -73,6 +73,7 @@ def train_and_locate(run: RunConfig, args) -> dict:
     return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
             "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
             "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
+            "best_accuracy": max(m["accuracy"] for row in result.metrics for m in row["models"]),  # the paper's measure
             "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
 
 
