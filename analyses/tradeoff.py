@@ -107,38 +107,55 @@ def run_grid(args) -> dict:
     summary = {"frontier_min_width_at_99": frontier, "corners": corners, "task": repr(run.task.build()),
                "cells_computed": cells.computed}
     write_summary(args.out / "summary.json", summary)
-    _grid_figure(table, frontier, args.out / "grid.png")
+    _grid_figure(table, frontier, args.out / "grid.png", run)
     print(table[["heads", "width", "accuracy", "share_attention", "share_mlp", "share_both",
                  "share_distributed", "share_not_stored"]].to_string(index=False, float_format="%.3f"))
     print(f"wrote {args.out}/ ({cells.computed} new cells)")
     return summary
 
 
-def _grid_figure(table, frontier, path):
-    import matplotlib
+PAPER_GRID = {"n_subjects": 32, "n_relations": 32, "answers_per_relation": 8, "d_model": 32, "d_head": 8}
+PAPER_FLOOR = 1280  # attention parameters (d d_h H at H = 5) below which the authors' grid fails
+PAPER_LINE = 2300  # the authors' frontier: MLP parameters = 2300 - attention parameters / 2
 
-    matplotlib.use("Agg")
+
+def _grid_figure(table, frontier, path, run: RunConfig | None = None):
+    """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, in both),
+    H and m labelled with the attention (d d_h H) and MLP (d m) parameters, the measured 99%
+    frontier, and, on the paper's Figure 4 right grid, the authors' frontier and floor."""
     import matplotlib.pyplot as plt
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     panels = [("accuracy", "held-out accuracy", "viridis"), ("share_attention", "share of facts in attention", "Blues"),
-              ("share_mlp", "share of facts in the MLP", "Oranges")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+              ("share_mlp", "share of facts in the MLP", "Oranges"), ("share_both", "share of facts in both", "Purples")]
+    paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
+                                    for k, v in PAPER_GRID.items())
+    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
+    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
     for ax, (col, title, cmap) in zip(axes, panels):
         grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
         image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
         for i in range(len(heads)):
             for j in range(len(widths)):
                 value = grid.iloc[i, j]
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
                         color="white" if value > 0.6 and col != "accuracy" else "black")
         xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
-        ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="99% frontier (smallest m)")
-        ax.set_xticks(range(len(widths)), widths)
-        ax.set_yticks(range(len(heads)), heads)
-        ax.set(xlabel="MLP width m", ylabel="heads H", title=title)
+        ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="measured 99% frontier (smallest m)")
+        if paper:  # the authors' annotations, in grid coordinates (piecewise linear between cells)
+            floor = np.interp(PAPER_FLOOR, [attention[h] for h in heads], range(len(heads)))
+            ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
+            rows = np.linspace(0, len(heads) - 1, 200)
+            at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
+            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
+            ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
+        ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
+                      rotation=90 if len(widths) > 6 else 0)
+        ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
+        ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)", title=title)
         fig.colorbar(image, ax=ax)
-    axes[0].legend(fontsize=7, loc="upper right")
+    axes[0].legend(fontsize=6, loc="upper right")
     save_figure(fig, path)
 
 
