@@ -23,7 +23,7 @@ the TransformerBridge hooks, whether each head attends by position or by token.
 
 Writes to DIR: runs.csv (one row per model and seed), capacity.csv (seed means),
 heads.csv, head_tokens.csv, summary.json (fit_H_r2, fit_dh_exponent, ...), capacity.png,
-head_roles.png, checkpoints/ (every trained model, CHECKPOINT_FORMAT.md, task.kind
+head_roles.png, checkpoints/ (every trained model, docs/checkpoint_format.md, task.kind
 association or distribution) and cells/ (one JSON file per finished stack of models: a
 rerun skips them). Stacks run in this process (--executor local) or as Ray tasks
 (--executor ray: one worker per core, or a cluster with --ray-address).

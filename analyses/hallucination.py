@@ -140,7 +140,7 @@ def report(summary: dict, ckpt: str, out: Path) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analyses.hallucination", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory with snapshots/ (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("ckpt", help="checkpoint directory with snapshots/ (docs/checkpoint_format.md)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/hallucination)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--eval-size", type=int, default=2048, help="held-out prompts per snapshot (default 2048)")

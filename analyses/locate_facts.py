@@ -163,7 +163,7 @@ def write(located: Located, out: Path, task: FactualRecallTask) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analyses.locate_facts", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/locate_facts)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--contexts", type=int, default=8, help="prompts per fact for accuracy, attribution, ablations (default 8)")

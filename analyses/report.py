@@ -179,7 +179,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analyses.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/report)")
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help="facts whose attention to show (default: the first fact of each storage label found)")

@@ -200,7 +200,7 @@ def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | Non
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analyses.visualize", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (../shared/CHECKPOINT_FORMAT.md)")
+    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help=f"facts to show, e.g. 3:1,7:0 (default: {N_DEFAULT_FACTS} evenly spaced over the fact table)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/visualize)")

@@ -4,7 +4,7 @@ with trainable token and positional embeddings and unembedding, or the compariso
 
 - `standard` (the paper's equations): each head has its own W_Q, W_K, W_V [d, d_h] and W_O
   [d_h, d] on the d-dimensional residual stream, positions are d-dimensional. Weights use
-  the HookedTransformer state-dict keys of ../shared/CHECKPOINT_FORMAT.md; biases are zero
+  the HookedTransformer state-dict keys of docs/checkpoint_format.md; biases are zero
   and frozen, so the trainable parameters are the paper's d(S + 2N + 4 H d_h) (+ 2 m d).
 - `dana` (the authors' code): one shared map W_C [d, d_h] compresses the token embedding,
   a d_h-dimensional positional embedding is added after it, H single-head attentions

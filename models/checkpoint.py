@@ -1,4 +1,4 @@
-"""Read and write checkpoints in the format of ../shared/CHECKPOINT_FORMAT.md (version 1).
+"""Read and write checkpoints in the format of docs/checkpoint_format.md (version 1).
 
 safetensors and JSON only, nothing is unpickled. Every write goes to a temporary name in
 the same directory and is renamed into place, so an interrupted run never leaves a

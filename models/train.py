@@ -1,5 +1,5 @@
 """python -m models.train --preset tiny --out ckpt/ : train one-layer models on the
-factual-recall task and write the best as a checkpoint (../shared/CHECKPOINT_FORMAT.md).
+factual-recall task and write the best as a checkpoint (docs/checkpoint_format.md).
 
 Every task, model and training field of the preset can be overridden by a flag; comma
 lists in --lr and --seed train one model per (lr, seed) at once and keep the best.

@@ -3,7 +3,7 @@
 A sequence of length T hides one subject token and one relation token at two distinct
 random positions among the first T-1, fills the rest with noise, and ends with EOS. The
 target is the answer a*(s, r) = facts[s, r], which lies in relation r's block of D answers.
-Token layout (../shared/CHECKPOINT_FORMAT.md):
+Token layout (docs/checkpoint_format.md):
 
     inputs   0..S-1 subjects | S..S+R-1 relations | S+R..S+R+N-1 noise | S+R+N EOS
     outputs  relation r owns answers r*D .. (r+1)*D - 1
