@@ -160,15 +160,15 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
 
 
 # ----------------------------------------------------------------------------- swap
-VARIANTS = {"both_free": {}, "attn_only": {"attn_only": True}, "freeze_ov": {"freeze_ov": True}}
+VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}), "freeze_ov": ({}, {"freeze_ov": True})}  # model, train
 
 
 def run_swap(args) -> dict:
     run = base_run(args)
     cells = Cells(args.out, _settings(run, args, {"variants": list(VARIANTS)}))
     jobs = [one(Cell(name, train_and_locate,
-                     (RunConfig(run.task, override(run.model, change), override(run.train, change)), args)))
-            for name, change in VARIANTS.items()]
+                     (RunConfig(run.task, override(run.model, model), override(run.train, training)), args)))
+            for name, (model, training) in VARIANTS.items()]
     with open_executor(args) as executor:
         found = run_jobs(jobs, cells, executor, desc="swap experiments", total=len(jobs), progress=not args.quiet)
     rows = [{"variant": name, **row} for name, row in zip(VARIANTS, found)]

@@ -196,6 +196,8 @@ def preset(name: str) -> RunConfig:
 
 
 def override(config, values: dict):
-    """`config` with the given fields replaced (unknown names are ignored)."""
-    names = {f.name for f in fields(config)}
-    return replace(config, **{k: v for k, v in values.items() if k in names})
+    """`config` with the given fields replaced; a name that is not one of its fields is refused."""
+    unknown = sorted(set(values) - {f.name for f in fields(config)})
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
+    return replace(config, **values)

@@ -150,3 +150,10 @@ def test_training_step_never_waits_for_the_device(variant):
     with _HostSyncs() as syncs:  # the recorder does see a read-back
         bool(loss > 0)
     assert syncs.calls == ["aten::_local_scalar_dense"]
+
+
+def test_override_refuses_unknown_fields():
+    from models.config import ModelConfig, override
+    assert override(ModelConfig(), {"n_heads": 2}).n_heads == 2
+    with pytest.raises(ValueError, match="ModelConfig has no field 'freeze_ov'"):
+        override(ModelConfig(), {"freeze_ov": True})
