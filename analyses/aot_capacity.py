@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.executors import add_executor_flags, check_executor_flags, open_executor
-from analyses.output import write_csv, write_summary
+from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models.aot import AoTModelConfig, load
 from models.aot_trainer import AoTTrainConfig, train
@@ -216,13 +216,7 @@ LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}
 def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path: Path) -> None:
     """One panel per sweep (the paper's Figures 1a, 1b, 2a, 3 and, with --equal-dims, 2b),
     every head layout in its own colour, the lower bound of Corollary 2 dashed red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from analyses.output import save_figure
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     chance = 1 / task.n_tokens
     panels = [("heads", "n_heads", f"H (d_h = {args.d_head}, d = {args.d_model})", axes[0, 0]),
@@ -281,13 +275,7 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path
 
 
 def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from analyses.output import save_figure
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     ax = axes[0]
     points = ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from analyses.executors import add_executor_flags, check_executor_flags, open_executor
-from analyses.output import save_figure, write_csv, write_summary
+from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
 from models.cli import _comma_list, run_cli
@@ -185,11 +185,8 @@ def _capacity_figure(means, table, full, slope, line, title, path):
     """Left, as the paper plots it: N* against d^2 (full linear) or m*d, with the fit, the
     theory lines and the paper's line. Right: N* over the paper's line (over d^2 or m*d
     when there is none) at every size."""
-    import matplotlib
     import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     scale_name = "d²" if full else "m·d"  # the `theory` column: the paper's x axis
     fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -307,11 +304,8 @@ def run_transformer(args) -> dict:
 
 
 def _facts_figure(table, slope, args, path):
-    import matplotlib
     import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 4))
     for k, (shape, g) in enumerate(table.groupby("shape")):

@@ -24,8 +24,17 @@ def write_summary(path: Path, summary: dict) -> None:
     write_json(path, clean(summary))
 
 
-def save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend: the one place that chooses it, so
+    figures are written the same way on a headless machine, in a worker, or a notebook."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    plt = pyplot()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     plt.close(fig)

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from analyses.output import pyplot, save_figure
+from probe.storage import LABELS
 
-from analyses.output import save_figure  # noqa: E402
-from probe.storage import LABELS  # noqa: E402
+plt = pyplot()
 
 COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distributed": "#55A868", "not_stored": "#C7C7C7"}
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from analyses.executors import add_executor_flags, check_executor_flags, open_executor
 from analyses.locate_facts import locate
-from analyses.output import save_figure, write_csv, write_summary
+from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models.bridge import build_bridge, resolve_device
 from models.checkpoint import load_checkpoint
@@ -123,7 +123,7 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, in both),
     H and m labelled with the attention (d d_h H) and MLP (d m) parameters, the measured 99%
     frontier, and, on the paper's Figure 4 right grid, the authors' frontier and floor."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     panels = [("accuracy", "held-out accuracy", "viridis"), ("share_attention", "share of facts in attention", "Blues"),
@@ -183,10 +183,7 @@ def run_swap(args) -> dict:
 
 
 def _stacked_shares(table, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from analyses.plots import COLORS
 
@@ -268,10 +265,7 @@ def run_shrink(args) -> dict:
 
 
 def _shrink_figure(curves, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from analyses.plots import COLORS
 
