@@ -48,7 +48,7 @@ from models.aot_trainer import AoTTrainConfig, train
 from models.bridge import resolve_device
 from models.cli import _comma_list, run_cli
 from probe.association import AssociationTask, DistributionTask, SequenceTask
-from probe.head_roles import head_roles, key_token_table
+from probe.head_roles import head_roles, key_token_table, sequences_run
 from probe.kl_floor import rank_d_kl_floor
 
 
@@ -201,11 +201,12 @@ def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str
     frames, table = [], None
     for index, row in tqdm(list(chosen.iterrows()), desc="head roles", disable=not progress):
         model, _ = load(out / row.checkpoint, device)
-        frame = head_roles(model, task)
+        run = sequences_run(model, task)
+        frame = head_roles(model, task, run=run)
         frames.append(frame.assign(head_layout=row.head_layout, n_heads=row.n_heads, d_head=row.d_head,
                                    d_model=row.d_model, seed=row.seed))
         if index == largest:
-            table = key_token_table(model, task)
+            table = key_token_table(model, task, run=run)
     return pd.concat(frames, ignore_index=True), table
 
 

@@ -28,7 +28,8 @@ from models.cli import run_cli
 from probe.ablation import ablation_hooks
 from probe.accuracy import model_device, per_fact_accuracy
 from probe.hallucination import conditional_entropy, recall_metrics
-from probe.hooks import clean_run, has_mlp, last_position_logits
+from probe.contexts import fact_run
+from probe.hooks import has_mlp, last_position_logits
 from probe.phases import PhaseRule, hallucination_phase
 from probe.storage import StorageRule
 from probe.task import FactualRecallTask
@@ -39,14 +40,13 @@ def storage_shares(model, task: FactualRecallTask, contexts: int = 4, seed: int 
     """Shares of facts (0..1) that the attention path alone (MLP output mean-ablated) and the
     MLP path alone (attention's own write mean-ablated) recall in >= `known` of their
     contexts; the MLP share is NaN for an attention-only model. Same paths as locate_facts."""
-    clean_run.cache_clear()  # the weights change between snapshots; the cache is keyed by model
-    hooks = ablation_hooks(model, task, contexts, seed)
-    attention = per_fact_accuracy(model, task, contexts, seed, tuple(hooks.get("mean_ablate_mlp", ())))
+    _, run = fact_run(model, task, contexts, seed)  # a new clean run per call: the weights change between snapshots
+    hooks = ablation_hooks(model, task, contexts, seed, run=run)
+    attention = per_fact_accuracy(model, task, contexts, seed, tuple(hooks.get("mean_ablate_mlp", ())), run=run)
     shares = {"attention_recall_share": float((attention["accuracy"] >= known).mean()), "mlp_recall_share": math.nan}
     if has_mlp(model):
-        mlp = per_fact_accuracy(model, task, contexts, seed, tuple(hooks["mlp_path"]))
+        mlp = per_fact_accuracy(model, task, contexts, seed, tuple(hooks["mlp_path"]), run=run)
         shares["mlp_recall_share"] = float((mlp["accuracy"] >= known).mean())
-    clean_run.cache_clear()
     return shares
 
 

@@ -26,8 +26,8 @@ from models.cli import run_cli
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution
+from probe.contexts import fact_run
 from probe.denoising import denoising_scores, head_token_table, specialisation
-from probe.hooks import clean_run
 from probe.memory import recall_probes
 from probe.patching import activation_patching
 from probe.stats import with_interval
@@ -51,29 +51,29 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     if contexts < 2 or patch_contexts < 1:
         raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
     start = time.perf_counter()
-    clean_run.cache_clear()  # weights may have been edited in place since the last call
+    _, run = fact_run(model, task, contexts, seed)  # one clean run per call: weights may have changed since the last
+    _, patch_run = fact_run(model, task, patch_contexts, seed)
     bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
         bar.update(1)
         return frame
 
-    parts = [step(per_fact_accuracy(model, task, contexts, seed)),
-             step(direct_logit_attribution(model, task, contexts, seed)),
-             ablations(model, task, contexts, seed, progress=lambda: bar.update(1)),
-             step(activation_patching(model, task, "subject", patch_contexts, seed)),
-             step(activation_patching(model, task, "relation", patch_contexts, seed)),
-             step(recall_probes(model, task, contexts, seed))]
+    parts = [step(per_fact_accuracy(model, task, contexts, seed, run=run)),
+             step(direct_logit_attribution(model, task, contexts, seed, run=run)),
+             ablations(model, task, contexts, seed, progress=lambda: bar.update(1), run=run),
+             step(activation_patching(model, task, "subject", patch_contexts, seed, run=patch_run)),
+             step(activation_patching(model, task, "relation", patch_contexts, seed, run=patch_run)),
+             step(recall_probes(model, task, contexts, seed, run=run))]
     facts = parts[0]
     for part in parts[1:]:
         facts = facts.merge(part, on=KEYS)
     facts = facts.copy()  # defragment after the merges
     facts["label"] = rule.label(facts)
-    head_tokens = head_token_table(model, task, contexts, seed)
-    heads = step(denoising_scores(model, task, contexts, seed)).merge(specialisation(head_tokens), on="head")
+    head_tokens = head_token_table(model, task, contexts, seed, run=run)
+    heads = step(denoising_scores(model, task, contexts, seed, run=run)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
-    clean_run.cache_clear()
     summary = _summary(facts, heads, task, rule, seed)
     summary["settings"] = {"contexts": contexts, "patch_contexts": patch_contexts, "seed": seed,
                            "rule": asdict(rule), "device": str(next(model.parameters()).device)}
