@@ -357,6 +357,8 @@ class Trained:
 
 @dataclass
 class AotCapacity:
+    """The tables and summary.json of an attention-only capacity sweep."""
+
     runs: pd.DataFrame  # runs.csv: one row per model and seed
     capacity: pd.DataFrame  # capacity.csv: seed means
     distribution: pd.DataFrame | None  # distribution.csv

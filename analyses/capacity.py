@@ -194,7 +194,8 @@ def memory_tables(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, probes: pd
     sizes = []
     for r in means.itertuples():
         size = {"d": int(r.d), "m": None if pd.isna(r.m) else int(r.m), "x": int(r.x),
-                "n_star_mean": float(r.n_star), "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
+                "n_star_mean": float(r.n_star),
+                "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
                 "n_star_over_theory": float(r.n_star / r.theory)}
         if line is not None:
             n_line = float(line.n_on_line(r.theory))
@@ -206,7 +207,8 @@ def memory_tables(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, probes: pd
         law_slope = fitted_slope(means["x"], line.value(means["n_star"])) if several else float("nan")
         summary["authors_line"] = {"law": line.law, "setting": line.setting,
                                    "fitted_slope": law_slope, "theory_slope": theory_slope,
-                                   "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*") + f" against log {x_name}"}
+                                   "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*")
+                                   + f" against log {x_name}"}
     return Capacity(table, probes, summary)
 
 

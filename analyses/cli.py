@@ -15,9 +15,9 @@ from analyses.executors import Executor
 from models.bridge import resolve_device
 from models.cli import Parser, add_config_flags, comma_list, given, run_cli
 
-__all__ = ["parser", "add_checkpoint", "add_out", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
-           "add_settings", "settings", "executor", "out_dir", "at_least", "require", "flag", "comma_list", "run_cli",
-           "CHECKPOINT_HELP", "DEVICE_HELP", "QUIET_HELP", "STEP_HELP", "SWEEP_OUT_HELP"]
+__all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run_cli",
+           "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
+           "executor", "add_settings", "settings", "flag", "require", "at_least"]
 
 CHECKPOINT_HELP = "checkpoint directory (docs/checkpoint_format.md)"
 DEVICE_HELP = "auto (CUDA when present) | cpu | cuda | cuda:N"

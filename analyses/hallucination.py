@@ -48,6 +48,8 @@ class HallucinationSettings:
 
 @dataclass
 class Dynamics:
+    """The hallucination analysis of one checkpoint's snapshots."""
+
     metrics: pd.DataFrame  # one row per snapshot: losses, accuracy, hallucination, storage shares
     summary: dict  # the levels, the phase, the last snapshot (summary.json)
 

@@ -172,7 +172,8 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     panels = [("accuracy", "held-out accuracy", "viridis"), ("share_attention", "share of facts in attention", "Blues"),
-              ("share_mlp", "share of facts in the MLP", "Oranges"), ("share_both", "share of facts in both", "Purples")]
+              ("share_mlp", "share of facts in the MLP", "Oranges"),
+              ("share_both", "share of facts in both", "Purples")]
     paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
                                     for k, v in PAPER_GRID.items())
     attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
@@ -193,7 +194,8 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
             ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
             rows = np.linspace(0, len(heads) - 1, 200)
             at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
-            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
+            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)),
+                             left=np.nan, right=np.nan)
             ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
         ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
                       rotation=90 if len(widths) > 6 else 0)
@@ -205,7 +207,8 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
 
 
 # ----------------------------------------------------------------------------- swap
-VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}), "freeze_ov": ({}, {"freeze_ov": True})}  # model, train
+VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}),  # name -> (model, training) changes
+            "freeze_ov": ({}, {"freeze_ov": True})}
 
 
 def swap_rows(run: RunConfig, locating: LocateSettings, cells: Cells, executor: Executor,
@@ -286,7 +289,8 @@ def pruned_storage_row(section, weights, task, component: str, order: list, k: i
     """locate_facts on the model with the first k units of `order` (MLP neurons or heads) removed
     (device resolved where it runs)."""
     removed = order[:k]
-    pruned = prune(weights, neurons=removed if component == "mlp" else (), heads=removed if component == "heads" else ())
+    pruned = prune(weights, neurons=removed if component == "mlp" else (),
+                   heads=removed if component == "heads" else ())
     row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, locating)
     facts = row.pop("_facts")
     return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,

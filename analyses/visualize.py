@@ -228,8 +228,9 @@ def main(argv=None) -> int:
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)
     body = (f'<p class="note">{html.escape(repr(task))}; checkpoint <code>{html.escape(str(args.ckpt))}</code>'
             f"{'' if args.step is None else f', step {args.step}'}</p>\n" + views_section(prompts, table))
+    facts_shown = [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]
     write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": settings.seed,
-                                       "facts": [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]})
+                                       "facts": facts_shown})
     write_text(out / "index.html", page("Attention views", body))
     for p in prompts:
         print(p.title)
