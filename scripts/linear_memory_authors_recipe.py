@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from analyses.capacity import authors_line, memory_report
 from analyses.sweep import Cells, largest_passing
 from models.bridge import resolve_device
-from models.cli import _comma_list, run_cli
+from models.cli import comma_list, run_cli
 from models.memories import MemoryConfig, fit
 
 SEEDS = (0, 1, 11, 111, 42)
@@ -52,8 +52,9 @@ def _fit_row(cfg: MemoryConfig, n: int, seed: int, device) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/linear_memory_authors_recipe.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--d", type=_comma_list(int), default=(8, 16, 32, 64), help="embedding dimensions (default 8,16,32,64)")
-    p.add_argument("--seeds", type=_comma_list(int), default=SEEDS, help="seeds (default the official 0,1,11,111,42)")
+    p.add_argument("--d", type=comma_list(int), default=(8, 16, 32, 64),
+                   help="embedding dimensions (default 8,16,32,64)")
+    p.add_argument("--seeds", type=comma_list(int), default=SEEDS, help="seeds (default the official 0,1,11,111,42)")
     p.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
