@@ -31,7 +31,7 @@ from probe.hallucination import conditional_entropy, recall_metrics
 from probe.hooks import clean_run, has_mlp, last_position_logits
 from probe.phases import PhaseRule, hallucination_phase
 from probe.storage import StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def storage_shares(model, task: FactualRecallTask, contexts: int = 4, seed: int = 0,
@@ -66,7 +66,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
     if not steps:
         raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
                               "--snapshots-per-octave N (N >= 1) to write them.")
-    first = load_checkpoint(ckpt, steps[0])
+    first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
     task = first.task
     model = build_bridge(first.model, first.weights, resolve_device(device))
     held_out = task.eval_set(eval_size, seed, model_device(model))

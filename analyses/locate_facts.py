@@ -32,7 +32,7 @@ from probe.memory import recall_probes
 from probe.patching import activation_patching
 from probe.stats import with_interval
 from probe.storage import LABELS, StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 KEYS = ["subject", "relation", "answer"]
 
@@ -176,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    model, task = load(args.ckpt, args.device, args.step)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     out = args.out or Path(args.ckpt) / "analysis" / "locate_facts"
     located = locate(model, task, args.contexts, args.patch_contexts, args.seed, progress=not args.quiet)
     located.summary["checkpoint"] = str(args.ckpt)

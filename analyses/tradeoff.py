@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from analyses.executors import add_executor_flags, check_executor_flags, open_executor
 from analyses.locate_facts import locate
 from analyses.output import pyplot, save_figure, write_csv, write_summary
@@ -204,7 +205,7 @@ def trained_model(args, run: RunConfig):
     path = Path(args.ckpt) if args.ckpt else args.out / "model"
     if not args.ckpt and not (path / "config.json").is_file():
         train(run, progress=not args.quiet).save(path)
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, kind="factual_recall")
     if checkpoint.model.get("attn_only"):
         raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
     return checkpoint.model, checkpoint.weights, checkpoint.task

@@ -27,7 +27,7 @@ from models.checkpoint import write_text
 from models.cli import run_cli
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 N_DEFAULT_FACTS = 3
 
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.contexts < 1:
         raise ValueError("--contexts must be >= 1.")
-    model, task = load(args.ckpt, args.device, args.step)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     facts = parse_facts(args.facts, task) if args.facts else None
     out = args.out or Path(args.ckpt) / "analysis" / "visualize"
     prompts, table = visualize(model, task, facts, args.seed, args.contexts)

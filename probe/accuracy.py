@@ -7,7 +7,7 @@ import torch
 from probe.contexts import correct, per_fact
 from probe.hooks import Hook, clean_run, rerun_last_position
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def model_device(model) -> torch.device:

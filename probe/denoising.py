@@ -7,7 +7,7 @@ import torch
 
 from probe.hooks import clean_run
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0):
