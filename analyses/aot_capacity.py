@@ -10,7 +10,7 @@ Trains, on bigrams over N tokens with a random next token each (T_0 = N^S associ
   d_equal  d = d_h in --equal-dims, H in --heads (the paper's Figure 2b; none by default)
 in each --head-layout: standard (the paper's equations: every head its own maps from the
 d-dimensional stream) and/or dana (the authors' code: one shared d -> d_h compression,
-d_h-dimensional positions, one shared d_h -> d decompression; models/aot.py).
+d_h-dimensional positions, one shared d_h -> d decompression; models/aot_weights.py).
 Measures the accuracy on all T_0 sequences (the share of associations memorised) and the
 authors' accuracy (mean of the last 100 training-batch accuracies, batch_accuracy),
 averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the
@@ -43,12 +43,13 @@ from analyses import cli
 from analyses.executors import Executor, open_executor
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
-from models.aot import AoTModelConfig, load
-from models.aot_trainer import AoTTrainConfig, train
+from models import load
+from models.aot_trainer import train
 from models.cli import add_config_flags, given
-from probe.association import AssociationTask, DistributionTask, SequenceTask
+from models.config import AoTModelConfig, AoTTrainConfig
 from probe.head_roles import head_roles, key_token_table, sequences_run
 from probe.kl_floor import rank_d_kl_floor
+from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 
 def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequences: int) -> float:
@@ -206,12 +207,12 @@ def train_stack(task: SequenceTask, stack: list[tuple[AoTModelConfig, int]], cfg
     """One cell: the (model, seed) runs of `stack` trained together, each saved as a checkpoint
     under out/checkpoints/; their records (accuracy, loss, checkpoint path relative to out)."""
     records = []
-    for trained in train(task, stack, cfg, progress=False):
-        key = _run_key(task, trained.model, trained.seed, cfg)
-        ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
-        trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
-        records.append({"key": key, "model": asdict(trained.model), "seed": trained.seed,
-                        "accuracy": trained.accuracy, "loss": trained.loss, "batch_accuracy": trained.batch_accuracy,
+    for (model, seed), trained in zip(stack, train(task, stack, cfg, progress=False)):
+        key = _run_key(task, model, seed, cfg)
+        ckpt = out / "checkpoints" / task.kind / f"{model.name}_seed{seed}_{key[:6]}"
+        trained.save(ckpt)
+        records.append({"key": key, "model": asdict(model), "seed": seed, "accuracy": trained.accuracy,
+                        "loss": trained.loss, "batch_accuracy": trained.training["batch_accuracy"],
                         "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))})
     return {"runs": records}
 

@@ -30,7 +30,7 @@ from probe.contexts import fact_run
 from probe.hooks import has_mlp, last_position_logits
 from probe.phases import PhaseRule, hallucination_phase
 from probe.storage import StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
     if not steps:
         raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
                               "--snapshots-per-octave N (N >= 1) to write them.")
-    first = load_checkpoint(ckpt, steps[0])
+    first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
     task = first.task
     model = build_bridge(first.model, first.weights, resolve_device(device))
     held_out = task.eval_set(eval_size, seed, model_device(model))

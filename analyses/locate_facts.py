@@ -30,7 +30,7 @@ from probe.memory import recall_probes
 from probe.patching import activation_patching
 from probe.stats import with_interval
 from probe.storage import LABELS, StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 KEYS = ["subject", "relation", "answer"]
 
@@ -183,7 +183,7 @@ def parser():
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, LocateSettings)
-    model, task = load(args.ckpt, args.device, args.step)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
     located = locate(model, task, **asdict(settings), progress=not args.quiet)
     located.summary["checkpoint"] = str(args.ckpt)

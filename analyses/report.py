@@ -158,7 +158,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
           seed: int = 0, progress: bool = True) -> str:
     """The report page (HTML) of a checkpoint."""
     ckpt = Path(ckpt)
-    model, task = load(ckpt, device)
+    model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
     folder = located_results(ckpt, model, task, fresh, progress)
     dynamics = hallucination_results(ckpt, device, fresh, progress)

@@ -273,7 +273,7 @@ def trained_model(ckpt: str | None, out: Path, run: RunConfig, progress: bool = 
     path = Path(ckpt) if ckpt else out / "model"
     if not ckpt and not (path / "config.json").is_file():
         train(run, progress=progress).save(path)
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, kind="factual_recall")
     if checkpoint.model.get("attn_only"):
         raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
     return checkpoint.model, checkpoint.weights, checkpoint.task

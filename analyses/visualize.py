@@ -25,7 +25,7 @@ from models import load
 from models.checkpoint import write_text
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 N_DEFAULT_FACTS = 3
 
@@ -222,7 +222,7 @@ def parser():
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, ViewSettings)
-    model, task = load(args.ckpt, args.device, args.step)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     facts = parse_facts(args.facts, task) if args.facts else None
     out = cli.out_dir(args, "CKPT/analysis/visualize")
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from models.checkpoint import write_checkpoint
 from models.cli import add_config_flags, given, prepare_out, run_cli
 from models.config import ModelConfig, TaskConfig, override
 from models.forward import last_position_logits
-from models.trainer import EVAL_SEED, TrainResult
+from models.trainer import EVAL_SEED
 from models.weights import ATTN, MLP, init_weights, stack
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 ATTENTION_LOGIT = 20.0  # score of a head's own group token at the EOS query (others get 0)
 ANSWER_LOGIT = 10.0  # logit an answer receives from each token tied to it
@@ -173,8 +174,7 @@ def main(argv=None) -> int:
     training = {"construction": "theorem3" if args.kind == "attention" else "theorem4", "storage": args.kind,
                 "seed": args.seed, "final_accuracy": acc, "attention_logit": ATTENTION_LOGIT,
                 "answer_logit": ANSWER_LOGIT}
-    result = TrainResult(task, model.checkpoint_section(task), weights, training, [], {}, {})
-    result.save(prepare_out(args.out, args.force))
+    write_checkpoint(prepare_out(args.out, args.force), model.checkpoint_section(task), task, training, weights)
     print(f"{args.kind} construction ({training['construction']}): {task}, d={model.d_model} H={model.n_heads} "
           f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; wrote {args.out}/")
     return 0

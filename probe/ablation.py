@@ -8,7 +8,7 @@ import torch
 from probe.accuracy import facts_frame, per_fact_accuracy
 from probe.contexts import fact_run
 from probe.hooks import HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_POST, HOOK_Z, CleanRun, has_mlp, set_last
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 KEYS = ["subject", "relation", "answer"]
 

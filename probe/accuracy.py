@@ -7,7 +7,7 @@ import torch
 from probe.contexts import correct, fact_run, per_fact
 from probe.hooks import CleanRun, Hook, rerun_last_position
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def model_device(model) -> torch.device:

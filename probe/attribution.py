@@ -9,7 +9,7 @@ from probe.accuracy import columns, facts_frame
 from probe.contexts import answer_block, fact_run, per_fact, ranks_first_in_block
 from probe.hooks import CleanRun
 from probe.stats import ratio_with_interval, with_interval
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 COMPONENTS = ("attention", "mlp")
 

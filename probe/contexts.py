@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from probe.hooks import CleanRun, ensure_clean_run
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 
 def fact_batch(task: FactualRecallTask, contexts: int, seed: int, device="cpu") -> Batch:

@@ -8,7 +8,7 @@ import torch
 from probe.contexts import fact_run
 from probe.hooks import CleanRun
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, run: CleanRun | None = None):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.association import SequenceTask
 from probe.hooks import HOOK_Z, CleanRun, ensure_clean_run, rerun_last_position, set_last
+from tasks.association import SequenceTask
 
 THRESHOLD = 0.1
 

@@ -15,7 +15,7 @@ from probe.accuracy import columns, facts_frame, model_device
 from probe.contexts import per_fact, ranks_first_in_block
 from probe.denoising import attention_masses
 from probe.hooks import CleanRun, has_mlp
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,

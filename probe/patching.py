@@ -11,7 +11,7 @@ from probe.accuracy import columns, facts_frame
 from probe.contexts import fact_run, per_fact
 from probe.hooks import HOOK_MLP_OUT, HOOK_Z, CleanRun, clean_run, rerun_last_position, set_last
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def corrupted_prompts(task: FactualRecallTask, batch, corrupt: str, generator: torch.Generator):

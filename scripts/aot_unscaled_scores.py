@@ -12,11 +12,11 @@ import sys
 import torch
 
 import analyses.aot_capacity
-import models.aot
 import models.aot_trainer
+import models.aot_weights
 from models.cli import run_cli
 
-_stack_models = models.aot.stack_models
+_stack_models = models.aot_weights.stack_models
 
 
 def unscaled_stack(weights, sections):

@@ -11,21 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import CheckpointError
-from models import load as load_factual_recall
-from models.aot import (
-    AoTModelConfig,
-    init_weights,
-    load,
-    population_logits,
-    stack_models,
-    to_transformer_lens,
-)
-from models.aot_trainer import AoTTrainConfig, train
+from models import CheckpointError, load
+from models.aot_forward import population_logits
+from models.aot_trainer import train
+from models.aot_weights import init_weights, stack_models, to_transformer_lens
 from models.bridge import build_bridge
-from probe.association import AssociationTask, DistributionTask, task_from_config
+from models.config import AoTModelConfig, AoTTrainConfig
 from probe.head_roles import head_roles
 from probe.kl_floor import rank_d_kl_floor
+from tasks import task_from_config
+from tasks.association import AssociationTask, DistributionTask
 
 CPU = {"device": "cpu"}
 
@@ -173,7 +168,7 @@ DANA = [AoTModelConfig(d_model=3, n_heads=2, d_head=4, head_layout="dana"),  # d
 
 
 def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
-    """The authors' layout written with torch.nn modules, independently of models.aot: a
+    """The authors' layout written with torch.nn modules, independently of models.aot_weights: a
     shared nn.Linear compression, d_h-dimensional positions, one nn.MultiheadAttention(d_h, 1)
     per head (causal), heads summed, a shared decompression added to the token embedding,
     GELU MLP, unembedding. Logits [batch, S, N] at every position, in w's dtype."""
@@ -233,9 +228,9 @@ def test_dana_layout_trains_and_saves_its_transformer_lens_form(tmp_path):
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=3, eval_every=10, **CPU)
     model = DANA[0]
     trained = train(task, [(model, 0), (DANA[2], 1)], cfg, progress=False)[0]
-    assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.batch_accuracy <= 1
+    assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.training["batch_accuracy"] <= 1
     assert model.parameters(task) == sum(t.numel() for t in init_weights(model, task, 0).values())
-    ckpt = trained.save(tmp_path / "dana", task, {"trainer": "test"})
+    ckpt = trained.save(tmp_path / "dana")
     config = json.loads((ckpt / "config.json").read_text())
     assert config["model"]["head_layout"] == "dana" and config["model"]["d_embed"] == model.d_model
     bridge, loaded = load(ckpt, device="cpu")
@@ -253,13 +248,15 @@ def association_ckpt(tmp_path_factory):
     task = AssociationTask(n_tokens=8, context=2)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=128, batches=50, epochs=4, eval_every=50, **CPU)
     trained = train(task, [(AoTModelConfig(8, 4, 4), 0)], cfg, progress=False)[0]
-    return trained.save(tmp_path_factory.mktemp("aot") / "assoc", task, {"trainer": "test"}), trained, task
+    return trained.save(tmp_path_factory.mktemp("aot") / "assoc"), trained, task
 
 
 def test_checkpoint_round_trip_and_head_roles(association_ckpt):
     ckpt, trained, task = association_ckpt
     config = json.loads((ckpt / "config.json").read_text())
     assert config["task"]["kind"] == "association" and config["model"]["n_ctx"] == 2
+    assert config["training"]["trainer"] == "models.aot_trainer" and config["training"]["seed"] == 0
+    assert config["training"]["batch_accuracy"] == trained.training["batch_accuracy"]
     model, loaded = load(ckpt, device="cpu")
     with torch.no_grad():
         accuracy = task.scores(model(loaded.sequences())[:, -1])["accuracy"].item()
@@ -289,7 +286,7 @@ def test_head_roles_ablations_rerun_one_position_with_the_full_sequence_accuracy
 def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
     ckpt = association_ckpt[0]
     with pytest.raises(CheckpointError) as err:
-        load_factual_recall(ckpt, device="cpu")
+        load(ckpt, device="cpu", kind="factual_recall")
     assert "task kind 'association' is not a factual-recall task" in str(err.value) and "\n" not in str(err.value)
     proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet", "--out", str(tmp_path / "o")],
                           check=False, capture_output=True, text=True)
@@ -301,12 +298,12 @@ def test_distribution_checkpoint_kind(tmp_path):
     task = DistributionTask(n_tokens=5, context=2, concentration=2.0)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=2, eval_every=10, **CPU)
     trained = train(task, [(AoTModelConfig(2, 2, 2), 0)], cfg, progress=False)[0]
-    ckpt = trained.save(tmp_path / "dist", task, {})
+    ckpt = trained.save(tmp_path / "dist")
     _, loaded = load(ckpt, device="cpu")
     assert isinstance(loaded, DistributionTask) and loaded.log_targets.equal(task.log_targets)
     assert trained.loss >= rank_d_kl_floor(task.log_targets, 2) - 1e-6  # no rank-2 model beats the floor
     with pytest.raises(CheckpointError, match="task kind 'distribution' is not a factual-recall task"):
-        load_factual_recall(ckpt, device="cpu")
+        load(ckpt, device="cpu", kind="factual_recall")
 
 
 # --------------------------------------------------------------------------- CLI

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from models import CheckpointError, load
 from models.config import ModelConfig
 from models.weights import init_weights
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 CASES = 150  # per property; README's reliability section records the total
 FUZZ = settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))

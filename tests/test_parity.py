@@ -7,7 +7,7 @@ from models.bridge import build_bridge
 from models.config import ModelConfig
 from models.forward import VocabAttention, last_position_logits
 from models.weights import init_weights, stack
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 @pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "no-W_pos"])
