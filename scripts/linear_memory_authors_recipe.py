@@ -35,8 +35,9 @@ def capacity(cfg: MemoryConfig, seed: int, cells: Cells, device, bar) -> int:
     """The largest N stored at >= 99% by seed's memory of size d, to 1%; the search starts on
     the paper's line N ln N = d^2 / 1.3."""
     def passes(n: int) -> bool:
-        row = cells.get(f"linear_d{cfg.d}_seed{seed}_N{n}",
-                        lambda: {"d": cfg.d, "seed": seed, "n": n, **_fit_row(cfg, n, seed, device)})
+        key = f"linear_d{cfg.d}_seed{seed}_N{n}"
+        row = cells.recorded(key) or cells.record(key, {"d": cfg.d, "seed": seed, "n": n,
+                                                        **_fit_row(cfg, n, seed, device)})
         bar.update(1)
         bar.set_postfix(d=cfg.d, seed=seed, N=n, acc=f"{row['accuracy']:.3f}")
         return row["accuracy"] >= cfg.target_accuracy

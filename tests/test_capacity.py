@@ -2,8 +2,12 @@
 import itertools
 import json
 import random
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -304,3 +308,23 @@ def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
     assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
     everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
     assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
+
+
+def test_authors_recipe_script_finds_and_resumes_the_linear_capacity(tmp_path):
+    """The official recipe's check (scripts/): N* at d = 4 lies where the fits say, and a re-run
+    reads every probe back instead of fitting again."""
+    out = tmp_path / "recipe"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "linear_memory_authors_recipe.py"
+
+    def main(args):
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True).returncode
+
+    assert main(["--d", "4", "--seeds", "0", "--out", str(out), "--quiet"]) == 0
+    n_star = int(pd.read_csv(out / "capacity.csv")["n_star"].iloc[0])
+    probes = pd.read_csv(out / "probes.csv")
+    assert (probes.loc[probes["n"] <= n_star, "accuracy"] >= 0.99).any()
+    assert (probes.loc[probes["n"] > n_star, "accuracy"] < 0.99).all() and (probes["n"] > n_star).any()
+    before = sorted(p.name for p in (out / "cells").iterdir())
+    assert main(["--d", "4", "--seeds", "0", "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in (out / "cells").iterdir()) == before
+    assert json.loads((out / "summary.json").read_text())["probes_computed"] == 0
