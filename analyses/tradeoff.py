@@ -378,9 +378,11 @@ def parser():
         cli.add_sweep(q)
         cli.add_settings(q, LocateSettings, "locate_facts in every cell", exclude=("seed",))
         q.add_argument("--seed-locate", type=cli.seed, default=0, help="seed of locate_facts' prompts (default 0)")
-        add_config_flags(q, TaskConfig, "task (paper-tradeoff preset)")
-        add_config_flags(q, ModelConfig, "model (paper-tradeoff preset)")
-        add_config_flags(q, TrainConfig, "training (paper-tradeoff preset; snapshots off)", exclude=("device",))
+        base = preset(BASE)
+        add_config_flags(q, TaskConfig, f"task ({BASE} preset)", base=base.task)
+        add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model)
+        add_config_flags(q, TrainConfig, f"training ({BASE} preset; snapshots off)", exclude=("device",),
+                         base=base.train)
     return p
 
 

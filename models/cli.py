@@ -26,9 +26,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str, *, exclude: tuple[str, ...] = (),
-                     default_label: str = "preset default here") -> None:
+                     default_label: str = "preset default here", base=None) -> None:
     """One `--field-name` flag per dataclass field but those in `exclude`; default None means
-    'keep the preset's' (see `given`). The help text is the field's `help` metadata."""
+    'keep the preset's' (see `given`). The help text is the field's `help` metadata and the
+    value the command starts from: `base`'s (a config instance), else the class default."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(config_cls)
     for f in fields(config_cls):
@@ -36,7 +37,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str, *,
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = _without_none(hints[f.name])
-        default = f.default if f.default is not MISSING else None
+        default = getattr(base, f.name) if base is not None else f.default if f.default is not MISSING else None
         shown = (",".join(map(str, default)) or "none") if isinstance(default, tuple) else default
         shown = "" if shown is None else f"({default_label}: {shown})"
         help_text = " ".join(filter(None, [f.metadata.get("help"), shown]))

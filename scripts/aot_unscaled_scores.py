@@ -3,7 +3,7 @@
 analyses.aot_capacity with attention scores NOT divided by sqrt(d_head): Dana et al.'s
 Eq. (1) scores (e + pos)^T W_QK (e + pos) with no scale, TransformerLens divides by
 sqrt(d_head). A one-off check of whether that scale explains why our accuracy grows slower
-than linearly in d_head (README, Attention-only memorisation). Training only: the
+than linearly in d_head (docs/aot_capacity.md). Training only: the
 checkpoints it writes are read back with the scale, so run it with --skip-instruments and
 keep its --out apart from real results.
 """

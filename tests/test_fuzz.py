@@ -16,7 +16,7 @@ from models.config import ModelConfig
 from models.weights import init_weights
 from tasks.factual_recall import FactualRecallTask
 
-CASES = 150  # per property; README's reliability section records the total
+CASES = 150  # per property; docs/reliability.md records the total
 FUZZ = settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
 small = st.one_of(st.integers(-3, 24), st.sampled_from([0, 1, 2, 3]), st.floats(-1, 10), st.none(), st.text(max_size=2))
 
