@@ -18,6 +18,7 @@ from analyses.locate_facts import LocateSettings
 from analyses.tradeoff import Grid, Shrink
 from analyses.visualize import ViewSettings
 from models.cli import run_cli
+from probe.phases import PhaseRule
 
 NAMED = {"locate_facts", "hallucination", "capacity", "tradeoff", "aot_capacity", "visualize", "report"}
 SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell")
@@ -116,6 +117,9 @@ INVALID = [
     (HallucinationSettings, {"eval_size": 0}, "--eval-size"),
     (HallucinationSettings, {"storage_points": -1}, "--storage-points"),
     (HallucinationSettings, {"contexts": 0}, "--contexts"),
+    (PhaseRule, {"level_tolerance": -0.1}, "--level-tolerance"),
+    (PhaseRule, {"relation_only_max": float("nan")}, "--relation-only-max"),
+    (PhaseRule, {"min_snapshots": 0}, "--min-snapshots"),
     (ViewSettings, {"contexts": 0}, "--contexts"),
     (MemorySweep, {"d": (8, 0)}, "--d"),
     (MemorySweep, {"seeds": 0}, "--seeds"),
