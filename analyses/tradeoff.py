@@ -126,12 +126,15 @@ class Grid:
 
 
 def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: Executor,
-              progress: bool = True) -> list[dict]:
-    """One row per cell (H, m): accuracy and the shares of the storage labels."""
+              progress: bool = True, compute: bool = True) -> list[dict]:
+    """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
+    the recorded cells only)."""
     jobs = [one(Cell(f"H{h}_m{m}", train_and_locate, (RunConfig(run.task, model, run.train), locating)))
             for (h, m), model in grid.models(run).items()]
-    with open_executor(executor) as running:
-        return run_jobs(jobs, cells, running, desc="trade-off grid", total=len(jobs), progress=progress)
+    with open_executor(executor if compute else Executor()) as running:
+        rows = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(jobs), progress=progress,
+                        compute=compute)
+    return [row for row in rows if row is not None]
 
 
 def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> Result:
@@ -139,11 +142,12 @@ def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> 
     table = pd.DataFrame(rows)
     frontier = {int(h): (int(g.loc[g["accuracy"] >= 0.99, "width"].min()) if (g["accuracy"] >= 0.99).any() else None)
                 for h, g in table.groupby("heads")}
-    corners = {name: table[(table["heads"] == h) & (table["width"] == m)].iloc[0].to_dict()
+    corners = {name: corner.iloc[0].to_dict()
                for name, h, m in (("attention_heavy", max(grid.heads), min(grid.widths)),
-                                  ("mlp_heavy", min(grid.heads), max(grid.widths)))}
+                                  ("mlp_heavy", min(grid.heads), max(grid.widths)))
+               if len(corner := table[(table["heads"] == h) & (table["width"] == m)])}  # recorded ones
     summary = {"frontier_min_width_at_99": frontier, "corners": corners, "task": repr(run.task.build()),
-               "cells_computed": computed}
+               "cells": f"{len(table)} of {len(grid.heads) * len(grid.widths)}", "cells_computed": computed}
     return Result({"grid.csv": table}, summary)
 
 
@@ -185,6 +189,8 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
         for i in range(len(heads)):
             for j in range(len(widths)):
                 value = grid.iloc[i, j]
+                if np.isnan(value):  # a cell not recorded (yet)
+                    continue
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
                         color="white" if value > 0.6 and col != "accuracy" else "black")
         xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
@@ -368,6 +374,9 @@ def parser():
     sub = p.add_subparsers(dest="command", required=True)
     grid = sub.add_parser("grid", help="H x m grid: accuracy and storage shares (Figure 4 right)")
     cli.add_settings(grid, Grid, "the grid")
+    grid.add_argument("--recorded-only", action="store_true",
+                      help="write the table and figures of the cells recorded so far in --out, computing none "
+                           "(a sweep still running, or cut short)")
     swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
     shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
     cli.add_settings(shrink, Shrink, "the pruning")
@@ -396,7 +405,8 @@ def main(argv=None) -> int:
         grid = cli.settings(args, Grid)
         grid.models(run)  # every cell's model is refused before anything runs
         cells = Cells(out, _settings("grid", run, locating, {"heads": list(grid.heads), "widths": list(grid.widths)}))
-        result = grid_tables(grid_rows(run, grid, locating, cells, executor, progress), grid, run, cells.computed)
+        rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
+        result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)
         print(grid_text(result, out))
     elif args.command == "swap":
