@@ -25,8 +25,8 @@ from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import CheckpointError, load_checkpoint, snapshot_steps
 from probe.ablation import ablation_hooks
 from probe.accuracy import model_device, per_fact_accuracy
-from probe.hallucination import conditional_entropy, recall_metrics
 from probe.contexts import fact_run
+from probe.hallucination import conditional_entropy, recall_metrics
 from probe.hooks import has_mlp, last_position_logits
 from probe.phases import PhaseRule, hallucination_phase
 from probe.storage import StorageRule

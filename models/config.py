@@ -66,7 +66,7 @@ class ModelConfig:
         if not self.init_scale >= 0:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale!r}.")
 
-    def for_task(self, task: FactualRecallTask) -> "ModelConfig":
+    def for_task(self, task: FactualRecallTask) -> ModelConfig:
         """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
         d_vocab_out, merged attention weights set d_head = d."""
         model = self

@@ -14,7 +14,7 @@ from pathlib import Path
 from models.bridge import resolve_device
 from models.checkpoint import write_json
 from models.cli import add_config_flags, given, prepare_out, run_cli
-from models.config import ModelConfig, PRESETS, RunConfig, TaskConfig, TrainConfig, override, preset
+from models.config import PRESETS, ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count

@@ -6,8 +6,8 @@ Every instrument reads or edits activations through these hooks; only the last p
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

@@ -130,7 +130,7 @@ class AssociationTask(SequenceTask):
         return {**self._base_config(), "table_seed": self.table_seed, "next_tokens": self.next_tokens.tolist()}
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "AssociationTask":
+    def from_config(cls, cfg: dict) -> AssociationTask:
         """The task of a config.json `task` section."""
         cls._check_config(cfg)
         return cls(cfg["n_tokens"], cfg["context"], cfg.get("table_seed", 0), cfg.get("next_tokens"))
@@ -173,7 +173,7 @@ class DistributionTask(SequenceTask):
         return {**self._base_config(), "target_seed": self.target_seed, "concentration": self.concentration}
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "DistributionTask":
+    def from_config(cls, cfg: dict) -> DistributionTask:
         """The task of a config.json `task` section."""
         cls._check_config(cfg)
         return cls(cfg["n_tokens"], cfg["context"], cfg.get("target_seed", 0), cfg.get("concentration", 1.0))

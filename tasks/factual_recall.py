@@ -10,8 +10,8 @@ Token layout (docs/checkpoint_format.md):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -188,7 +188,7 @@ class FactualRecallTask:
         }
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "FactualRecallTask":
+    def from_config(cls, cfg: dict) -> FactualRecallTask:
         """The task of a config.json `task` section."""
         kind = cfg.get("kind", cls.kind)  # checkpoints may leave out the default kind
         if kind != cls.kind:

@@ -64,7 +64,8 @@ def test_patching_matches_transformer_lens_generic_activation_patch(model_and_ta
 def test_bootstrap_interval_is_transformer_lens_bootstrap_ci(shape):
     from transformer_lens.utilities.statistics import bootstrap_ci, derive_generator
 
-    from probe.stats import N_RESAMPLES, bootstrap_ci as ours
+    from probe.stats import N_RESAMPLES
+    from probe.stats import bootstrap_ci as ours
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     expected = bootstrap_ci(x, dim=-1, n_resamples=N_RESAMPLES, generator=derive_generator(0, "t"))
     measured = ours(x, N_RESAMPLES, derive_generator(0, "t"))

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -18,8 +19,6 @@ from models.config import preset
 from models.train_state import complete_steps, load_state
 from models.trainer import train
 from tests.conftest import quick
-
-import pytest
 
 DENSE = ["--steps", "600", "--target-accuracy", "2", "--snapshots-per-octave", "8", "--eval-every", "10", "--quiet"]
 
