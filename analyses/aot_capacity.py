@@ -138,8 +138,8 @@ def per_head_slopes(rows: pd.DataFrame, saturation: float = 0.95) -> pd.DataFram
         above = np.flatnonzero(group.accuracy.to_numpy() > saturation)
         kept = group.iloc[: above[0] + 1] if len(above) else group
         if len(kept) >= 2:
-            out.append({"d": int(d), "slope": fit_linear(kept.n_heads.to_numpy(float), kept.accuracy.to_numpy(float))["slope"],
-                        "points": len(kept)})
+            slope = fit_linear(kept.n_heads.to_numpy(float), kept.accuracy.to_numpy(float))["slope"]
+            out.append({"d": int(d), "slope": slope, "points": len(kept)})
     return pd.DataFrame(out, columns=["d", "slope", "points"])
 
 
@@ -195,7 +195,8 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
     for stack in stacks:
         keys = [_run_key(task, m, s, cfg) for m, s in stack]
         name = hashlib.sha1("".join(keys).encode()).hexdigest()[:12]
-        jobs.append(one(Cell(f"{task.kind}_seed{stack[0][1]}_{stack[0][0].head_layout}_d{stack[0][0].d_model}_{name}", train_stack,
+        first, seed = stack[0]
+        jobs.append(one(Cell(f"{task.kind}_seed{seed}_{first.head_layout}_d{first.d_model}_{name}", train_stack,
                              (task, stack, cfg, out.resolve()))))
     done = {}
     for result in run_jobs(jobs, cells, executor, desc=f"{task.kind} stacks", total=len(jobs), progress=progress):
@@ -305,7 +306,8 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
         color, marker = LAYOUT_STYLE[layout]
         for kind, style in (("attention-only", "-"), ("one head + MLP", ":")):
             rows = capacity[(capacity.head_layout == layout) & (capacity.model_type == kind)
-                            & capacity.sweep.isin(["heads", "mlp"])].drop_duplicates("parameters").sort_values("parameters")
+                            & capacity.sweep.isin(["heads", "mlp"])]
+            rows = rows.drop_duplicates("parameters").sort_values("parameters")
             if not rows.empty:
                 ax.errorbar(rows.parameters, rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt=marker + style,
                             color=color, mfc="none" if kind != "attention-only" else color, label=f"{layout}: {kind}")
@@ -317,7 +319,8 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
         if "d_equal_slopes" in f:
             color, marker = LAYOUT_STYLE[layout]
             slopes = pd.DataFrame(f["d_equal_slopes"])
-            label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in f else "")
+            label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}"
+                                          if "fit_d_equal_exponent" in f else "")
             ax.plot(slopes.d, slopes.slope, marker + "-", color=color, label=label)
     if ax.lines:
         ax.set(xlabel="d = d_h", ylabel="accuracy per head (slope before saturation)", yscale="log", xscale="log")
@@ -529,13 +532,17 @@ def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
         for sweep, x in (("heads", "n_heads"), ("d_head", "d_head"), ("d_model", "d_model"), ("mlp", "d_mlp")):
             rows = rows_of[rows_of.sweep == sweep].sort_values(x)
             if not rows.empty:
-                lines.append(f"{sweep:<9} " + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
+                lines.append(f"{sweep:<9} "
+                             + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
         if "fit_H" in fits:
-            lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; slope {fits['fit_H']['slope']:.4f} per head")
+            lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; "
+                         f"slope {fits['fit_H']['slope']:.4f} per head")
         if "fit_dh" in fits:
-            lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} (R^2 {fits['fit_dh']['r2']:.3f})")
+            lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} "
+                         f"(R^2 {fits['fit_dh']['r2']:.3f})")
         if "d_equal_slopes" in fits:
-            lines.append("d = d_h   per-head slope " + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
+            lines.append("d = d_h   per-head slope "
+                         + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
                          + (f"; ~ d^{fits['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in fits else ""))
         lines.append(f"bound     above the lower bound everywhere: {fits['above_lower_bound_everywhere']} "
                      f"(smallest margin {fits['min_margin_over_lower_bound']:+.3f})")
@@ -547,7 +554,8 @@ def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
         r = summary["head_roles"]
         lines.append(f"heads     {r['position_heads']} position heads, {r['token_heads']} token heads of {r['heads']}; "
                      f"variance of the attention explained by the key token {r['mean_var_key_token']:.2f}, "
-                     f"the query token {r['mean_var_query_token']:.2f}, their interaction {r['mean_var_interaction']:.2f}")
+                     f"the query token {r['mean_var_query_token']:.2f}, "
+                     f"their interaction {r['mean_var_interaction']:.2f}")
     lines.append(f"wrote     {out}/ in {summary['seconds']:.0f} s")
     return "\n".join(lines)
 

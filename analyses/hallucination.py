@@ -79,8 +79,8 @@ def log_spaced(steps: list[int], n: int) -> list[int]:
     return [steps[i] for i in index]
 
 
-def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed: int = 0,
-            storage_points: int = 12, contexts: int = 4, progress: bool = True) -> tuple[pd.DataFrame, FactualRecallTask]:
+def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed: int = 0, storage_points: int = 12,
+            contexts: int = 4, progress: bool = True) -> tuple[pd.DataFrame, FactualRecallTask]:
     """One row of metrics per snapshot of `ckpt` (the storage shares on a log-spaced subset)."""
     steps = snapshot_steps(ckpt)
     if not steps:
@@ -107,7 +107,8 @@ def summarise(metrics: pd.DataFrame, task: FactualRecallTask, rule: PhaseRule) -
     phase = hallucination_phase(metrics["step"].tolist(), metrics["loss"].tolist(),
                                 metrics["relation_only_loss"].tolist(), metrics["subject_only_loss"].tolist(),
                                 level, rule)
-    storage = metrics.dropna(subset=["attention_recall_share"]) if "attention_recall_share" in metrics else metrics.iloc[:0]
+    storage = (metrics.dropna(subset=["attention_recall_share"]) if "attention_recall_share" in metrics
+               else metrics.iloc[:0])
     return {
         "task": repr(task),
         "log_D": math.log(task.answers_per_relation),

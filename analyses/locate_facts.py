@@ -123,7 +123,8 @@ def _summary(facts: pd.DataFrame, heads: pd.DataFrame, task: FactualRecallTask, 
                                   for label in LABELS},
         "recall": {name: _over_facts(name, facts[name].dropna(), seed)
                    for name in ("ov_probe", "mlp_probe") if facts[name].notna().any()},
-        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed) for name in ("attention", "mlp")},
+        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed)
+                          for name in ("attention", "mlp")},
         "top_heads": [{"head": int(r.head), "denoising_score": float(r.denoising_score),
                        "subject_score": float(r.subject_score), "relation_score": float(r.relation_score)}
                       for r in top.itertuples()],

@@ -107,7 +107,8 @@ def locate_section(folder: Path) -> str:
     probes = {**{f"{k} recall probe": v for k, v in s.get("recall", {}).items()},
               **{f"{k} path accuracy": v for k, v in s.get("path_accuracy", {}).items()}}
     if probes:
-        parts.append(_table([[name, _interval(v)] for name, v in probes.items()], ["measure", "mean over facts [95% CI]"]))
+        parts.append(_table([[name, _interval(v)] for name, v in probes.items()],
+                            ["measure", "mean over facts [95% CI]"]))
     heads_csv = folder / "heads.csv"
     if heads_csv.is_file():
         heads = pd.read_csv(heads_csv, keep_default_na=False).sort_values("denoising_score", ascending=False)

@@ -147,8 +147,9 @@ def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> 
                for name, h, m in (("attention_heavy", max(grid.heads), min(grid.widths)),
                                   ("mlp_heavy", min(grid.heads), max(grid.widths)))
                if len(corner := table[(table["heads"] == h) & (table["width"] == m)])}  # recorded ones
-    summary = {"frontier_min_width_at_99": frontier, "frontier_accuracy": score, "corners": corners, "task": repr(run.task.build()),
-               "cells": f"{len(table)} of {len(grid.heads) * len(grid.widths)}", "cells_computed": computed}
+    summary = {"frontier_min_width_at_99": frontier, "frontier_accuracy": score, "corners": corners,
+               "task": repr(run.task.build()), "cells": f"{len(table)} of {len(grid.heads) * len(grid.widths)}",
+               "cells_computed": computed}
     return Result({"grid.csv": table}, summary)
 
 

@@ -73,7 +73,8 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
         bad = [k for k, v in enumerate(loss) if not math.isfinite(v)]
         if bad:
             model, seed = runs[bad[0]]
-            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); lower the learning rate.")
+            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); "
+                             "lower the learning rate.")
         for k in range(len(runs)):
             curves[k].append({"step": step, "loss": loss[k], "accuracy": acc[k],
                               "seconds": round(time.perf_counter() - start, 2)})
@@ -86,7 +87,8 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     for step in range(cfg.steps):
         counts = torch.zeros(len(seeds), task.n_sequences, device=device)
         counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
-        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)  # [K, T_0, N]
+        # [K, T_0, N]
+        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)
         losses = task.sequence_losses(logits)  # [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
             batch_correct += (task.sequence_correct(logits.detach()) * counts[order]).sum(-1)

@@ -124,8 +124,10 @@ def to_transformer_lens(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = w[f"dana.W_{name}"]  # [..., H, dh, dh]
         out[ATTN + f"W_{name}"] = torch.cat([einsum(C, own, "... d e, ... h e f -> ... h d f"), own], -2)
         out[ATTN + f"b_{name}"] = w[f"dana.b_{name}"]
-    out[ATTN + "W_O"] = F.pad(einsum(w["dana.W_O"], D, "... h e f, ... f d -> ... h e d"), (0, dh))  # [..., H, dh, d + dh]
-    out[ATTN + "b_O"] = F.pad(einsum(w["dana.b_O"], D, "... h f, ... f d -> ... d"), (0, dh))  # sum of the heads' biases
+    # [..., H, dh, d + dh]
+    out[ATTN + "W_O"] = F.pad(einsum(w["dana.W_O"], D, "... h e f, ... f d -> ... h e d"), (0, dh))
+    # the sum of the heads' biases
+    out[ATTN + "b_O"] = F.pad(einsum(w["dana.b_O"], D, "... h f, ... f d -> ... d"), (0, dh))
     if "dana.W_in" in w:
         m = w["dana.W_in"].shape[-1]
         out[MLP + "W_in"] = F.pad(w["dana.W_in"], (0, 0, 0, dh))  # [..., d + dh, m]
@@ -176,7 +178,8 @@ class Stack:
         return to_transformer_lens(w) if self.head_layout == "dana" else w
 
     def to(self, device) -> Stack:
-        return Stack({k: v.to(device) for k, v in self.weights.items()}, {k: v.to(device) for k, v in self.masks.items()},
+        return Stack({k: v.to(device) for k, v in self.weights.items()},
+                     {k: v.to(device) for k, v in self.masks.items()},
                      self.score_scale.to(device), self.shapes, self.act_fn, self.head_layout)
 
 

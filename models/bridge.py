@@ -29,7 +29,8 @@ def resolve_device(device: str = "auto") -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but this machine has no CUDA GPU.")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s).")
+            raise ValueError(f"device {device!r} asked for, but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s).")
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
     return dev

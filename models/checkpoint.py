@@ -74,7 +74,8 @@ def read_envelope(ckpt: str | Path) -> dict:
         raise CheckpointError(f"{ckpt}: a pickle file, which is never loaded; a checkpoint is a directory "
                               "with config.json and model.safetensors.")
     if not ckpt.is_dir():
-        raise CheckpointError(f"{ckpt}: not a checkpoint directory ({'not a directory' if ckpt.exists() else 'no such directory'}).")
+        raise CheckpointError(f"{ckpt}: not a checkpoint directory "
+                              f"({'not a directory' if ckpt.exists() else 'no such directory'}).")
     path = ckpt / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (every checkpoint needs config.json).")
@@ -90,7 +91,8 @@ def read_envelope(ckpt: str | Path) -> dict:
     if config["format"] != FORMAT:
         raise CheckpointError(f"{path}: format is {config['format']!r}, expected {FORMAT!r}.")
     if config["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} (this reader knows {FORMAT_VERSION}).")
+        raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} "
+                              f"(this reader knows {FORMAT_VERSION}).")
     if not isinstance(config["model"], dict) or not isinstance(config["task"], dict):
         raise CheckpointError(f"{path}: 'model' and 'task' must be JSON objects.")
     return config
@@ -122,7 +124,8 @@ def _factual_recall_task(path: Path, model: dict, task_cfg: dict) -> FactualReca
     if model["d_vocab"] != task.d_vocab:
         raise CheckpointError(f"{path}: model.d_vocab {model['d_vocab']} differs from S + R + N + 1 = {task.d_vocab}.")
     if model["d_vocab_out"] != task.d_vocab_out:
-        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from R * D = {task.d_vocab_out}.")
+        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from "
+                              f"R * D = {task.d_vocab_out}.")
     return task
 
 
@@ -162,7 +165,8 @@ def _check_model_section(path: Path, model: dict) -> None:
     if model["n_layers"] != 1:
         raise CheckpointError(f"{path}: model.n_layers is {model['n_layers']!r}; only one-layer models are supported.")
     if model["normalization_type"] is not None:
-        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), got {model['normalization_type']!r}.")
+        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), "
+                              f"got {model['normalization_type']!r}.")
     if model["act_fn"] != "relu":
         raise CheckpointError(f"{path}: model.act_fn must be 'relu', got {model['act_fn']!r}.")
     if model.get("attention", "softmax") not in ("softmax", "linear"):
@@ -182,7 +186,8 @@ def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for every malformation
-        raise CheckpointError(f"{path}: not a valid safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}).") from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: not a valid safetensors file ({reason}).") from None
     weights = {}
     for key, shape in shapes(model).items():
         if key not in tensors:

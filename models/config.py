@@ -44,17 +44,21 @@ class ModelConfig:
     d_mlp: int = _f(64, "m, MLP width")
     attn_only: bool = _f(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = _f("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian (random, N(0, 1/d) "
-                        "entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and answers on their own axes)",
+    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian "
+                        "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
+                        "answers on their own axes)",
                         choices=("sphere", "gaussian", "onehot"))
-    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) | direct "
-                      "(the last d_vocab_out axes are the answers' own and the tokens' random embeddings fill the first "
-                      "d_model - d_vocab_out: the attention's output matrix writes straight to the answer logits, as in the "
-                      "paper's Figure 5; --embedding onehot always reads directly)", choices=("unembed", "direct"))
-    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's non-factorised "
-                                "key-query and output-value matrices: W_Q = sqrt(d_head) I and W_V = I frozen, d_head = d)",
+    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) "
+                      "| direct (the last d_vocab_out axes are the answers' own and the tokens' random embeddings "
+                      "fill the first d_model - d_vocab_out: the attention's output matrix writes straight to the "
+                      "answer logits, as in the paper's Figure 5; --embedding onehot always reads directly)",
+                      choices=("unembed", "direct"))
+    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's "
+                                "non-factorised key-query and output-value matrices: W_Q = sqrt(d_head) I and "
+                                "W_V = I frozen, d_head = d)",
                                 choices=("factored", "merged"))
-    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant (every entry init_scale)",
+    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant "
+                   "(every entry init_scale)",
                    choices=("normal", "constant"))
     init_scale: float = _f(1.0, "scale of the trainable weights' initialisation (see --init)")
 
@@ -138,7 +142,8 @@ def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelC
 
 
 _PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
-_FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32, facts="structured")
+_FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32,
+                        facts="structured")
 
 PRESETS: dict[str, RunConfig] = {
     # Small enough to reach >= 99% on a CPU in seconds; the default model.

@@ -44,7 +44,10 @@ def head_groups(task: FactualRecallTask, n_heads: int) -> list[list[int]]:
         raise ValueError("the constructions need at least 2 heads (subject heads and relation heads).")
     subject_heads = max(1, round(n_heads * task.n_subjects / (task.n_subjects + task.n_relations)))
     subject_heads = min(subject_heads, n_heads - 1)
-    split = lambda ids, k: [ids[i::k] for i in range(k)]
+
+    def split(ids, k):
+        return [ids[i::k] for i in range(k)]
+
     return split(list(range(task.n_subjects)), subject_heads) + \
         split([task.relation_token(r) for r in range(task.n_relations)], n_heads - subject_heads)
 
@@ -82,7 +85,8 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
     together, so readings are exact and blind to the answer writes (needs d >= V + R*D)."""
     d, H, dh = model.d_model, model.n_heads, model.d_head
     if d < task.d_vocab + task.d_vocab_out:
-        raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, got {d}.")
+        raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, "
+                         f"got {d}.")
     groups = head_groups(task, H)
     if max(map(len, groups)) > dh:
         raise ValueError(f"each head holds up to {max(map(len, groups))} tokens, more than d_head = {dh}; "
@@ -96,7 +100,8 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
     relation_logit = max(attention_logit, mlp_logit) if relation_logit is None else relation_logit
     w = init_weights(model, task, seed)
     E, W_U = w["embed.W_E"], w["unembed.W_U"]  # [V, d], [d, O]
-    reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]  # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
+    # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
+    reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]
     writer = torch.linalg.pinv(W_U)  # [O, d]: writer[a] @ W_U = one-hot(a), in the span of the u_a
     copy = E - (E @ writer.T) @ W_U.T  # [V, d]: e_z without its part the unembedding reads
     scale = math.sqrt(ATTENTION_LOGIT * math.sqrt(dh))
@@ -176,7 +181,8 @@ def main(argv=None) -> int:
                 "answer_logit": ANSWER_LOGIT}
     write_checkpoint(prepare_out(args.out, args.force), model.checkpoint_section(task), task, training, weights)
     print(f"{args.kind} construction ({training['construction']}): {task}, d={model.d_model} H={model.n_heads} "
-          f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; wrote {args.out}/")
+          f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; "
+          f"wrote {args.out}/")
     return 0
 
 

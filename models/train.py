@@ -73,7 +73,8 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
     try:
         saved = json.loads(path.read_text())
         train_cfg = {**saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
-        return RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg)), saved["preset"]
+        run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
+        return run, saved["preset"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"{path}: not a valid run description.") from None
 

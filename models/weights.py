@@ -52,8 +52,9 @@ def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> 
 
 def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
-    one-hot, or random tokens with answers on their own axes), zero positional embedding and biases, trainable matrices N(0,
-    init_scale^2/fan_in) or constant init_scale; merged attention weights fix W_Q and W_V."""
+    one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
+    trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
+    fix W_Q and W_V."""
     model = model.for_task(task)
     section = model.checkpoint_section(task)
     g = torch.Generator().manual_seed(seed)

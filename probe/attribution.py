@@ -83,7 +83,8 @@ def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, to
     picks = answer_block(logits, relations, D).argmax(-1)  # [n] index within A_r
     target = batch.answers - relations * D  # [n]
     joint_pick = torch.zeros(R, D).index_put_((relations.cpu(), picks.cpu()), torch.ones(len(picks)), accumulate=True)
-    joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)), accumulate=True)
+    joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)),
+                                                accumulate=True)
     per_relation = joint_pick.sum(1).clamp(min=1)  # [R] prompts of each relation
     chance = float(((joint_pick / per_relation[:, None]) * joint_answer).sum() / len(picks))
     spread = max(chance * (1 - chance), 1e-12) ** 0.5 / len(top) ** 0.5

@@ -50,7 +50,8 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     `run`: the clean run on these prompts (contexts.fact_run), computed here when not given."""
     batch, clean = fact_run(model, task, contexts, seed, run)
     device = batch.tokens.device
-    tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt, torch.Generator(device=device).manual_seed(seed + 1))
+    tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt,
+                                               torch.Generator(device=device).manual_seed(seed + 1))
     corrupted = clean_run(model, tokens)  # no hooks, on the corrupted prompts
     valid = corrupt_answer >= 0
     rival = corrupt_answer.clamp(min=0)

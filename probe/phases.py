@@ -58,7 +58,8 @@ def in_phase(loss: float, relation_only: float, subject_only: float, level: floa
 
 
 def hallucination_phase(steps: Sequence[int], loss: Sequence[float], relation_only_loss: Sequence[float],
-                        subject_only_loss: Sequence[float], level: float, rule: PhaseRule = PhaseRule()) -> Phase | None:
+                        subject_only_loss: Sequence[float], level: float,
+                        rule: PhaseRule = PhaseRule()) -> Phase | None:
     """The hallucination phase of curves sampled at increasing `steps`, or None."""
     if not len(steps) == len(loss) == len(relation_only_loss) == len(subject_only_loss):
         raise ValueError("steps and the three loss curves must have the same length.")

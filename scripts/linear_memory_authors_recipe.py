@@ -73,9 +73,11 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 n_star = capacity(cfg, seed, cells, device, bar)
                 rows.append({"kind": "linear", "d": cfg.d, "m": None, "seed": seed, "n_star": n_star,
-                             "parameters": cfg.parameters, "theory": cfg.theory, "n_star_over_theory": n_star / cfg.theory})
+                             "parameters": cfg.parameters, "theory": cfg.theory,
+                             "n_star_over_theory": n_star / cfg.theory})
     memory_report(pd.DataFrame(rows), configs[0], args.out, pd.DataFrame(cells.rows()),
-                  {"settings": settings, "seeds": list(args.seeds), "device": str(device), "probes_computed": cells.computed})
+                  {"settings": settings, "seeds": list(args.seeds), "device": str(device),
+                   "probes_computed": cells.computed})
     print(f"wrote {args.out}/ ({cells.computed} new probes)")
     return 0
 

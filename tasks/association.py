@@ -147,7 +147,8 @@ class DistributionTask(SequenceTask):
 
     def __init__(self, n_tokens: int = 50, context: int = 2, target_seed: int = 0, concentration: float = 1.0):
         super().__init__(n_tokens, context)
-        if isinstance(concentration, bool) or not isinstance(concentration, (int, float)) or not 0 <= concentration <= 50:
+        if (isinstance(concentration, bool) or not isinstance(concentration, (int, float))
+                or not 0 <= concentration <= 50):
             raise ValueError(f"concentration must be a number in [0, 50], got {concentration!r}.")
         self.target_seed, self.concentration = target_seed, float(concentration)
         g = torch.Generator().manual_seed(target_seed)

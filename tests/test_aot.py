@@ -158,7 +158,8 @@ def test_parameter_count_matches_the_paper():
     aot, mlp = AoTModelConfig(10, 20, 10), AoTModelConfig(10, 1, 10, d_mlp=2 * 19 * 10)
     assert aot.parameters(task) == 10 * (2 + 2 * 50 + 4 * 10 * 20) == mlp.parameters(task)
     weights = init_weights(aot, task, 0)
-    assert sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U")) == aot.parameters(task)
+    trainable = sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U"))
+    assert trainable == aot.parameters(task)
 
 
 # --------------------------------------------------------------------------- the dana head layout
@@ -176,7 +177,8 @@ def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
     d, dh = w["dana.W_C"].shape
     S = tokens.shape[1]
     compress = nn.Linear(d, dh, bias=False).to(w["dana.W_C"].dtype)
-    heads = [nn.MultiheadAttention(dh, 1, batch_first=True).to(w["dana.W_C"].dtype) for _ in range(w["dana.W_Q"].shape[0])]
+    heads = [nn.MultiheadAttention(dh, 1, batch_first=True).to(w["dana.W_C"].dtype)
+             for _ in range(w["dana.W_Q"].shape[0])]
     with torch.no_grad():
         compress.weight.copy_(w["dana.W_C"].T)
         for h, mha in enumerate(heads):  # torch stores out x in: the transposes of our x @ W maps
@@ -196,7 +198,8 @@ def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
 def perturbed(model: AoTModelConfig, task, seed: int, dtype=torch.float32) -> dict:
     """Initial weights + noise on every tensor (biases included), so every term is tested."""
     g = torch.Generator().manual_seed(100 + seed)
-    return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype) for k, v in init_weights(model, task, seed).items()}
+    return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype)
+            for k, v in init_weights(model, task, seed).items()}
 
 
 @pytest.mark.parametrize("context", [2, 3])
@@ -288,8 +291,8 @@ def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
     with pytest.raises(CheckpointError) as err:
         load(ckpt, device="cpu", kind="factual_recall")
     assert "task kind 'association' is not a factual-recall task" in str(err.value) and "\n" not in str(err.value)
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet", "--out", str(tmp_path / "o")],
-                          check=False, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet",
+                           "--out", str(tmp_path / "o")], check=False, capture_output=True, text=True)
     assert proc.returncode == 2 and "task kind 'association'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
@@ -324,7 +327,8 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
         assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
     assert summary["cells_computed"] == len(list((out / "cells").iterdir())) > 0
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
-    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard", "dana"}
+    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"}
+    assert set(capacity.head_layout) == {"standard", "dana"}
     dana = capacity[capacity.head_layout == "dana"]  # the authors' parameter count, and its own checkpoints
     assert (dana.parameters == [AoTModelConfig(r.d_model, r.n_heads, r.d_head, r.d_mlp, head_layout="dana").parameters(
         AssociationTask(6, 2)) for r in dana.itertuples()]).all()
@@ -345,5 +349,6 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--head-layout",
                           "dana,paper"], check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "head_layout must be one of" in bad.stderr
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "head_layout must be one of" in bad.stderr
     assert not (tmp_path / "x").exists()

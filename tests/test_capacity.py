@@ -165,7 +165,8 @@ def test_memory_report_reads_the_authors_law(tmp_path, capsys):
     ds = [8, 16, 32, 64, 128]
     on_line = authors_line(cfg).n_on_line([d * d for d in ds])
     table = pd.DataFrame([{"kind": "linear", "d": d, "m": None, "seed": s, "n_star": n, "parameters": d * d,
-                           "theory": d * d, "n_star_over_theory": n / d / d} for d, n in zip(ds, on_line) for s in (0, 1)])
+                           "theory": d * d, "n_star_over_theory": n / d / d}
+                          for d, n in zip(ds, on_line) for s in (0, 1)])
     summary = memory_report(table, cfg, tmp_path, pd.DataFrame(), {})
     assert summary["authors_line"]["fitted_slope"] == pytest.approx(2.0, abs=1e-9)
     assert [s["n_star_over_line"] for s in summary["sizes"]] == pytest.approx([1.0] * 5)
@@ -222,7 +223,8 @@ def test_memory_seeds_are_independent_and_reproducible():
 def _weights():
     g = torch.Generator().manual_seed(0)
     d, H, dh, m = 8, 3, 4, 6
-    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g), "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
+    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g),
+         "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
          "blocks.0.attn.b_V": torch.zeros(H, dh), "blocks.0.mlp.W_in": torch.randn(d, m, generator=g),
          "blocks.0.mlp.b_in": torch.zeros(m), "blocks.0.mlp.W_out": torch.randn(m, d, generator=g)}
     w["blocks.0.mlp.W_in"][:, 4] *= 0.01  # neuron 4 is the weakest

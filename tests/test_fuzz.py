@@ -41,7 +41,8 @@ def test_random_task_configs(S, R, D, N, T, zipf, facts):
 
 
 @FUZZ
-@given(d=small, H=small, dh=small, m=small, attn_only=st.booleans(), scale=st.one_of(st.floats(-1, 3), st.just(float("nan"))))
+@given(d=small, H=small, dh=small, m=small, attn_only=st.booleans(),
+       scale=st.one_of(st.floats(-1, 3), st.just(float("nan"))))
 def test_random_model_configs(d, H, dh, m, attn_only, scale):
     task = FactualRecallTask(4, 2, 2, 3, 5)
     try:

@@ -135,7 +135,8 @@ def test_vocab_attention_backward_equals_autograd(linear, positional, outputs):
                      for shape in ((K, H, e, B), (K, H, e, V), (K, H, e, V)))
     score_pos = torch.randn(K, H, B, T, generator=g, dtype=torch.double) if positional else None
     tokens = torch.randint(0, V, (K, B, T), generator=g)  # repeats: the scatter must add them up
-    d_z, d_pattern = torch.randn(K, H, e, B, generator=g, dtype=torch.double), torch.randn(K, H, B, T, generator=g, dtype=torch.double)
+    d_z = torch.randn(K, H, e, B, generator=g, dtype=torch.double)
+    d_pattern = torch.randn(K, H, B, T, generator=g, dtype=torch.double)
     grads = []
     for attend in (lambda *a: VocabAttention.apply(*a[:3], tokens[:, None].expand(K, H, B, T), a[3], linear),
                    lambda *a: _reference_attention(*a[:3], tokens, a[3], linear)):

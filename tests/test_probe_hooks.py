@@ -45,13 +45,16 @@ def test_patching_matches_transformer_lens_generic_activation_patch(model_and_ta
     tokens, rival = corrupted_prompts(task, batch, "subject", torch.Generator().manual_seed(1))
 
     def logit_diff(logits):
-        return logits[:, -1].gather(-1, batch.answers[:, None])[:, 0] - logits[:, -1].gather(-1, rival.clamp(min=0)[:, None])[:, 0]
+        last = logits[:, -1]
+        return last.gather(-1, batch.answers[:, None])[:, 0] - last.gather(-1, rival.clamp(min=0)[:, None])[:, 0]
 
     with torch.inference_mode():
         clean_logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n == HOOK_Z)
-        result = patching.generic_activation_patch(model, tokens, cache, logit_diff, patching.layer_head_vector_patch_setter,
-                                                   "z", index_axis_names=["layer", "head"], reduce="none", baseline=True)
-    theirs = result.normalized(logit_diff(clean_logits)).reshape(model.cfg.n_heads, -1, contexts)  # [head, fact, context]
+        result = patching.generic_activation_patch(model, tokens, cache, logit_diff,
+                                                   patching.layer_head_vector_patch_setter, "z",
+                                                   index_axis_names=["layer", "head"], reduce="none", baseline=True)
+    # [head, fact, context]
+    theirs = result.normalized(logit_diff(clean_logits)).reshape(model.cfg.n_heads, -1, contexts)
     for h in range(model.cfg.n_heads):
         expected = torch.nanmean(torch.where(rival.reshape(-1, contexts) >= 0, theirs[h], float("nan")), -1)
         measured = torch.tensor(ours[f"patch_subject_head{h}"].to_numpy())
@@ -82,7 +85,8 @@ def test_memory_probe_residual_is_the_mean_residual_the_mlp_reads(model_and_task
 
     task = tiny_result.task
     weights = {**tiny_result.weights, **_perturbed(tiny_result)}
-    weights[ATTN + "W_Q"], weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "W_Q"]), torch.zeros_like(weights[ATTN + "b_Q"])
+    weights[ATTN + "W_Q"] = torch.zeros_like(weights[ATTN + "W_Q"])
+    weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "b_Q"])
     uniform = build_bridge(tiny_result.model, weights)
     contexts = 64
     batch = fact_batch(task, contexts, seed=0)

@@ -66,7 +66,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     rng = random.Random(0)
     kills = 0
     def start():  # a run killed before it wrote run.json has nothing to resume: it starts over
-        return cli(*(["--resume", str(ckpt)] if (ckpt / "run.json").exists() else ["--out", str(ckpt), "--force", *DENSE]))
+        resumable = (ckpt / "run.json").exists()
+        return cli(*(["--resume", str(ckpt)] if resumable else ["--out", str(ckpt), "--force", *DENSE]))
 
     while kills < 20:
         proc = start()
