@@ -10,7 +10,7 @@ Trains, on bigrams over N tokens with a random next token each (T_0 = N^S associ
   d_equal  d = d_h in --equal-dims, H in --heads (the paper's Figure 2b; none by default)
 in each --head-layout: standard (the paper's equations: every head its own maps from the
 d-dimensional stream) and/or dana (the authors' code: one shared d -> d_h compression,
-d_h-dimensional positions, one shared d_h -> d decompression; models/aot.py).
+d_h-dimensional positions, one shared d_h -> d decompression; models/aot_weights.py).
 Measures the accuracy on all T_0 sequences (the share of associations memorised) and the
 authors' accuracy (mean of the last 100 training-batch accuracies, batch_accuracy),
 averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the
@@ -30,26 +30,26 @@ rerun skips them). Stacks run in this process (--executor local) or as Ray tasks
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analyses.executors import add_executor_flags, check_executor_flags, open_executor
+from analyses import cli
+from analyses.executors import Executor, open_executor
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
-from models.aot import AoTModelConfig, load
-from models.aot_trainer import AoTTrainConfig, train
-from models.bridge import resolve_device
-from models.cli import _comma_list, run_cli
-from probe.association import AssociationTask, DistributionTask, SequenceTask
-from probe.head_roles import head_roles, key_token_table
+from models import load
+from models.aot_trainer import train
+from models.cli import add_config_flags, given
+from models.config import AoTModelConfig, AoTTrainConfig
+from probe.head_roles import head_roles, key_token_table, sequences_run
 from probe.kl_floor import rank_d_kl_floor
+from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 
 def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequences: int) -> float:
@@ -58,19 +58,74 @@ def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequen
     return min(1.0, 1 / n_tokens + (1 - 1 / n_tokens) * (n_heads * min(d_head, d_model) + d_model) / n_sequences)
 
 
-def sweeps(args, layout: str = "standard") -> dict[str, list[AoTModelConfig]]:
-    """The models of each sweep in one head layout (a model may belong to several)."""
-    d, dh, H = args.d_model, args.d_head, args.fixed_heads
-    base = AoTModelConfig(d, 1, dh, head_layout=layout)
-    base.validate()
-    return {
-        "heads": [AoTModelConfig(d, h, dh, head_layout=layout) for h in args.heads],
-        "d_head": [AoTModelConfig(d, H, k, head_layout=layout) for k in args.d_heads],
-        "d_model": [AoTModelConfig(k, H, dh, head_layout=layout) for k in args.d_models],
-        "mlp": [AoTModelConfig(d, 1, dh, d_mlp=base.matched_mlp_width(h), head_layout=layout)
-                for h in args.heads if h > 1 and not args.skip_mlp],
-        "d_equal": [AoTModelConfig(k, h, k, head_layout=layout) for k in args.equal_dims for h in args.heads],
-    }
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class AotSweep:
+    """The association task and the models of every sweep (the module docstring)."""
+
+    n_tokens: int = _f(50, "N, vocabulary size")
+    context: int = _f(2, "S, sequence length (2: bigrams)")
+    table_seed: int = _f(0, "seed of the random next-token table")
+    d_model: int = _f(10, "d of the heads, d_head and mlp sweeps")
+    d_head: int = _f(10, "d_h of the heads, d_model and mlp sweeps")
+    fixed_heads: int = _f(20, "H of the d_head and d_model sweeps")
+    heads: tuple[int, ...] = _f((1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20),
+                                "H values of the heads sweep (and the MLP model's matched sizes)")
+    d_heads: tuple[int, ...] = _f((1, 2, 4, 6, 8, 10), "d_h values")
+    d_models: tuple[int, ...] = _f((2, 4, 6, 8, 10, 15, 20), "d values")
+    equal_dims: tuple[int, ...] = _f((), "d = d_h values of the d_equal sweep, each with H in --heads")
+    head_layout: tuple[str, ...] = _f(("standard",), "head layouts trained side by side: standard and/or dana "
+                                                     "(the authors' code)")
+    distribution_heads: tuple[int, ...] = _f((), "also train attention-only models with these H on the "
+                                                 "distribution task")
+    concentration: float = _f(1.0, "distribution task: pi_t = softmax(c g_t)")
+    seeds: tuple[int, ...] = _f((0, 1), "seeds averaged")
+    stack: int = _f(8, "models trained at once in one padded stack")
+    skip_instruments: bool = _f(False, "no head-role measurements")
+    skip_mlp: bool = _f(False, "no one-head-plus-MLP models (the mlp sweep)")
+
+    def __post_init__(self):
+        cli.at_least(self, stack=1)
+        cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
+        for models in self.sweep_models().values():
+            for m in models:
+                m.validate()
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """Each head layout once, in the order given."""
+        return tuple(dict.fromkeys(self.head_layout))
+
+    def sweeps(self, layout: str = "standard") -> dict[str, list[AoTModelConfig]]:
+        """The models of each sweep in one head layout (a model may belong to several)."""
+        d, dh, H = self.d_model, self.d_head, self.fixed_heads
+        base = AoTModelConfig(d, 1, dh, head_layout=layout)
+        base.validate()
+        return {
+            "heads": [AoTModelConfig(d, h, dh, head_layout=layout) for h in self.heads],
+            "d_head": [AoTModelConfig(d, H, k, head_layout=layout) for k in self.d_heads],
+            "d_model": [AoTModelConfig(k, H, dh, head_layout=layout) for k in self.d_models],
+            "mlp": [AoTModelConfig(d, 1, dh, d_mlp=base.matched_mlp_width(h), head_layout=layout)
+                    for h in self.heads if h > 1 and not self.skip_mlp],
+            "d_equal": [AoTModelConfig(k, h, k, head_layout=layout) for k in self.equal_dims for h in self.heads],
+        }
+
+    def sweep_models(self) -> dict[str, list[AoTModelConfig]]:
+        """Each sweep's models in every layout."""
+        models: dict[str, list[AoTModelConfig]] = {}
+        for layout in self.layouts:
+            for sweep, some in self.sweeps(layout).items():
+                models.setdefault(sweep, []).extend(some)
+        return models
+
+    def task(self) -> AssociationTask:
+        return AssociationTask(self.n_tokens, self.context, self.table_seed)
+
+    def distribution_task(self) -> DistributionTask:
+        return DistributionTask(self.n_tokens, self.context, self.table_seed, self.concentration)
 
 
 def per_head_slopes(rows: pd.DataFrame, saturation: float = 0.95) -> pd.DataFrame:
@@ -83,8 +138,8 @@ def per_head_slopes(rows: pd.DataFrame, saturation: float = 0.95) -> pd.DataFram
         above = np.flatnonzero(group.accuracy.to_numpy() > saturation)
         kept = group.iloc[: above[0] + 1] if len(above) else group
         if len(kept) >= 2:
-            out.append({"d": int(d), "slope": fit_linear(kept.n_heads.to_numpy(float), kept.accuracy.to_numpy(float))["slope"],
-                        "points": len(kept)})
+            slope = fit_linear(kept.n_heads.to_numpy(float), kept.accuracy.to_numpy(float))["slope"]
+            out.append({"d": int(d), "slope": slope, "points": len(kept)})
     return pd.DataFrame(out, columns=["d", "slope", "points"])
 
 
@@ -140,7 +195,8 @@ def train_all(task: SequenceTask, models: list[AoTModelConfig], seeds: list[int]
     for stack in stacks:
         keys = [_run_key(task, m, s, cfg) for m, s in stack]
         name = hashlib.sha1("".join(keys).encode()).hexdigest()[:12]
-        jobs.append(one(Cell(f"{task.kind}_seed{stack[0][1]}_{stack[0][0].head_layout}_d{stack[0][0].d_model}_{name}", train_stack,
+        first, seed = stack[0]
+        jobs.append(one(Cell(f"{task.kind}_seed{seed}_{first.head_layout}_d{first.d_model}_{name}", train_stack,
                              (task, stack, cfg, out.resolve()))))
     done = {}
     for result in run_jobs(jobs, cells, executor, desc=f"{task.kind} stacks", total=len(jobs), progress=progress):
@@ -152,12 +208,12 @@ def train_stack(task: SequenceTask, stack: list[tuple[AoTModelConfig, int]], cfg
     """One cell: the (model, seed) runs of `stack` trained together, each saved as a checkpoint
     under out/checkpoints/; their records (accuracy, loss, checkpoint path relative to out)."""
     records = []
-    for trained in train(task, stack, cfg, progress=False):
-        key = _run_key(task, trained.model, trained.seed, cfg)
-        ckpt = out / "checkpoints" / task.kind / f"{trained.model.name}_seed{trained.seed}_{key[:6]}"
-        trained.save(ckpt, task, {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps})
-        records.append({"key": key, "model": asdict(trained.model), "seed": trained.seed,
-                        "accuracy": trained.accuracy, "loss": trained.loss, "batch_accuracy": trained.batch_accuracy,
+    for (model, seed), trained in zip(stack, train(task, stack, cfg, progress=False)):
+        key = _run_key(task, model, seed, cfg)
+        ckpt = out / "checkpoints" / task.kind / f"{model.name}_seed{seed}_{key[:6]}"
+        trained.save(ckpt)
+        records.append({"key": key, "model": asdict(model), "seed": seed, "accuracy": trained.accuracy,
+                        "loss": trained.loss, "batch_accuracy": trained.training["batch_accuracy"],
                         "seconds": trained.metrics[-1]["seconds"], "checkpoint": str(ckpt.relative_to(out))})
     return {"runs": records}
 
@@ -201,11 +257,12 @@ def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str
     frames, table = [], None
     for index, row in tqdm(list(chosen.iterrows()), desc="head roles", disable=not progress):
         model, _ = load(out / row.checkpoint, device)
-        frame = head_roles(model, task)
+        run = sequences_run(model, task)
+        frame = head_roles(model, task, run=run)
         frames.append(frame.assign(head_layout=row.head_layout, n_heads=row.n_heads, d_head=row.d_head,
                                    d_model=row.d_model, seed=row.seed))
         if index == largest:
-            table = key_token_table(model, task)
+            table = key_token_table(model, task, run=run)
     return pd.concat(frames, ignore_index=True), table
 
 
@@ -213,15 +270,15 @@ def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str
 LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}
 
 
-def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path: Path) -> None:
+def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: AotSweep, path: Path) -> None:
     """One panel per sweep (the paper's Figures 1a, 1b, 2a, 3 and, with --equal-dims, 2b),
     every head layout in its own colour, the lower bound of Corollary 2 dashed red."""
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     chance = 1 / task.n_tokens
-    panels = [("heads", "n_heads", f"H (d_h = {args.d_head}, d = {args.d_model})", axes[0, 0]),
-              ("d_head", "d_head", f"d_h (H = {args.fixed_heads}, d = {args.d_model})", axes[0, 1]),
-              ("d_model", "d_model", f"d (H = {args.fixed_heads}, d_h = {args.d_head})", axes[0, 2])]
+    panels = [("heads", "n_heads", f"H (d_h = {settings.d_head}, d = {settings.d_model})", axes[0, 0]),
+              ("d_head", "d_head", f"d_h (H = {settings.fixed_heads}, d = {settings.d_model})", axes[0, 1]),
+              ("d_model", "d_model", f"d (H = {settings.fixed_heads}, d_h = {settings.d_head})", axes[0, 2])]
     for sweep, x, label, ax in panels:
         if not (capacity.sweep == sweep).any():
             ax.set_visible(False)
@@ -249,19 +306,21 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, args, path
         color, marker = LAYOUT_STYLE[layout]
         for kind, style in (("attention-only", "-"), ("one head + MLP", ":")):
             rows = capacity[(capacity.head_layout == layout) & (capacity.model_type == kind)
-                            & capacity.sweep.isin(["heads", "mlp"])].drop_duplicates("parameters").sort_values("parameters")
+                            & capacity.sweep.isin(["heads", "mlp"])]
+            rows = rows.drop_duplicates("parameters").sort_values("parameters")
             if not rows.empty:
                 ax.errorbar(rows.parameters, rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt=marker + style,
                             color=color, mfc="none" if kind != "attention-only" else color, label=f"{layout}: {kind}")
     ax.axhline(chance, color="grey", lw=0.8, ls=":")
-    ax.set(xlabel=f"trainable parameters (d = {args.d_model}, d_h = {args.d_head})", ylabel="accuracy")
+    ax.set(xlabel=f"trainable parameters (d = {settings.d_model}, d_h = {settings.d_head})", ylabel="accuracy")
     ax.legend(fontsize=7)
     ax = axes[1, 1]
     for layout, f in fits.items():
         if "d_equal_slopes" in f:
             color, marker = LAYOUT_STYLE[layout]
             slopes = pd.DataFrame(f["d_equal_slopes"])
-            label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in f else "")
+            label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}"
+                                          if "fit_d_equal_exponent" in f else "")
             ax.plot(slopes.d, slopes.slope, marker + "-", color=color, label=label)
     if ax.lines:
         ax.set(xlabel="d = d_h", ylabel="accuracy per head (slope before saturation)", yscale="log", xscale="log")
@@ -291,109 +350,125 @@ def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) ->
     save_figure(fig, path)
 
 
+# --------------------------------------------------------------------------- the analysis
+@dataclass
+class Trained:
+    """Every sweep trained: {(model, seed): record} on the association task, and on the
+    distribution task (None without --distribution-heads)."""
+
+    association: dict
+    distribution: dict | None
+
+
+@dataclass
+class AotCapacity:
+    """The tables and summary.json of an attention-only capacity sweep."""
+
+    runs: pd.DataFrame  # runs.csv: one row per model and seed
+    capacity: pd.DataFrame  # capacity.csv: seed means
+    distribution: pd.DataFrame | None  # distribution.csv
+    heads: pd.DataFrame | None  # heads.csv: the role of every head of the heads sweep
+    head_tokens: pd.DataFrame | None  # head_tokens.csv: the largest model's attention by key token
+    summary: dict
+
+
+def train_sweeps(sweep: AotSweep, cfg: AoTTrainConfig, out: Path, cells: Cells, executor: Executor,
+                 progress: bool = True) -> Trained:
+    """Train every model of every sweep, each seed (the stacks recorded in out/cells/, the
+    models saved in out/checkpoints/)."""
+    models = sorted({m for some in sweep.sweep_models().values() for m in some}, key=lambda m: m.name)
+    distribution_models = [AoTModelConfig(sweep.d_model, h, sweep.d_head, head_layout=layout)
+                           for layout in sweep.layouts for h in sweep.distribution_heads]
+    seeds = list(sweep.seeds)
+    with open_executor(executor) as running:
+        association = train_all(sweep.task(), models, seeds, cfg, out, sweep.stack, cells, running, progress)
+        distribution = train_all(sweep.distribution_task(), distribution_models, seeds, cfg, out, sweep.stack, cells,
+                                 running, progress) if distribution_models else None
+    return Trained(association, distribution)
+
+
+def tables(trained: Trained, sweep: AotSweep) -> AotCapacity:
+    """runs.csv and capacity.csv, the fits of each head layout, the distribution task's KL."""
+    task = sweep.task()
+    runs = runs_frame(task, sweep.sweep_models(), trained.association, list(sweep.seeds))
+    capacity = capacity_frame(runs)
+    fits = {layout: layout_fits(capacity[capacity.head_layout == layout], task, sweep) for layout in sweep.layouts}
+    summary = {"task": repr(task), "n_sequences": task.n_sequences, "layouts": fits}
+    distribution = None
+    if trained.distribution is not None:
+        distribution, summary["distribution"] = distribution_tables(sweep.distribution_task(), trained.distribution,
+                                                                    sweep.d_model)
+    return AotCapacity(runs, capacity, distribution, None, None, summary)
+
+
+def add_head_roles(result: AotCapacity, out: Path, task: AssociationTask, device: str, progress: bool = True) -> None:
+    """The heads sweep's head roles (instrument) in `result`: heads, head_tokens, summary."""
+    heads, table = instrument(out, result.runs, task, device, progress)
+    result.heads, result.head_tokens = heads, table
+    result.summary["head_roles"] = {
+        "heads": len(heads), "position_heads": int((heads.role == "position").sum()),
+        "token_heads": int((heads.role == "token").sum()),
+        "mean_token_dependence": float(heads.token_dependence.mean()),
+        "mean_var_key_token": float(heads.var_key_token.mean()),
+        "mean_var_query_token": float(heads.var_query_token.mean()),
+        "mean_var_interaction": float(heads.var_interaction.mean()), "mean_mass_pos0": float(heads.mass_pos0.mean())}
+
+
+def write(result: AotCapacity, sweep: AotSweep, out: Path) -> None:
+    """The tables, summary.json, capacity.png and (with head roles) head_roles.png in `out`."""
+    if result.distribution is not None:
+        write_csv(out / "distribution.csv", result.distribution)
+    write_csv(out / "runs.csv", result.runs)
+    write_csv(out / "capacity.csv", result.capacity)
+    figure(result.capacity, result.summary["layouts"], sweep.task(), sweep, out / "capacity.png")
+    if result.heads is not None:
+        write_csv(out / "heads.csv", result.heads)
+        if result.head_tokens is not None:
+            write_csv(out / "head_tokens.csv", result.head_tokens.reset_index())
+        roles_figure(result.heads, result.head_tokens, out / "head_roles.png")
+    write_summary(out / "summary.json", result.summary)
+
+
 # --------------------------------------------------------------------------- CLI
-def parser() -> argparse.ArgumentParser:
-    ints = _comma_list(int)
-    p = argparse.ArgumentParser(prog="python -m analyses.aot_capacity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("results/aot_capacity"), help="output directory (default results/aot_capacity)")
-    p.add_argument("--n-tokens", type=int, default=50, help="N, vocabulary size (default 50)")
-    p.add_argument("--context", type=int, default=2, help="S, sequence length (default 2: bigrams)")
-    p.add_argument("--table-seed", type=int, default=0, help="seed of the random next-token table (default 0)")
-    p.add_argument("--d-model", type=int, default=10, help="d of the heads, d_head and mlp sweeps (default 10)")
-    p.add_argument("--d-head", type=int, default=10, help="d_h of the heads, d_model and mlp sweeps (default 10)")
-    p.add_argument("--fixed-heads", type=int, default=20, help="H of the d_head and d_model sweeps (default 20)")
-    p.add_argument("--heads", type=ints, default=(1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20), metavar="A,B,...",
-                   help="H values of the heads sweep (and the MLP model's matched sizes)")
-    p.add_argument("--d-heads", type=ints, default=(1, 2, 4, 6, 8, 10), metavar="A,B,...", help="d_h values")
-    p.add_argument("--d-models", type=ints, default=(2, 4, 6, 8, 10, 15, 20), metavar="A,B,...", help="d values")
-    p.add_argument("--equal-dims", type=ints, default=(), metavar="A,B,...",
-                   help="d = d_h values of the d_equal sweep, each with H in --heads (default: none)")
-    p.add_argument("--head-layout", type=_comma_list(str), default=("standard",), metavar="A,B,...",
-                   help="head layouts trained side by side: standard (default) and/or dana (the authors' code)")
-    p.add_argument("--distribution-heads", type=ints, default=(), metavar="A,B,...",
-                   help="also train attention-only models with these H on the distribution task (default: none)")
-    p.add_argument("--concentration", type=float, default=1.0, help="distribution task: pi_t = softmax(c g_t) (default 1)")
-    p.add_argument("--seeds", type=ints, default=(0, 1), metavar="A,B,...", help="seeds averaged (default 0,1)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--batch-size", type=int, default=1024, help="sequences per batch (default 1024)")
-    p.add_argument("--batches", type=int, default=1000, help="batches in each seed's data set (default 1000)")
-    p.add_argument("--epochs", type=int, default=10, help="passes over the data set (default 10)")
-    p.add_argument("--eval-every", type=int, default=500, help="steps between scores in each checkpoint's metrics")
-    p.add_argument("--stack", type=int, default=8, help="models trained at once in one padded stack (default 8)")
-    p.add_argument("--skip-instruments", action="store_true", help="no head-role measurements")
-    p.add_argument("--skip-mlp", action="store_true", help="no one-head-plus-MLP models (the mlp sweep)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_executor_flags(p)
+def parser():
+    p = cli.parser("python -m analyses.aot_capacity", __doc__)
+    cli.add_out(p, "results/aot_capacity")
+    cli.add_device(p)
+    cli.add_quiet(p)
+    cli.add_sweep(p)
+    cli.add_settings(p, AotSweep, "the task and the sweeps")
+    add_config_flags(p, AoTTrainConfig, "training", exclude=("device",), default_label="default")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     start = time.perf_counter()
-    task = AssociationTask(args.n_tokens, args.context, args.table_seed)
-    cfg = AoTTrainConfig(lr=args.lr, batch_size=args.batch_size, batches=args.batches, epochs=args.epochs,
-                         eval_every=args.eval_every, device=args.device)
+    sweep = cli.settings(args, AotSweep)
+    cfg = AoTTrainConfig(**given(args, AoTTrainConfig))
     cfg.validate()
-    args.head_layout = tuple(dict.fromkeys(args.head_layout))  # each layout once, in the order given
-    sweep_models = {}  # sweep -> its models in every layout
-    for layout in args.head_layout:
-        for sweep, models in sweeps(args, layout).items():
-            sweep_models.setdefault(sweep, []).extend(models)
-    for models in sweep_models.values():
-        for m in models:
-            m.validate()
-    if args.stack < 1 or not args.seeds:
-        raise ValueError("--stack must be >= 1 and --seeds must list at least one seed.")
-    resolve_device(args.device)
-    check_executor_flags(args)
-    out = args.out
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory.")
+    executor = cli.executor(args)
+    out = cli.out_dir(args, "results/aot_capacity")
     cells = Cells(out, {"analysis": "aot_capacity"})  # every setting is in the cell keys: a sweep can grow
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
 
-    all_models = sorted({m for models in sweep_models.values() for m in models}, key=lambda m: m.name)
-    with open_executor(args) as executor:
-        results = train_all(task, all_models, list(args.seeds), cfg, out, args.stack, cells, executor, progress)
-        if args.distribution_heads:
-            distributions = distribution(args, cfg, out, cells, executor, progress)
-    runs = runs_frame(task, sweep_models, results, list(args.seeds))
-    capacity = capacity_frame(runs)
-    fits = {layout: layout_fits(capacity[capacity.head_layout == layout], task, args) for layout in args.head_layout}
-    write_csv(out / "runs.csv", runs)
-    write_csv(out / "capacity.csv", capacity)
-    figure(capacity, fits, task, args, out / "capacity.png")
-
-    summary = {"task": repr(task), "n_sequences": task.n_sequences, "layouts": fits}
-    if args.distribution_heads:
-        summary["distribution"] = distributions
-    if not args.skip_instruments and (runs.sweep == "heads").any():
-        heads, table = instrument(out, runs, task, args.device, progress)
-        write_csv(out / "heads.csv", heads)
-        if table is not None:
-            write_csv(out / "head_tokens.csv", table.reset_index())
-        roles_figure(heads, table, out / "head_roles.png")
-        summary["head_roles"] = {"heads": len(heads), "position_heads": int((heads.role == "position").sum()),
-                                 "token_heads": int((heads.role == "token").sum()),
-                                 "mean_token_dependence": float(heads.token_dependence.mean()),
-                                 "mean_var_key_token": float(heads.var_key_token.mean()),
-                                 "mean_var_query_token": float(heads.var_query_token.mean()),
-                                 "mean_var_interaction": float(heads.var_interaction.mean()),
-                                 "mean_mass_pos0": float(heads.mass_pos0.mean())}
-    summary["settings"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
-                           for k, v in vars(args).items()}
-    summary["train"] = {**asdict(cfg), "steps": cfg.steps}
-    summary["cells_computed"] = cells.computed
-    summary["seconds"] = round(time.perf_counter() - start, 1)
-    write_summary(out / "summary.json", summary)
-    print(report(summary, capacity, out))
+    result = tables(train_sweeps(sweep, cfg, out, cells, executor, progress), sweep)
+    if not sweep.skip_instruments and (result.runs.sweep == "heads").any():
+        add_head_roles(result, out, sweep.task(), args.device, progress)
+    recorded = {"out": str(out), **asdict(sweep), "head_layout": sweep.layouts,
+                **{k: v for k, v in asdict(cfg).items() if k != "device"}, "device": args.device, "quiet": args.quiet,
+                **asdict(executor)}
+    result.summary["settings"] = {k: list(v) if isinstance(v, tuple) else v for k, v in recorded.items()}
+    result.summary["train"] = {**asdict(cfg), "steps": cfg.steps}
+    result.summary["cells_computed"] = cells.computed
+    result.summary["seconds"] = round(time.perf_counter() - start, 1)
+    write(result, sweep, out)
+    print(report(result.summary, result.capacity, out))
     return 0
 
 
-def layout_fits(capacity: pd.DataFrame, task: AssociationTask, args) -> dict:
+def layout_fits(capacity: pd.DataFrame, task: AssociationTask, sweep: AotSweep) -> dict:
     """The fits and comparisons of one head layout's rows of capacity.csv."""
     fits = {}
     heads_rows = capacity[capacity.sweep == "heads"]
@@ -403,7 +478,8 @@ def layout_fits(capacity: pd.DataFrame, task: AssociationTask, args) -> dict:
         slope = per_head_slopes(heads_rows).slope
         if len(slope):  # associations per head (before saturation), per head dimension
             fits["per_head_slope"] = float(slope.iloc[0])
-            fits["associations_per_head_dim"] = float(slope.iloc[0]) * task.n_sequences / (1 - 1 / task.n_tokens) / args.d_head
+            fits["associations_per_head_dim"] = (float(slope.iloc[0]) * task.n_sequences / (1 - 1 / task.n_tokens)
+                                                 / sweep.d_head)
     dh_rows = capacity[capacity.sweep == "d_head"]
     if len(dh_rows) >= 3:
         fits["fit_dh"] = fit_power(dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float))
@@ -411,7 +487,8 @@ def layout_fits(capacity: pd.DataFrame, task: AssociationTask, args) -> dict:
         fits["fit_dh_quadratic"] = dict(zip(("c2", "c1", "c0"), map(float, np.polyfit(
             dh_rows.d_head.to_numpy(float), dh_rows.accuracy.to_numpy(float), 2))))
     d_rows = capacity[capacity.sweep == "d_model"]
-    for side, rows in (("below", d_rows[d_rows.d_model <= args.d_head]), ("above", d_rows[d_rows.d_model >= args.d_head])):
+    for side, rows in (("below", d_rows[d_rows.d_model <= sweep.d_head]),
+                       ("above", d_rows[d_rows.d_model >= sweep.d_head])):
         if len(rows) >= 2:  # the paper's two linear pieces of Figure 2a, meeting at d = d_h
             fits[f"fit_d_{side}_dh"] = fit_linear(rows.d_model.to_numpy(float), rows.accuracy.to_numpy(float))
     slopes = per_head_slopes(capacity[capacity.sweep == "d_equal"])
@@ -433,22 +510,18 @@ def _matched(capacity: pd.DataFrame) -> list[dict]:
             for p in mlp.index if p in aot.index]
 
 
-def distribution(args, cfg: AoTTrainConfig, out: Path, cells: Cells, executor, progress: bool) -> dict:
-    """KL of attention-only models on the distribution task vs the rank-d floor."""
-    task = DistributionTask(args.n_tokens, args.context, args.table_seed, args.concentration)
-    models = [AoTModelConfig(args.d_model, h, args.d_head, head_layout=layout)
-              for layout in args.head_layout for h in args.distribution_heads]
-    results = train_all(task, models, list(args.seeds), cfg, out, args.stack, cells, executor, progress)
-    floor = rank_d_kl_floor(task.log_targets, args.d_model)
+def distribution_tables(task: DistributionTask, results: dict, d_model: int) -> tuple[pd.DataFrame, dict]:
+    """KL of attention-only models on the distribution task vs the rank-d floor: one row per
+    (model, seed), and the summary."""
+    floor = rank_d_kl_floor(task.log_targets, d_model)
     rows = [{"head_layout": m.head_layout, "n_heads": m.n_heads, "d_head": m.d_head, "d_model": m.d_model, "seed": s,
              "kl": r["loss"], "kl_floor": floor, "kl_gap": r["loss"] - floor, "top_token_accuracy": r["accuracy"],
              "checkpoint": r["checkpoint"]} for (m, s), r in results.items()]
     frame = pd.DataFrame(rows).sort_values(["head_layout", "n_heads", "seed"])
-    write_csv(out / "distribution.csv", frame)
     uniform_kl = float((task.log_targets.exp() * (task.log_targets + np.log(task.n_tokens))).sum(-1).mean())
     by_model = frame.groupby(["head_layout", "n_heads"]).kl.mean()
-    return {"task": repr(task), "kl_floor_rank_d": floor, "kl_of_uniform": uniform_kl,
-            "kl_by_model": {f"{layout} H={h}": float(v) for (layout, h), v in by_model.items()}}
+    return frame, {"task": repr(task), "kl_floor_rank_d": floor, "kl_of_uniform": uniform_kl,
+                   "kl_by_model": {f"{layout} H={h}": float(v) for (layout, h), v in by_model.items()}}
 
 
 def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
@@ -459,13 +532,17 @@ def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
         for sweep, x in (("heads", "n_heads"), ("d_head", "d_head"), ("d_model", "d_model"), ("mlp", "d_mlp")):
             rows = rows_of[rows_of.sweep == sweep].sort_values(x)
             if not rows.empty:
-                lines.append(f"{sweep:<9} " + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
+                lines.append(f"{sweep:<9} "
+                             + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
         if "fit_H" in fits:
-            lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; slope {fits['fit_H']['slope']:.4f} per head")
+            lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; "
+                         f"slope {fits['fit_H']['slope']:.4f} per head")
         if "fit_dh" in fits:
-            lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} (R^2 {fits['fit_dh']['r2']:.3f})")
+            lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} "
+                         f"(R^2 {fits['fit_dh']['r2']:.3f})")
         if "d_equal_slopes" in fits:
-            lines.append("d = d_h   per-head slope " + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
+            lines.append("d = d_h   per-head slope "
+                         + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
                          + (f"; ~ d^{fits['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in fits else ""))
         lines.append(f"bound     above the lower bound everywhere: {fits['above_lower_bound_everywhere']} "
                      f"(smallest margin {fits['min_margin_over_lower_bound']:+.3f})")
@@ -477,10 +554,11 @@ def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
         r = summary["head_roles"]
         lines.append(f"heads     {r['position_heads']} position heads, {r['token_heads']} token heads of {r['heads']}; "
                      f"variance of the attention explained by the key token {r['mean_var_key_token']:.2f}, "
-                     f"the query token {r['mean_var_query_token']:.2f}, their interaction {r['mean_var_interaction']:.2f}")
+                     f"the query token {r['mean_var_query_token']:.2f}, "
+                     f"their interaction {r['mean_var_interaction']:.2f}")
     lines.append(f"wrote     {out}/ in {summary['seconds']:.0f} s")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

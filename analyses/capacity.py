@@ -22,22 +22,36 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from analyses.executors import add_executor_flags, check_executor_flags, open_executor
+
+from analyses import cli
+from analyses.executors import Executor, open_executor
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
-from models.cli import _comma_list, run_cli
 from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
 from models.memories import KINDS, MemoryConfig, fit
 from models.trainer import train
 from models.weights import parameter_count
 
 TARGET = 0.99
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Capacity:
+    """A capacity sweep's results: one row per size (and seed), every probe, summary.json."""
+
+    table: pd.DataFrame  # capacity.csv
+    probes: pd.DataFrame  # probes.csv: every recorded probe
+    summary: dict
 
 
 def fitted_slope(x, y) -> float:
@@ -62,36 +76,59 @@ def memory_row(cfg: MemoryConfig, n: int, seed: int, device: str) -> dict:
             "accuracy": result["accuracy"][0], "steps_run": result["steps_run"]}
 
 
-def run_memory(args) -> dict:
-    device = resolve_device(args.device)
-    if args.m is not None and args.m_per_d is not None:
-        raise ValueError("give --m or --m-per-d, not both.")
-    if args.kind == "mlp" and args.m is None and args.m_per_d is None:
-        raise ValueError("--kind mlp needs --m (the widths) or --m-per-d.")
-    sizes = [(d, m) for d in args.d for m in (args.m or (None,))] if args.m_per_d is None else \
-        [(d, round(a * d)) for d in args.d for a in args.m_per_d]
-    configs = [MemoryConfig(kind=args.kind, d=d, m=m, embedding=args.embedding, steps=args.steps, lr=args.lr,
-                            outputs_per_input=args.outputs_per_input, n_outputs=args.outputs) for d, m in sizes]
-    for cfg in configs:
-        cfg.validate()
-    # what every probe shares; sizes and seeds are in the cell keys, so a sweep can grow.
-    # Fields added after the first sweeps are recorded only when set: those sweeps stay readable.
-    settings = {"analysis": "capacity memory", **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")
-                                                  and not (k in ("n_outputs", "eval_every") and v == getattr(MemoryConfig, k))}}
-    cells = Cells(args.out, settings)
-    searches = [(cfg, seed) for cfg in configs for seed in range(args.seeds)]
-    with open_executor(args) as executor:
-        found = run_jobs([memory_capacity(cfg, seed, args.device) for cfg, seed in searches], cells, executor,
-                         desc="memory probes", progress=not args.quiet)
-    rows = [{"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n_star": n_star, "parameters": cfg.parameters,
+@dataclass(frozen=True)
+class MemorySweep:
+    """The associative memories whose capacity N* is searched: sizes, seeds, and their fit."""
+
+    kind: str = _f("linear", "linear (full, or low rank with --m) | mlp", choices=KINDS)
+    d: tuple[int, ...] = _f((8, 16, 32), "embedding dimensions")
+    m: tuple[int, ...] | None = _f(None, "linear: ranks (default full); mlp: widths")
+    m_per_d: tuple[float, ...] | None = _f(None, "sizes m = a*d for each listed a, in place of --m "
+                                                 "(the paper's MLP widths: 1,2,4,8)")
+    seeds: int = _f(3, "seeds 0..N-1 per size (the paper 5)")
+    steps: int = _f(2000, "maximum Adam steps per fit (the paper 2^15)")
+    lr: float = _f(0.1, "Adam learning rate")
+    embedding: str = _f("sphere", "sphere (unit norm) | gaussian (N(0, 1/d) entries)", choices=("sphere", "gaussian"))
+    outputs_per_input: float = _f(1.0, "M/N: 1 = injective f")
+    outputs: int | None = _f(None, "M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
+
+    def __post_init__(self):
+        cli.at_least(self, d=1, m=1, seeds=1, steps=1, outputs=2)
+        cli.require(self, "lr", self.lr > 0, "> 0")
+        cli.require(self, "outputs_per_input", 0 < self.outputs_per_input <= 1, "in (0, 1]")
+        if self.m is not None and self.m_per_d is not None:
+            raise ValueError("give --m or --m-per-d, not both.")
+        if self.kind == "mlp" and self.m is None and self.m_per_d is None:
+            raise ValueError("--kind mlp needs --m (the widths) or --m-per-d.")
+        for cfg in self.memories():
+            cfg.validate()
+
+    def memories(self) -> list[MemoryConfig]:
+        """One memory per size: every d with every m (or m = a*d for every a of m_per_d)."""
+        sizes = [(d, m) for d in self.d for m in (self.m or (None,))] if self.m_per_d is None else \
+            [(d, round(a * d)) for d in self.d for a in self.m_per_d]
+        return [MemoryConfig(kind=self.kind, d=d, m=m, embedding=self.embedding, steps=self.steps, lr=self.lr,
+                             outputs_per_input=self.outputs_per_input, n_outputs=self.outputs) for d, m in sizes]
+
+    def recorded(self) -> dict:
+        """What every probe shares (settings.json); sizes and seeds are in the cell keys, so a
+        sweep can grow. Fields added after the first sweeps are recorded only when set: those
+        sweeps stay readable."""
+        first = asdict(self.memories()[0])
+        return {"analysis": "capacity memory", **{k: v for k, v in first.items() if k not in ("d", "m") and not (
+            k in ("n_outputs", "eval_every") and v == getattr(MemoryConfig, k))}}
+
+
+def search_memories(sweep: MemorySweep, cells: Cells, executor: Executor, device: str,
+                    progress: bool = True) -> list[dict]:
+    """N* of every memory size and seed, one row each (the probes are recorded in `cells`)."""
+    searches = [(cfg, seed) for cfg in sweep.memories() for seed in range(sweep.seeds)]
+    with open_executor(executor) as running:
+        found = run_jobs([memory_capacity(cfg, seed, device) for cfg, seed in searches], cells, running,
+                         desc="memory probes", progress=progress)
+    return [{"kind": cfg.kind, "d": cfg.d, "m": cfg.m, "seed": seed, "n_star": n_star, "parameters": cfg.parameters,
              "theory": cfg.theory, "n_star_over_theory": n_star / cfg.theory}
             for (cfg, seed), n_star in zip(searches, found)]
-    table = pd.DataFrame(rows)
-    summary = memory_report(table, configs[0], args.out, pd.DataFrame(cells.rows()),
-                            {"settings": settings, "seeds": args.seeds, "device": str(device),
-                             "probes_computed": cells.computed})
-    print(f"wrote {args.out}/ ({cells.computed} new probes)")
-    return summary
 
 
 @dataclass(frozen=True)
@@ -130,24 +167,35 @@ def authors_line(cfg: MemoryConfig) -> AuthorsLine | None:
     return None
 
 
-def memory_report(table: pd.DataFrame, cfg: MemoryConfig, out: Path, probes: pd.DataFrame, extra: dict) -> dict:
-    """From one row per (size, seed) with its N*: probes.csv, capacity.csv, summary.json and
-    capacity_{kind}.png, and the summary printed. Reports the plain slope of log N* against
-    log d (full linear) or log m*d, and the authors' law: the slope of log(N* ln N*) against
-    the same (2 and 1 when the law holds) and N* against the paper's line at every size."""
-    full = cfg.kind == "linear" and cfg.m is None
-    x_name, theory_slope = ("d", 2.0) if full else ("m*d", 1.0)
-    table = table.assign(x=table["d"] if full else table["m"] * table["d"])
+def _memory_means(table: pd.DataFrame) -> pd.DataFrame:
+    """Per size: the scale x, N* mean and std over seeds."""
     means = table.groupby(["d", "m"], dropna=False).agg(x=("x", "first"), n_star=("n_star", "mean"),
                                                         n_star_std=("n_star", "std"), theory=("theory", "first"))
-    means = means.reset_index()
+    return means.reset_index()
+
+
+def _is_full(cfg: MemoryConfig) -> bool:
+    return cfg.kind == "linear" and cfg.m is None
+
+
+def memory_tables(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, probes: pd.DataFrame, extra: dict) -> Capacity:
+    """From one row per (size, seed) with its N*: the capacity table and the summary. The plain
+    slope of log N* against log d (full linear) or log m*d, and the authors' law: the slope of
+    log(N* ln N*) against the same (2 and 1 when the law holds) and N* against the paper's
+    line at every size. `extra` is added to the summary."""
+    full = _is_full(cfg)
+    table = pd.DataFrame(rows)
+    table = table.assign(x=table["d"] if full else table["m"] * table["d"])  # the scale: d (full linear), else m*d
+    x_name, theory_slope = ("d", 2.0) if full else ("m*d", 1.0)
+    means = _memory_means(table)
     several = means["x"].nunique() > 1
     slope = fitted_slope(means["x"], means["n_star"]) if several else float("nan")
     line = authors_line(cfg)
     sizes = []
     for r in means.itertuples():
         size = {"d": int(r.d), "m": None if pd.isna(r.m) else int(r.m), "x": int(r.x),
-                "n_star_mean": float(r.n_star), "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
+                "n_star_mean": float(r.n_star),
+                "n_star_std": float(r.n_star_std) if r.n_star_std == r.n_star_std else None,
                 "n_star_over_theory": float(r.n_star / r.theory)}
         if line is not None:
             n_line = float(line.n_on_line(r.theory))
@@ -159,26 +207,52 @@ def memory_report(table: pd.DataFrame, cfg: MemoryConfig, out: Path, probes: pd.
         law_slope = fitted_slope(means["x"], line.value(means["n_star"])) if several else float("nan")
         summary["authors_line"] = {"law": line.law, "setting": line.setting,
                                    "fitted_slope": law_slope, "theory_slope": theory_slope,
-                                   "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*") + f" against log {x_name}"}
-    write_csv(out / "probes.csv", probes)
-    write_csv(out / "capacity.csv", table)
-    write_summary(out / "summary.json", summary)
-    kind = cfg.kind + " memory" + ("" if full else (" (rank m)" if cfg.kind == "linear" else " (width m)"))
-    if cfg.n_outputs is not None:
-        kind += f", M = {cfg.n_outputs} outputs"
-    _capacity_figure(means, table, full, slope, line, kind, out / f"capacity_{cfg.kind}.png")
-    lines = [f"{kind}: fitted slope of log N* against log {x_name}: {slope:.2f} (theory {theory_slope:.0f}, up to a log factor)"]
+                                   "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*")
+                                   + f" against log {x_name}"}
+    return Capacity(table, probes, summary)
+
+
+def _memory_title(cfg: MemoryConfig) -> str:
+    kind = cfg.kind + " memory" + ("" if _is_full(cfg) else (" (rank m)" if cfg.kind == "linear" else " (width m)"))
+    return kind + (f", M = {cfg.n_outputs} outputs" if cfg.n_outputs is not None else "")
+
+
+def write_memory(result: Capacity, cfg: MemoryConfig, out: Path) -> None:
+    """probes.csv, capacity.csv, summary.json and capacity_{kind}.png in `out`."""
+    write_csv(out / "probes.csv", result.probes)
+    write_csv(out / "capacity.csv", result.table)
+    write_summary(out / "summary.json", result.summary)
+    full = _is_full(cfg)
+    _capacity_figure(_memory_means(result.table), result.table, full, result.summary["fitted_slope"],
+                     authors_line(cfg), _memory_title(cfg), out / f"capacity_{cfg.kind}.png")
+
+
+def memory_text(result: Capacity, cfg: MemoryConfig) -> str:
+    """The fitted slopes and N* at every size, as the CLI prints them."""
+    s, full, line = result.summary, _is_full(cfg), authors_line(cfg)
+    lines = [f"{_memory_title(cfg)}: fitted slope of log N* against log {s['x']}: {s['fitted_slope']:.2f} "
+             f"(theory {s['theory_slope']:.0f}, up to a log factor)"]
     if line is not None:
-        a = summary["authors_line"]
+        a = s["authors_line"]
         lines.append(f"  the paper's line {line.law}: slope of {a['fitted_slope_of']}: {a['fitted_slope']:.2f} "
-                     f"(the law: {theory_slope:.0f})")
-    for s in sizes:
-        text = f"  d={s['d']:<4} m={s['m']}  N*={s['n_star_mean']:.1f}  N*/{'d^2' if full else 'md'}={s['n_star_over_theory']:.3f}"
+                     f"(the law: {s['theory_slope']:.0f})")
+    for size in s["sizes"]:
+        text = (f"  d={size['d']:<4} m={size['m']}  N*={size['n_star_mean']:.1f}  "
+                f"N*/{'d^2' if full else 'md'}={size['n_star_over_theory']:.3f}")
         if line is not None:
-            text += f"  line N={s['n_line']:.1f}  N*/line={s['n_star_over_line']:.2f}"
+            text += f"  line N={size['n_line']:.1f}  N*/line={size['n_star_over_line']:.2f}"
         lines.append(text)
-    print("\n".join(lines))
-    return summary
+    return "\n".join(lines)
+
+
+def memory_report(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, out: Path, probes: pd.DataFrame,
+                  extra: dict) -> dict:
+    """memory_tables -> write_memory -> print memory_text, for N* found elsewhere (one row per
+    size and seed, e.g. scripts/linear_memory_authors_recipe.py); the summary."""
+    result = memory_tables(rows, cfg, probes, extra)
+    write_memory(result, cfg, out)
+    print(memory_text(result, cfg))
+    return result.summary
 
 
 def _capacity_figure(means, table, full, slope, line, title, path):
@@ -228,26 +302,56 @@ def _capacity_figure(means, table, full, slope, line, title, path):
 
 
 # --------------------------------------------------------------------- transformers
-def transformer_run(shape: tuple, d: int, S: int, args) -> RunConfig:
-    """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
-    the learning rates as one batched run."""
-    alpha, beta, heads = shape
-    task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=args.answers, n_noise=2 * S,
-                      seq_len=args.seq_len)
-    return RunConfig(task=task, model=shape_model(alpha, beta, int(heads), d),
-                     train=TrainConfig(lr=tuple(args.lr), seed=(args.seed,), steps=args.steps, batch_size=args.batch_size,
-                                       eval_every=args.eval_every, eval_size=args.eval_size,
-                                       target_accuracy=TARGET, snapshots_per_octave=0, device=args.device))
+@dataclass(frozen=True)
+class TransformerSweep:
+    """The shapes and sizes whose largest learnable S = R is searched, and their training."""
+
+    shapes: tuple[tuple[float, float, float], ...] = _f(((1.0, 1.0, 2.0),), "(alpha, beta, H) of each shape")
+    d: tuple[int, ...] = _f((8, 16), "embedding dimensions")
+    answers: int = _f(8, "D, answers per relation")
+    seq_len: int = _f(32, "T")
+    lr: tuple[float, ...] = _f((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
+    seed: int = _f(0, "seed of initialisation and data")
+    steps: int = _f(16384, "maximum steps per run (2^14)")
+    batch_size: int = _f(1024, "fresh prompts per step")
+    eval_every: int = _f(128, "steps between held-out evaluations")
+    eval_size: int = _f(4096, "held-out prompts per evaluation")
+    bits_per_parameter: float = _f(2.0, "bits per parameter of the information-bound line in the figure")
+
+    def __post_init__(self):
+        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1)
+        cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
+        for shape in self.shapes:
+            for d in self.d:
+                shape_model(shape[0], shape[1], int(shape[2]), d)  # refuses a shape that does not fit d
+
+    def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
+        """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
+        the learning rates as one batched run."""
+        alpha, beta, heads = shape
+        task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=self.answers, n_noise=2 * S,
+                          seq_len=self.seq_len)
+        return RunConfig(task=task, model=shape_model(alpha, beta, int(heads), d),
+                         train=TrainConfig(lr=tuple(self.lr), seed=(self.seed,), steps=self.steps,
+                                           batch_size=self.batch_size, eval_every=self.eval_every,
+                                           eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
+                                           device=device))
+
+    def recorded(self) -> dict:
+        """What every training run shares (settings.json); shapes and sizes are in the cell keys."""
+        return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
+                "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
+                "eval_every": self.eval_every, "eval_size": self.eval_size}
 
 
-def transformer_capacity(shape: tuple, d: int, args):
+def transformer_capacity(shape: tuple, d: int, sweep: TransformerSweep, device: str):
     """The search for the largest S = R learned to >= 99% by the shape at size d (a job of
     analyses.sweep)."""
     model = shape_model(*shape[:2], int(shape[2]), d)
     start = max(2, int(math.sqrt(parameter_count(_section(model))["total"] / 16)))
     return search(bisection(start, lowest=2, grow=1.5, rel_tol=0.1),
                   lambda S: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}", transformer_row,
-                                 (shape, d, S, args)),
+                                 (shape, d, S, sweep, device)),
                   lambda row: row["accuracy"] >= TARGET)
 
 
@@ -255,55 +359,60 @@ def _section(model) -> dict:
     return {"d_model": model.d_model, "n_heads": model.n_heads, "d_head": model.d_head, "d_mlp": model.d_mlp}
 
 
-def transformer_row(shape, d, S, args) -> dict:
-    """One probe: the shape at size d trained on S = R."""
-    result = train(transformer_run(shape, d, S, args), progress=False)
+def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
+    """One probe: the shape at size d trained on S = R (device resolved where it runs)."""
+    result = train(sweep.run(shape, d, S, device), progress=False)
     t = result.training
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
             "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
             "seconds": t["seconds"], "parameters": parameter_count(result.model)["total"]}
 
 
-def run_transformer(args) -> dict:
-    shapes = args.shape or [(1.0, 1.0, 2.0)]
-    for shape in shapes:
-        for d in args.d:
-            shape_model(shape[0], shape[1], int(shape[2]), d)  # refuses a shape that does not fit d
-    resolve_device(args.device)
-    settings = {"analysis": "capacity transformer", "answers": args.answers, "seq_len": args.seq_len,
-                "lr": list(args.lr), "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size,
-                "eval_every": args.eval_every, "eval_size": args.eval_size}
-    cells = Cells(args.out, settings)
-    searches = [(shape, d) for shape in shapes for d in args.d]
-    with open_executor(args) as executor:
-        found = run_jobs([transformer_capacity(shape, d, args) for shape, d in searches], cells, executor,
-                         desc="transformer probes", progress=not args.quiet)
+def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executor, device: str,
+                        progress: bool = True) -> list[dict]:
+    """S* = R* of every shape and size, one row each (the runs are recorded in `cells`)."""
+    searches = [(shape, d) for shape in sweep.shapes for d in sweep.d]
+    with open_executor(executor) as running:
+        found = run_jobs([transformer_capacity(shape, d, sweep, device) for shape, d in searches], cells, running,
+                         desc="transformer probes", progress=progress)
     rows = []
     for (shape, d), S in zip(searches, found):
         params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
         rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
                      "parameters": params, "facts_per_parameter": S * S / params})
+    return rows
+
+
+def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.DataFrame, computed: int) -> Capacity:
+    """Facts stored against parameters: the fitted slope, overall and per shape."""
     table = pd.DataFrame(rows)
     ok = table[table["facts"] > 0]
     slope = fitted_slope(ok["parameters"], ok["facts"]) if ok["parameters"].nunique() > 1 else float("nan")
     per_shape = {shape: {"fitted_slope": fitted_slope(g["parameters"], g["facts"]) if len(g) > 1 else None,
                          "rows": g.drop(columns="shape").to_dict("records")}
                  for shape, g in ok.groupby("shape")}
-    summary = {"fitted_slope": slope, "shapes": per_shape, "bits_per_parameter": args.bits_per_parameter,
-               "bits_per_fact": math.log2(args.answers), "settings": settings,
-               "sizes": {"shapes": [list(s) for s in shapes], "d": list(args.d)}, "probes_computed": cells.computed}
-    write_csv(args.out / "probes.csv", pd.DataFrame(cells.rows()))
-    write_csv(args.out / "capacity.csv", table)
-    write_summary(args.out / "summary.json", summary)
-    _facts_figure(table, slope, args, args.out / "facts_vs_parameters.png")
-    lines = [f"facts stored against parameters: fitted slope {slope:.2f} (theory 1)"]
+    summary = {"fitted_slope": slope, "shapes": per_shape, "bits_per_parameter": sweep.bits_per_parameter,
+               "bits_per_fact": math.log2(sweep.answers), "settings": sweep.recorded(),
+               "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d)}, "probes_computed": computed}
+    return Capacity(table, probes, summary)
+
+
+def write_transformer(result: Capacity, sweep: TransformerSweep, out: Path) -> None:
+    """probes.csv, capacity.csv, summary.json and facts_vs_parameters.png in `out`."""
+    write_csv(out / "probes.csv", result.probes)
+    write_csv(out / "capacity.csv", result.table)
+    write_summary(out / "summary.json", result.summary)
+    _facts_figure(result.table, result.summary["fitted_slope"], sweep, out / "facts_vs_parameters.png")
+
+
+def transformer_text(result: Capacity) -> str:
+    lines = [f"facts stored against parameters: fitted slope {result.summary['fitted_slope']:.2f} (theory 1)"]
     lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
-              f"facts/parameter={r.facts_per_parameter:.3f}" for r in table.itertuples()]
-    print("\n".join(lines + [f"wrote {args.out}/ ({cells.computed} new training runs)"]))
-    return summary
+              f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
+    return "\n".join(lines)
 
 
-def _facts_figure(table, slope, args, path):
+def _facts_figure(table, slope, sweep: TransformerSweep, path):
     import matplotlib.ticker
     plt = pyplot()
 
@@ -315,8 +424,8 @@ def _facts_figure(table, slope, args, path):
     anchor_x, anchor_y = np.exp(np.log(ok["parameters"]).mean()), np.exp(np.log(ok["facts"]).mean())
     if not math.isnan(slope):
         ax.plot(x, anchor_y * (x / anchor_x) ** slope, "k-", lw=1, label=f"fit: slope {slope:.2f}")
-    bits = args.bits_per_parameter
-    ax.plot(x, bits * x / math.log2(args.answers), "r-.", lw=1,
+    bits = sweep.bits_per_parameter
+    ax.plot(x, bits * x / math.log2(sweep.answers), "r-.", lw=1,
             label=f"information bound: S·R·log2 D bits at {bits:g} bits/parameter")
     ax.set(xscale="log", yscale="log", xlabel="parameters (4·H·d_h·d + 2·m·d)", ylabel="facts stored (S·R)",
            title="Facts stored against parameters")
@@ -327,63 +436,53 @@ def _facts_figure(table, slope, args, path):
 
 # ----------------------------------------------------------------------------- CLI
 def _shape(text: str) -> tuple:
-    values = _comma_list(float)(text)
+    values = cli.comma_list(float)(text)
     if len(values) != 3:
         raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H, got {text!r}")
     return values
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.capacity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser():
+    p = cli.parser("python -m analyses.capacity", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("memory", help="associative-memory capacity N* against size (Figure 1)")
-    m.add_argument("--kind", choices=KINDS, default="linear", help="linear (full, or low rank with --m) | mlp")
-    m.add_argument("--d", type=_comma_list(int), default=(8, 16, 32), help="embedding dimensions (default 8,16,32)")
-    m.add_argument("--m", type=_comma_list(int), default=None, help="linear: ranks (default full); mlp: widths")
-    m.add_argument("--m-per-d", type=_comma_list(float), default=None,
-                   help="sizes m = a*d for each listed a, in place of --m (the paper's MLP widths: 1,2,4,8)")
-    m.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per size (default 3; the paper 5)")
-    m.add_argument("--steps", type=int, default=2000, help="maximum Adam steps per fit (default 2000; the paper 2^15)")
-    m.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (default 0.1)")
-    m.add_argument("--embedding", choices=("sphere", "gaussian"), default="sphere")
-    m.add_argument("--outputs-per-input", type=float, default=1.0, help="M/N: 1 = injective f (default)")
-    m.add_argument("--outputs", type=int, default=None,
-                   help="M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
+    cli.add_settings(m, MemorySweep, "the memories")
     t = sub.add_parser("transformer", help="facts stored against parameters across shapes (Figure 4 left)")
-    t.add_argument("--shape", type=_shape, action="append", help="ALPHA,BETA,H; repeat for several shapes (default 1,1,2)")
-    t.add_argument("--d", type=_comma_list(int), default=(8, 16), help="embedding dimensions (default 8,16)")
-    t.add_argument("--answers", type=int, default=8, help="D, answers per relation (default 8)")
-    t.add_argument("--seq-len", type=int, default=32, help="T (default 32)")
-    t.add_argument("--lr", type=_comma_list(float), default=(1e-3, 3e-3, 1e-2), help="learning rates, one batched run")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--steps", type=int, default=16384, help="maximum steps per run (default 2^14)")
-    t.add_argument("--batch-size", type=int, default=1024, help="fresh prompts per step (default 1024)")
-    t.add_argument("--eval-every", type=int, default=128)
-    t.add_argument("--eval-size", type=int, default=4096)
-    t.add_argument("--bits-per-parameter", type=float, default=2.0,
-                   help="bits per parameter of the information-bound line (default 2)")
+    t.add_argument("--shape", dest="shapes", type=_shape, action="append",
+                   help="ALPHA,BETA,H; repeat for several shapes (default 1,1,2)")
+    cli.add_seed(t, "initialisation and data")
+    cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
     for q in (m, t):
-        q.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
-        q.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-        q.add_argument("--quiet", action="store_true", help="no progress bar")
-        add_executor_flags(q)
+        cli.add_out(q)
+        cli.add_device(q)
+        cli.add_quiet(q)
+        cli.add_sweep(q)
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    check_executor_flags(args)
+    executor = cli.executor(args)
+    progress = not args.quiet
     if args.command == "memory":
-        if args.seeds < 1 or args.steps < 1 or min(args.d) < 1:
-            raise ValueError("--seeds, --steps and --d must be >= 1.")
-        run_memory(args)
+        sweep = cli.settings(args, MemorySweep)
+        cells = Cells(args.out, sweep.recorded())
+        rows = search_memories(sweep, cells, executor, args.device, progress)
+        cfg = sweep.memories()[0]
+        result = memory_tables(rows, cfg, pd.DataFrame(cells.rows()),
+                               {"settings": sweep.recorded(), "seeds": sweep.seeds,
+                                "device": str(resolve_device(args.device)), "probes_computed": cells.computed})
+        write_memory(result, cfg, args.out)
+        print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
     else:
-        if args.answers < 2 or args.seq_len < 3 or min(args.steps, args.batch_size, args.eval_every, args.eval_size, *args.d) < 1:
-            raise ValueError("--answers must be >= 2, --seq-len >= 3, --steps, --batch-size, --eval-every, --eval-size and --d >= 1.")
-        run_transformer(args)
+        sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
+        cells = Cells(args.out, sweep.recorded())
+        rows = search_transformers(sweep, cells, executor, args.device, progress)
+        result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
+        write_transformer(result, sweep, args.out)
+        print(transformer_text(result) + f"\nwrote {args.out}/ ({cells.computed} new training runs)")
     return 0
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

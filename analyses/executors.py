@@ -7,11 +7,11 @@ An executor has submit(cell), finished() -> (cell, row) for one submitted cell t
 returned (blocking until one has), and `running`, the cells computing now."""
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from analyses.sweep import Cell
@@ -21,39 +21,41 @@ RETRIES = 3  # times Ray re-runs a cell whose worker died (a cell that raises is
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the workers import this code from
 
 
-def add_executor_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("where the cells run")
-    group.add_argument("--executor", default="local", metavar="{local,ray}",
-                       help="local: one cell after another in this process (default); ray: every cell a Ray task")
-    group.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                       help="with --executor ray: an existing Ray cluster (`ray start --head` prints it); "
-                            "default: start a local Ray instance with one worker per core")
-    group.add_argument("--gpus-per-cell", type=float, default=None, metavar="F",
-                       help="with --executor ray on CUDA: the GPU share each cell asks for (0.25: four cells per GPU)")
+@dataclass(frozen=True)
+class Executor:
+    """Where a sweep's cells run (the flags --executor, --ray-address, --gpus-per-cell).
+    Settings this machine cannot run are refused (ValueError) when it is built, before
+    anything runs or is written."""
 
+    executor: str = field(default="local", metadata={
+        "help": "local: one cell after another in this process | ray: every cell a Ray task"})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "with --executor ray: an existing Ray cluster, HOST:PORT (`ray start --head` prints it); "
+                "default: start a local Ray instance with one worker per core"})
+    gpus_per_cell: float | None = field(default=None, metadata={
+        "help": "with --executor ray on CUDA: the GPU share each cell asks for (0.25: four cells per GPU)"})
 
-def check_executor_flags(args: argparse.Namespace) -> None:
-    """Refuse bad executor settings (ValueError) before anything runs or is written."""
-    if args.executor not in EXECUTORS:
-        raise ValueError(f"unknown --executor {args.executor!r}: choose local or ray.")
-    if args.executor == "local":
-        for flag, value in (("--ray-address", args.ray_address), ("--gpus-per-cell", args.gpus_per_cell)):
-            if value is not None:
-                raise ValueError(f"{flag} needs --executor ray.")
-        return
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ValueError("--executor ray needs Ray: pip install -e '.[ray]'.") from None
-    if args.gpus_per_cell is not None:
-        if not args.gpus_per_cell > 0:
-            raise ValueError(f"--gpus-per-cell must be > 0, got {args.gpus_per_cell}.")
-        import torch
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"unknown --executor {self.executor!r}: choose local or ray.")
+        if self.executor == "local":
+            for flag, value in (("--ray-address", self.ray_address), ("--gpus-per-cell", self.gpus_per_cell)):
+                if value is not None:
+                    raise ValueError(f"{flag} needs --executor ray.")
+            return
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError("--executor ray needs Ray: pip install -e '.[ray]'.") from None
+        if self.gpus_per_cell is not None:
+            if not self.gpus_per_cell > 0:
+                raise ValueError(f"--gpus-per-cell must be > 0, got {self.gpus_per_cell}.")
+            import torch
 
-        if args.ray_address is None and not torch.cuda.is_available():
-            raise ValueError("--gpus-per-cell needs CUDA, and this machine has no CUDA device.")
-    if args.ray_address is not None:
-        _check_reachable(args.ray_address)
+            if self.ray_address is None and not torch.cuda.is_available():
+                raise ValueError("--gpus-per-cell needs CUDA, and this machine has no CUDA device.")
+        if self.ray_address is not None:
+            _check_reachable(self.ray_address)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -70,21 +72,20 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 @contextmanager
-def open_executor(args: argparse.Namespace):
-    """The executor the flags ask for (check_executor_flags first); a Ray instance this
-    started is shut down on leaving."""
-    if args.executor == "local":
+def open_executor(settings: Executor):
+    """The executor `settings` ask for; a Ray instance this started is shut down on leaving."""
+    if settings.executor == "local":
         yield LocalExecutor()
         return
     import ray
 
     started = not ray.is_initialized()
     if started:
-        start_ray(args.ray_address)
+        start_ray(settings.ray_address)
     try:
-        if args.gpus_per_cell is not None and not ray.cluster_resources().get("GPU"):
+        if settings.gpus_per_cell is not None and not ray.cluster_resources().get("GPU"):
             raise ValueError("--gpus-per-cell: the Ray cluster has no GPU.")
-        yield RayExecutor(args.gpus_per_cell or 0)
+        yield RayExecutor(settings.gpus_per_cell or 0)
     finally:
         if started:
             ray.shutdown()

@@ -11,27 +11,48 @@ summary.json, hallucination.png and storage.png to DIR (default CKPT/analysis/ha
 """
 from __future__ import annotations
 
-import argparse
 import math
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses import plots
+from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import CheckpointError, load_checkpoint, snapshot_steps
-from models.cli import run_cli
 from probe.ablation import ablation_hooks
 from probe.accuracy import model_device, per_fact_accuracy
+from probe.contexts import fact_run
 from probe.hallucination import conditional_entropy, recall_metrics
-from probe.hooks import clean_run, has_mlp, last_position_logits
+from probe.hooks import has_mlp, last_position_logits
 from probe.phases import PhaseRule, hallucination_phase
 from probe.storage import StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
+
+
+@dataclass(frozen=True)
+class HallucinationSettings:
+    """What is measured at each snapshot, on how many prompts."""
+
+    eval_size: int = field(default=2048, metadata={"help": "held-out prompts per snapshot"})
+    seed: int = field(default=0, metadata={"help": "seed of the held-out prompts"})
+    storage_points: int = field(default=12, metadata={
+        "help": "snapshots (log-spaced) at which to measure attention/MLP storage; 0 = none"})
+    contexts: int = field(default=4, metadata={"help": "prompts per fact for the storage measurement"})
+
+    def __post_init__(self):
+        cli.at_least(self, eval_size=1, storage_points=0, contexts=1)
+
+
+@dataclass
+class Dynamics:
+    """The hallucination analysis of one checkpoint's snapshots."""
+
+    metrics: pd.DataFrame  # one row per snapshot: losses, accuracy, hallucination, storage shares
+    summary: dict  # the levels, the phase, the last snapshot (summary.json)
 
 
 def storage_shares(model, task: FactualRecallTask, contexts: int = 4, seed: int = 0,
@@ -39,14 +60,13 @@ def storage_shares(model, task: FactualRecallTask, contexts: int = 4, seed: int 
     """Shares of facts (0..1) that the attention path alone (MLP output mean-ablated) and the
     MLP path alone (attention's own write mean-ablated) recall in >= `known` of their
     contexts; the MLP share is NaN for an attention-only model. Same paths as locate_facts."""
-    clean_run.cache_clear()  # the weights change between snapshots; the cache is keyed by model
-    hooks = ablation_hooks(model, task, contexts, seed)
-    attention = per_fact_accuracy(model, task, contexts, seed, tuple(hooks.get("mean_ablate_mlp", ())))
+    _, run = fact_run(model, task, contexts, seed)  # a new clean run per call: the weights change between snapshots
+    hooks = ablation_hooks(model, task, contexts, seed, run=run)
+    attention = per_fact_accuracy(model, task, contexts, seed, tuple(hooks.get("mean_ablate_mlp", ())), run=run)
     shares = {"attention_recall_share": float((attention["accuracy"] >= known).mean()), "mlp_recall_share": math.nan}
     if has_mlp(model):
-        mlp = per_fact_accuracy(model, task, contexts, seed, tuple(hooks["mlp_path"]))
+        mlp = per_fact_accuracy(model, task, contexts, seed, tuple(hooks["mlp_path"]), run=run)
         shares["mlp_recall_share"] = float((mlp["accuracy"] >= known).mean())
-    clean_run.cache_clear()
     return shares
 
 
@@ -59,14 +79,14 @@ def log_spaced(steps: list[int], n: int) -> list[int]:
     return [steps[i] for i in index]
 
 
-def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed: int = 0,
-            storage_points: int = 12, contexts: int = 4, progress: bool = True) -> tuple[pd.DataFrame, FactualRecallTask]:
+def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed: int = 0, storage_points: int = 12,
+            contexts: int = 4, progress: bool = True) -> tuple[pd.DataFrame, FactualRecallTask]:
     """One row of metrics per snapshot of `ckpt` (the storage shares on a log-spaced subset)."""
     steps = snapshot_steps(ckpt)
     if not steps:
         raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
                               "--snapshots-per-octave N (N >= 1) to write them.")
-    first = load_checkpoint(ckpt, steps[0])
+    first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
     task = first.task
     model = build_bridge(first.model, first.weights, resolve_device(device))
     held_out = task.eval_set(eval_size, seed, model_device(model))
@@ -87,7 +107,8 @@ def summarise(metrics: pd.DataFrame, task: FactualRecallTask, rule: PhaseRule) -
     phase = hallucination_phase(metrics["step"].tolist(), metrics["loss"].tolist(),
                                 metrics["relation_only_loss"].tolist(), metrics["subject_only_loss"].tolist(),
                                 level, rule)
-    storage = metrics.dropna(subset=["attention_recall_share"]) if "attention_recall_share" in metrics else metrics.iloc[:0]
+    storage = (metrics.dropna(subset=["attention_recall_share"]) if "attention_recall_share" in metrics
+               else metrics.iloc[:0])
     return {
         "task": repr(task),
         "log_D": math.log(task.answers_per_relation),
@@ -113,7 +134,9 @@ def _first_step_at(frame: pd.DataFrame, column: str, share: float) -> int | None
     return int(frame["step"].iloc[last_below[-1] + 1 if len(last_below) else 0])
 
 
-def report(summary: dict, ckpt: str, out: Path) -> str:
+def report(dynamics: Dynamics, ckpt: str, out: Path) -> str:
+    """The short human summary printed by the CLI."""
+    summary = dynamics.summary
     final, phase = summary["final"], summary["phase"]
     lines = [f"{ckpt}: {summary['n_snapshots']} snapshots, log D = {summary['log_D']:.3f}, "
              f"H(a|r) = {summary['conditional_entropy']:.3f} nats",
@@ -137,49 +160,42 @@ def report(summary: dict, ckpt: str, out: Path) -> str:
     return "\n".join(lines)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.hallucination", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory with snapshots/ (docs/checkpoint_format.md)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/hallucination)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--eval-size", type=int, default=2048, help="held-out prompts per snapshot (default 2048)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out prompts (default 0)")
-    p.add_argument("--storage-points", type=int, default=12,
-                   help="snapshots (log-spaced) at which to measure attention/MLP storage; 0 = none (default 12)")
-    p.add_argument("--contexts", type=int, default=4, help="prompts per fact for the storage measurement (default 4)")
-    rule = p.add_argument_group("phase rule")
-    for f in fields(PhaseRule):
-        rule.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                          help=f"(default {f.default})")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+def follow(ckpt: str | Path, settings: HallucinationSettings = HallucinationSettings(), rule: PhaseRule = PhaseRule(),
+           device: str = "auto", progress: bool = True) -> Dynamics:
+    """Measure every snapshot of `ckpt` and find the phase (nothing written)."""
+    metrics, task = measure(ckpt, device, **asdict(settings), progress=progress)
+    return Dynamics(metrics, {"checkpoint": str(ckpt), **summarise(metrics, task, rule)})
+
+
+def write(dynamics: Dynamics, out: Path) -> None:
+    """metrics.csv, summary.json, hallucination.png and storage.png in `out`."""
+    write_csv(out / "metrics.csv", dynamics.metrics)
+    write_summary(out / "summary.json", dynamics.summary)
+    plots.hallucination_curves(dynamics.metrics, dynamics.summary, out / "hallucination.png")
+    plots.storage_over_time(dynamics.metrics, dynamics.summary, out / "storage.png")
+
+
+def parser():
+    p = cli.parser("python -m analyses.hallucination", __doc__)
+    cli.add_checkpoint(p, with_snapshots=True)
+    cli.add_out(p, "CKPT/analysis/hallucination")
+    cli.add_device(p)
+    cli.add_seed(p, "the held-out prompts")
+    cli.add_quiet(p)
+    cli.add_settings(p, HallucinationSettings, "what is measured", exclude=("seed",))
+    cli.add_settings(p, PhaseRule, "phase rule")
     return p
-
-
-def analyse(ckpt: str | Path, out: Path, device: str = "auto", eval_size: int = 2048, seed: int = 0,
-            storage_points: int = 12, contexts: int = 4, rule: PhaseRule = PhaseRule(), progress: bool = True) -> dict:
-    """Measure every snapshot, find the phase, write metrics.csv, summary.json and the two
-    figures to `out`; returns the summary."""
-    metrics, task = measure(ckpt, device, eval_size, seed, storage_points, contexts, progress)
-    summary = {"checkpoint": str(ckpt), **summarise(metrics, task, rule)}
-    write_csv(out / "metrics.csv", metrics)
-    write_summary(out / "summary.json", summary)
-    plots.hallucination_curves(metrics, summary, out / "hallucination.png")
-    plots.storage_over_time(metrics, summary, out / "storage.png")
-    return summary
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.eval_size < 1 or args.contexts < 1 or args.storage_points < 0:
-        raise ValueError("--eval-size and --contexts must be >= 1, --storage-points >= 0.")
-    rule = PhaseRule(**{f.name: getattr(args, f.name) for f in fields(PhaseRule)})
-    out = args.out or Path(args.ckpt) / "analysis" / "hallucination"
-    summary = analyse(args.ckpt, out, args.device, args.eval_size, args.seed, args.storage_points,
-                      args.contexts, rule, progress=not args.quiet)
-    print(report(summary, args.ckpt, out))
+    settings, rule = cli.settings(args, HallucinationSettings), cli.settings(args, PhaseRule)
+    out = cli.out_dir(args, "CKPT/analysis/hallucination")
+    dynamics = follow(args.ckpt, settings, rule, args.device, progress=not args.quiet)
+    write(dynamics, out)
+    print(report(dynamics, args.ckpt, out))
     return 0
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

@@ -10,31 +10,41 @@ head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_f
 """
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from analyses import plots
+from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models import load
-from models.cli import run_cli
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution
+from probe.contexts import fact_run
 from probe.denoising import denoising_scores, head_token_table, specialisation
-from probe.hooks import clean_run
 from probe.memory import recall_probes
 from probe.patching import activation_patching
 from probe.stats import with_interval
 from probe.storage import LABELS, StorageRule
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 KEYS = ["subject", "relation", "answer"]
+
+
+@dataclass(frozen=True)
+class LocateSettings:
+    """How many prompts locate_facts measures each fact on, and their seed."""
+
+    contexts: int = field(default=8, metadata={"help": "prompts per fact for accuracy, attribution, ablations"})
+    patch_contexts: int = field(default=2, metadata={"help": "prompts per fact for activation patching"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompts and bootstrap intervals"})
+
+    def __post_init__(self):
+        cli.at_least(self, contexts=2, patch_contexts=1)
 
 
 @dataclass
@@ -48,35 +58,33 @@ class Located:
 def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: int = 2, seed: int = 0,
            rule: StorageRule = StorageRule(), progress: bool = True) -> Located:
     """Every locate_facts measurement on a TransformerBridge `model` and its task."""
-    if contexts < 2 or patch_contexts < 1:
-        raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
+    settings = LocateSettings(contexts, patch_contexts, seed)
     start = time.perf_counter()
-    clean_run.cache_clear()  # weights may have been edited in place since the last call
+    _, run = fact_run(model, task, contexts, seed)  # one clean run per call: weights may have changed since the last
+    _, patch_run = fact_run(model, task, patch_contexts, seed)
     bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
         bar.update(1)
         return frame
 
-    parts = [step(per_fact_accuracy(model, task, contexts, seed)),
-             step(direct_logit_attribution(model, task, contexts, seed)),
-             ablations(model, task, contexts, seed, progress=lambda: bar.update(1)),
-             step(activation_patching(model, task, "subject", patch_contexts, seed)),
-             step(activation_patching(model, task, "relation", patch_contexts, seed)),
-             step(recall_probes(model, task, contexts, seed))]
+    parts = [step(per_fact_accuracy(model, task, contexts, seed, run=run)),
+             step(direct_logit_attribution(model, task, contexts, seed, run=run)),
+             ablations(model, task, contexts, seed, progress=lambda: bar.update(1), run=run),
+             step(activation_patching(model, task, "subject", patch_contexts, seed, run=patch_run)),
+             step(activation_patching(model, task, "relation", patch_contexts, seed, run=patch_run)),
+             step(recall_probes(model, task, contexts, seed, run=run))]
     facts = parts[0]
     for part in parts[1:]:
         facts = facts.merge(part, on=KEYS)
     facts = facts.copy()  # defragment after the merges
     facts["label"] = rule.label(facts)
-    head_tokens = head_token_table(model, task, contexts, seed)
-    heads = step(denoising_scores(model, task, contexts, seed)).merge(specialisation(head_tokens), on="head")
+    head_tokens = head_token_table(model, task, contexts, seed, run=run)
+    heads = step(denoising_scores(model, task, contexts, seed, run=run)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
-    clean_run.cache_clear()
     summary = _summary(facts, heads, task, rule, seed)
-    summary["settings"] = {"contexts": contexts, "patch_contexts": patch_contexts, "seed": seed,
-                           "rule": asdict(rule), "device": str(next(model.parameters()).device)}
+    summary["settings"] = {**asdict(settings), "rule": asdict(rule), "device": str(next(model.parameters()).device)}
     summary["seconds"] = round(time.perf_counter() - start, 2)
     return Located(facts, heads, head_tokens, summary)
 
@@ -115,7 +123,8 @@ def _summary(facts: pd.DataFrame, heads: pd.DataFrame, task: FactualRecallTask, 
                                   for label in LABELS},
         "recall": {name: _over_facts(name, facts[name].dropna(), seed)
                    for name in ("ov_probe", "mlp_probe") if facts[name].notna().any()},
-        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed) for name in ("attention", "mlp")},
+        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed)
+                          for name in ("attention", "mlp")},
         "top_heads": [{"head": int(r.head), "denoising_score": float(r.denoising_score),
                        "subject_score": float(r.subject_score), "relation_score": float(r.relation_score)}
                       for r in top.itertuples()],
@@ -160,25 +169,24 @@ def write(located: Located, out: Path, task: FactualRecallTask) -> None:
     plots.margin_scatter(located.facts, out / "margins.png")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.locate_facts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/locate_facts)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--contexts", type=int, default=8, help="prompts per fact for accuracy, attribution, ablations (default 8)")
-    p.add_argument("--patch-contexts", type=int, default=2, help="prompts per fact for activation patching (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and bootstrap intervals (default 0)")
-    p.add_argument("--step", type=int, default=None, help="analyse the snapshot of this training step instead of the final weights")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+def parser():
+    p = cli.parser("python -m analyses.locate_facts", __doc__)
+    cli.add_checkpoint(p)
+    cli.add_out(p, "CKPT/analysis/locate_facts")
+    cli.add_device(p)
+    cli.add_seed(p, "the prompts and bootstrap intervals")
+    cli.add_step(p)
+    cli.add_quiet(p)
+    cli.add_settings(p, LocateSettings, "what is measured", exclude=("seed",))
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    model, task = load(args.ckpt, args.device, args.step)
-    out = args.out or Path(args.ckpt) / "analysis" / "locate_facts"
-    located = locate(model, task, args.contexts, args.patch_contexts, args.seed, progress=not args.quiet)
+    settings = cli.settings(args, LocateSettings)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
+    out = cli.out_dir(args, "CKPT/analysis/locate_facts")
+    located = locate(model, task, **asdict(settings), progress=not args.quiet)
     located.summary["checkpoint"] = str(args.ckpt)
     located.summary["step"] = args.step
     write(located, out, task)
@@ -187,4 +195,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

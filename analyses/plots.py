@@ -10,7 +10,8 @@ from probe.storage import LABELS
 
 plt = pyplot()
 
-COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distributed": "#55A868", "not_stored": "#C7C7C7"}
+COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distributed": "#55A868",
+          "not_stored": "#C7C7C7"}
 
 
 def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
@@ -90,8 +91,10 @@ def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
         column = f"{name}_recall_share"
         if column in shown and shown[column].notna().any():
             points = shown.dropna(subset=[column])
-            ax.plot(points["step"], points[column], "o-", color=COLORS[name], label=f"facts recalled by the {name} path")
+            ax.plot(points["step"], points[column], "o-", color=COLORS[name],
+                    label=f"facts recalled by the {name} path")
     _shade_phase(ax, summary)
-    ax.set(xscale="log", xlabel="training step", ylabel="share", ylim=(-0.02, 1.02), title="Where the facts go over training")
+    ax.set(xscale="log", xlabel="training step", ylabel="share", ylim=(-0.02, 1.02),
+           title="Where the facts go over training")
     ax.legend(fontsize=8, frameon=False)
     save_figure(fig, path)

@@ -13,7 +13,6 @@ index.html is the whole report: it fetches nothing and opens from any folder.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -21,11 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import hallucination, locate_facts
+from analyses import cli, hallucination, locate_facts
 from analyses.visualize import page, parse_facts, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
-from models.cli import run_cli
 from probe.storage import LABELS
 
 LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
@@ -109,7 +107,8 @@ def locate_section(folder: Path) -> str:
     probes = {**{f"{k} recall probe": v for k, v in s.get("recall", {}).items()},
               **{f"{k} path accuracy": v for k, v in s.get("path_accuracy", {}).items()}}
     if probes:
-        parts.append(_table([[name, _interval(v)] for name, v in probes.items()], ["measure", "mean over facts [95% CI]"]))
+        parts.append(_table([[name, _interval(v)] for name, v in probes.items()],
+                            ["measure", "mean over facts [95% CI]"]))
     heads_csv = folder / "heads.csv"
     if heads_csv.is_file():
         heads = pd.read_csv(heads_csv, keep_default_na=False).sort_values("denoising_score", ascending=False)
@@ -128,7 +127,7 @@ def hallucination_results(ckpt: Path, device: str = "auto", fresh: bool = False,
         return None
     folder = ckpt / "analysis" / "hallucination"
     if fresh or not (folder / "summary.json").is_file():
-        hallucination.analyse(ckpt, folder, device, progress=progress)
+        hallucination.write(hallucination.follow(ckpt, device=device, progress=progress), folder)
     return folder
 
 
@@ -160,7 +159,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
           seed: int = 0, progress: bool = True) -> str:
     """The report page (HTML) of a checkpoint."""
     ckpt = Path(ckpt)
-    model, task = load(ckpt, device)
+    model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
     folder = located_results(ckpt, model, task, fresh, progress)
     dynamics = hallucination_results(ckpt, device, fresh, progress)
@@ -176,24 +175,23 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     return page(f"Report: {ckpt.name}", body)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/report)")
+def parser():
+    p = cli.parser("python -m analyses.report", __doc__)
+    cli.add_checkpoint(p)
+    cli.add_out(p, "CKPT/analysis/report")
+    cli.add_device(p)
+    cli.add_seed(p, "the attention-view prompts")
+    cli.add_quiet(p)
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help="facts whose attention to show (default: the first fact of each storage label found)")
     p.add_argument("--fresh", action="store_true",
                    help="rerun locate_facts and the hallucination analysis even when their results are there")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--seed", type=int, default=0, help="seed of the attention-view prompts (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    out = args.out or Path(args.ckpt) / "analysis" / "report"
+    out = cli.out_dir(args, "CKPT/analysis/report")
     text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet)
     write_text(out / "index.html", text)
     print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)")
@@ -201,4 +199,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

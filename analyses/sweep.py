@@ -156,10 +156,12 @@ class Cells:
 
 # ------------------------------------------------------------------ the engine
 def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", total: int | None = None,
-             progress: bool = True) -> list:
+             progress: bool = True, compute: bool = True) -> list:
     """Drive every job until it returns; their results, in the jobs' order. A cell asked for
     is read from `cells` if recorded, else submitted to `executor` (once, however many jobs
-    wait on it) and recorded when it returns. `total`: the number of cells, when known."""
+    wait on it) and recorded when it returns. `total`: the number of cells, when known.
+    compute=False reads recorded cells only: a job that asks for another one is left, and
+    its result is None (the tables of a sweep still running, or cut short)."""
     results: list = [None] * len(jobs)
     waiting: dict[str, list[int]] = {}  # key of a submitted cell -> the jobs waiting on it
     bar = _Bar(desc, total, executor, progress)
@@ -174,6 +176,8 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
                 results[i] = stop.value
                 return
             row = cells.recorded(cell.key)
+            if row is None and not compute:
+                return
             if row is None:
                 if cell.key not in waiting:
                     executor.submit(cell)

@@ -18,19 +18,20 @@ model and training flags as models.train, starting from the paper-tradeoff prese
 """
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from analyses.executors import add_executor_flags, check_executor_flags, open_executor
-from analyses.locate_facts import locate
+
+from analyses import cli
+from analyses.executors import Executor, open_executor
+from analyses.locate_facts import LocateSettings, locate
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models.bridge import build_bridge, resolve_device
 from models.checkpoint import load_checkpoint
-from models.cli import _comma_list, add_config_flags, given, run_cli
+from models.cli import add_config_flags, given
 from models.config import (
     ModelConfig,
     RunConfig,
@@ -47,27 +48,46 @@ from probe.storage import LABELS, StorageRule
 BASE = "paper-tradeoff"
 
 
+@dataclass
+class Result:
+    """One trade-off experiment's results: its CSV tables by file name, and summary.json."""
+
+    tables: dict[str, pd.DataFrame]
+    summary: dict
+
+
+def _write(result: Result, out: Path) -> None:
+    for name, table in result.tables.items():
+        write_csv(out / name, table)
+    write_summary(out / "summary.json", result.summary)
+
+
 def base_run(args) -> RunConfig:
+    """The paper-tradeoff preset with the task, model and training flags given (snapshots
+    off); refused (ValueError) if the model or the training cannot run."""
     base = preset(BASE)
-    return RunConfig(task=override(base.task, given(args, TaskConfig)),
-                     model=override(base.model, given(args, ModelConfig)),
-                     train=override(base.train, {"snapshots_per_octave": 0, **given(args, TrainConfig)}))
+    run = RunConfig(task=override(base.task, given(args, TaskConfig)),
+                    model=override(base.model, given(args, ModelConfig)),
+                    train=override(base.train, {"snapshots_per_octave": 0, **given(args, TrainConfig)}))
+    run.train.validate()
+    run.model.validate()
+    return run
 
 
-def storage_row(model, task, args) -> dict:
+def storage_row(model, task, locating: LocateSettings) -> dict:
     """locate_facts on `model`: accuracy over contexts and the share of facts per label."""
-    located = locate(model, task, args.contexts, args.patch_contexts, args.seed_locate, progress=False)
+    located = locate(model, task, **asdict(locating), progress=False)
     s = located.summary
     return {"located_accuracy": s["accuracy"], **{f"share_{k}": v for k, v in s["label_shares"].items()},
             "_facts": located.facts[["subject", "relation", "accuracy", "label"]]}
 
 
-def train_and_locate(run: RunConfig, args) -> dict:
+def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
     """Train `run` (its learning rates batched), keep the best, locate its facts."""
     result = train(run, progress=False)
     t = result.training
     model = build_bridge(result.model, result.weights, resolve_device(run.train.device))
-    row = storage_row(model, result.task, args)
+    row = storage_row(model, result.task, locating)
     row.pop("_facts")
     counts = parameter_count(result.model)
     return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
@@ -77,41 +97,79 @@ def train_and_locate(run: RunConfig, args) -> dict:
             "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
 
 
-def _settings(run: RunConfig, args, extra: dict) -> dict:
+def _settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
+    """settings.json of a trade-off sweep: what every cell shares."""
     recorded = asdict(run)
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
-    return {"analysis": f"tradeoff {args.command}", "run": recorded, "contexts": args.contexts,
-            "patch_contexts": args.patch_contexts, "seed_locate": args.seed_locate,
+    return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
+            "patch_contexts": locating.patch_contexts, "seed_locate": locating.seed,
             "rule": asdict(StorageRule()), **extra}  # cells labelled under another rule are not reused
 
 
 # ----------------------------------------------------------------------------- grid
-def run_grid(args) -> dict:
-    run = base_run(args)
-    cells_list = [(h, m) for h in args.heads for m in args.widths]
-    for h, m in cells_list:
-        override(run.model, {"n_heads": h, "d_mlp": m}).validate()
-    cells = Cells(args.out, _settings(run, args, {"heads": list(args.heads), "widths": list(args.widths)}))
-    jobs = [one(Cell(f"H{h}_m{m}", train_and_locate,
-                     (RunConfig(run.task, override(run.model, {"n_heads": h, "d_mlp": m}), run.train), args)))
-            for h, m in cells_list]
-    with open_executor(args) as executor:
-        rows = run_jobs(jobs, cells, executor, desc="trade-off grid", total=len(jobs), progress=not args.quiet)
+@dataclass(frozen=True)
+class Grid:
+    """The H x m grid: every number of heads with every MLP width."""
+
+    heads: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata={"help": "H values"})
+    widths: tuple[int, ...] = field(default=(1, 8, 16, 32, 64, 128), metadata={"help": "m values"})
+
+    def __post_init__(self):
+        cli.at_least(self, heads=1, widths=1)
+
+    def models(self, run: RunConfig) -> dict[tuple[int, int], ModelConfig]:
+        """The model of each cell (H, m), each refused if it cannot be built."""
+        models = {(h, m): override(run.model, {"n_heads": h, "d_mlp": m}) for h in self.heads for m in self.widths}
+        for model in models.values():
+            model.validate()
+        return models
+
+
+def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: Executor,
+              progress: bool = True, compute: bool = True) -> list[dict]:
+    """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
+    the recorded cells only)."""
+    jobs = [one(Cell(f"H{h}_m{m}", train_and_locate, (RunConfig(run.task, model, run.train), locating)))
+            for (h, m), model in grid.models(run).items()]
+    with open_executor(executor if compute else Executor()) as running:
+        rows = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(jobs), progress=progress,
+                        compute=compute)
+    return [row for row in rows if row is not None]
+
+
+def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> Result:
+    """grid.csv, and the 99% frontier (smallest m reaching 99% at each H) and the corners."""
     table = pd.DataFrame(rows)
-    frontier = {int(h): (int(g.loc[g["accuracy"] >= 0.99, "width"].min()) if (g["accuracy"] >= 0.99).any() else None)
+    score = _accuracy_column(table)
+    frontier = {int(h): (int(g.loc[g[score] >= 0.99, "width"].min()) if (g[score] >= 0.99).any() else None)
                 for h, g in table.groupby("heads")}
-    write_csv(args.out / "grid.csv", table)
-    corners = {name: table[(table["heads"] == h) & (table["width"] == m)].iloc[0].to_dict()
-               for name, h, m in (("attention_heavy", max(args.heads), min(args.widths)),
-                                  ("mlp_heavy", min(args.heads), max(args.widths)))}
-    summary = {"frontier_min_width_at_99": frontier, "corners": corners, "task": repr(run.task.build()),
-               "cells_computed": cells.computed}
-    write_summary(args.out / "summary.json", summary)
-    _grid_figure(table, frontier, args.out / "grid.png", run)
-    print(table[["heads", "width", "accuracy", "share_attention", "share_mlp", "share_both",
-                 "share_distributed", "share_not_stored"]].to_string(index=False, float_format="%.3f"))
-    print(f"wrote {args.out}/ ({cells.computed} new cells)")
-    return summary
+    corners = {name: corner.iloc[0].to_dict()
+               for name, h, m in (("attention_heavy", max(grid.heads), min(grid.widths)),
+                                  ("mlp_heavy", min(grid.heads), max(grid.widths)))
+               if len(corner := table[(table["heads"] == h) & (table["width"] == m)])}  # recorded ones
+    summary = {"frontier_min_width_at_99": frontier, "frontier_accuracy": score, "corners": corners,
+               "task": repr(run.task.build()), "cells": f"{len(table)} of {len(grid.heads) * len(grid.widths)}",
+               "cells_computed": computed}
+    return Result({"grid.csv": table}, summary)
+
+
+def _accuracy_column(table: pd.DataFrame) -> str:
+    """The accuracy the frontier is drawn on: the best over the run's evaluations (the paper's
+    measure) where the cells record it, else the final one."""
+    return "best_accuracy" if "best_accuracy" in table else "accuracy"
+
+
+def write_grid(result: Result, run: RunConfig, out: Path) -> None:
+    _write(result, out)
+    _grid_figure(result.tables["grid.csv"], result.summary["frontier_min_width_at_99"], out / "grid.png", run)
+
+
+def grid_text(result: Result, out: Path) -> str:
+    table = result.tables["grid.csv"]
+    columns = ["heads", "width", *dict.fromkeys(["accuracy", _accuracy_column(table)]), "share_attention",
+               "share_mlp", "share_both", "share_distributed", "share_not_stored"]
+    return (table[columns].to_string(index=False, float_format="%.3f")
+            + f"\nwrote {out}/ ({result.summary['cells_computed']} new cells)")
 
 
 PAPER_GRID = {"n_subjects": 32, "n_relations": 32, "answers_per_relation": 8, "d_model": 32, "d_head": 8}
@@ -126,8 +184,11 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
     plt = pyplot()
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
-    panels = [("accuracy", "held-out accuracy", "viridis"), ("share_attention", "share of facts in attention", "Blues"),
-              ("share_mlp", "share of facts in the MLP", "Oranges"), ("share_both", "share of facts in both", "Purples")]
+    score = _accuracy_column(table)
+    panels = [(score, f"held-out accuracy ({'best over the run' if score == 'best_accuracy' else 'final'})",
+               "viridis"), ("share_attention", "share of facts in attention", "Blues"),
+              ("share_mlp", "share of facts in the MLP", "Oranges"),
+              ("share_both", "share of facts in both", "Purples")]
     paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
                                     for k, v in PAPER_GRID.items())
     attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
@@ -139,8 +200,10 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
         for i in range(len(heads)):
             for j in range(len(widths)):
                 value = grid.iloc[i, j]
+                if np.isnan(value):  # a cell not recorded (yet)
+                    continue
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                        color="white" if value > 0.6 and col != "accuracy" else "black")
+                        color="white" if value > 0.6 and col != score else "black")
         xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
         ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="measured 99% frontier (smallest m)")
         if paper:  # the authors' annotations, in grid coordinates (piecewise linear between cells)
@@ -148,7 +211,8 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
             ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
             rows = np.linspace(0, len(heads) - 1, 200)
             at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
-            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
+            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)),
+                             left=np.nan, right=np.nan)
             ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
         ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
                       rotation=90 if len(widths) > 6 else 0)
@@ -160,26 +224,36 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
 
 
 # ----------------------------------------------------------------------------- swap
-VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}), "freeze_ov": ({}, {"freeze_ov": True})}  # model, train
+VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}),  # name -> (model, training) changes
+            "freeze_ov": ({}, {"freeze_ov": True})}
 
 
-def run_swap(args) -> dict:
-    run = base_run(args)
-    cells = Cells(args.out, _settings(run, args, {"variants": list(VARIANTS)}))
+def swap_rows(run: RunConfig, locating: LocateSettings, cells: Cells, executor: Executor,
+              progress: bool = True) -> list[dict]:
+    """One row per variant: accuracy and the shares of the storage labels."""
     jobs = [one(Cell(name, train_and_locate,
-                     (RunConfig(run.task, override(run.model, model), override(run.train, training)), args)))
+                     (RunConfig(run.task, override(run.model, model), override(run.train, training)), locating)))
             for name, (model, training) in VARIANTS.items()]
-    with open_executor(args) as executor:
-        found = run_jobs(jobs, cells, executor, desc="swap experiments", total=len(jobs), progress=not args.quiet)
-    rows = [{"variant": name, **row} for name, row in zip(VARIANTS, found)]
+    with open_executor(executor) as running:
+        found = run_jobs(jobs, cells, running, desc="swap experiments", total=len(jobs), progress=progress)
+    return [{"variant": name, **row} for name, row in zip(VARIANTS, found)]
+
+
+def swap_tables(rows: list[dict], run: RunConfig, computed: int) -> Result:
     table = pd.DataFrame(rows)
-    write_csv(args.out / "swap.csv", table)
-    write_summary(args.out / "summary.json", {"variants": table.set_index("variant").to_dict("index"),
-                                               "task": repr(run.task.build()), "cells_computed": cells.computed})
-    _stacked_shares(table, args.out / "swap.png")
-    print(table[["variant", "accuracy"] + [f"share_{k}" for k in LABELS]].to_string(index=False, float_format="%.3f"))
-    print(f"wrote {args.out}/")
-    return {"variants": rows}
+    return Result({"swap.csv": table}, {"variants": table.set_index("variant").to_dict("index"),
+                                        "task": repr(run.task.build()), "cells_computed": computed})
+
+
+def write_swap(result: Result, out: Path) -> None:
+    _write(result, out)
+    _stacked_shares(result.tables["swap.csv"], out / "swap.png")
+
+
+def swap_text(result: Result, out: Path) -> str:
+    table = result.tables["swap.csv"]
+    return (table[["variant", "accuracy"] + [f"share_{k}" for k in LABELS]].to_string(index=False, float_format="%.3f")
+            + f"\nwrote {out}/")
 
 
 def _stacked_shares(table, path):
@@ -199,12 +273,24 @@ def _stacked_shares(table, path):
 
 
 # ---------------------------------------------------------------------------- shrink
-def trained_model(args, run: RunConfig):
-    """(model section, weights, task): --ckpt, or the run trained once and kept in out/model."""
-    path = Path(args.ckpt) if args.ckpt else args.out / "model"
-    if not args.ckpt and not (path / "config.json").is_file():
-        train(run, progress=not args.quiet).save(path)
-    checkpoint = load_checkpoint(path)
+@dataclass(frozen=True)
+class Shrink:
+    """The model pruned (a checkpoint, or the flags' model trained into OUT/model) and how finely."""
+
+    ckpt: str | None = field(default=None, metadata={
+        "help": "checkpoint to prune (default: train the flags' model into OUT/model)"})
+    mlp_steps: int = field(default=8, metadata={"help": "pruning steps from 0 to all MLP neurons"})
+
+    def __post_init__(self):
+        cli.at_least(self, mlp_steps=1)
+
+
+def trained_model(ckpt: str | None, out: Path, run: RunConfig, progress: bool = True):
+    """(model section, weights, task): `ckpt`, or the run trained once and kept in out/model."""
+    path = Path(ckpt) if ckpt else out / "model"
+    if not ckpt and not (path / "config.json").is_file():
+        train(run, progress=progress).save(path)
+    checkpoint = load_checkpoint(path, kind="factual_recall")
     if checkpoint.model.get("attn_only"):
         raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
     return checkpoint.model, checkpoint.weights, checkpoint.task
@@ -215,29 +301,36 @@ def pruning_steps(n: int, steps: int) -> list[int]:
     return sorted({round(i * n / steps) for i in range(steps + 1)})
 
 
-def pruned_storage_row(section, weights, task, component: str, order: list, k: int, args, device: str) -> dict:
+def pruned_storage_row(section, weights, task, component: str, order: list, k: int, locating: LocateSettings,
+                       device: str) -> dict:
     """locate_facts on the model with the first k units of `order` (MLP neurons or heads) removed
     (device resolved where it runs)."""
     removed = order[:k]
-    pruned = prune(weights, neurons=removed if component == "mlp" else (), heads=removed if component == "heads" else ())
-    row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, args)
+    pruned = prune(weights, neurons=removed if component == "mlp" else (),
+                   heads=removed if component == "heads" else ())
+    row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, locating)
     facts = row.pop("_facts")
     return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,
             "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
 
 
-def run_shrink(args) -> dict:
-    run = base_run(args)
-    section, weights, task = trained_model(args, run)  # a bad --ckpt is refused before anything is written
-    cells = Cells(args.out, _settings(run, args, {"ckpt": str(args.ckpt) if args.ckpt else None,
-                                                   "mlp_steps": args.mlp_steps}))
+def shrink_rows(model: tuple, shrink: Shrink, run: RunConfig, locating: LocateSettings, cells: Cells,
+                executor: Executor, progress: bool = True) -> list[dict]:
+    """One row per pruning step of `model` (section, weights, task): every fact's accuracy and
+    label with the first k MLP neurons (or heads) of the pruning order removed."""
+    section, weights, task = model
     orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
-    plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], args.mlp_steps)] + \
+    plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], shrink.mlp_steps)] + \
            [("heads", k) for k in pruning_steps(section["n_heads"], section["n_heads"])[1:]]
-    jobs = [one(Cell(f"{c}_{k}", pruned_storage_row, (section, weights, task, c, orders[c], k, args, run.train.device)))
-            for c, k in plan]
-    with open_executor(args) as executor:
-        rows = run_jobs(jobs, cells, executor, desc="pruning steps", total=len(jobs), progress=not args.quiet)
+    jobs = [one(Cell(f"{c}_{k}", pruned_storage_row,
+                     (section, weights, task, c, orders[c], k, locating, run.train.device))) for c, k in plan]
+    with open_executor(executor) as running:
+        return run_jobs(jobs, cells, running, desc="pruning steps", total=len(jobs), progress=progress)
+
+
+def shrink_tables(rows: list[dict], task, computed: int) -> Result:
+    """shrink_facts.csv (every fact at every step, with the store it was in before) and
+    shrink.csv (the share of each store's facts still recalled at every step)."""
     before = next(r for r in rows if r["removed"] == 0)
     facts = task.all_facts()
     table = []
@@ -248,20 +341,24 @@ def run_shrink(args) -> dict:
                           "store_before": before["fact_label"][i], "accuracy": acc, "survives": acc >= 0.5,
                           "label": label})
     table = pd.DataFrame(table)
-    write_csv(args.out / "shrink_facts.csv", table)
     curves = (table.groupby(["component", "removed", "fraction", "store_before"])["survives"].mean()
               .rename("surviving_share").reset_index())
-    write_csv(args.out / "shrink.csv", curves)
     summary = {"store_before": {k: int(v) for k, v in pd.Series(before["fact_label"]).value_counts().items()},
                "steps": [{k: r[k] for k in ("component", "removed", "fraction", "located_accuracy",
                                              *[f"share_{lab}" for lab in LABELS])} for r in rows],
-               "cells_computed": cells.computed}
-    write_summary(args.out / "summary.json", summary)
-    _shrink_figure(curves, args.out / "shrink.png")
-    print(curves.pivot_table(index=["component", "removed"], columns="store_before", values="surviving_share")
-          .to_string(float_format="%.2f"))
-    print(f"wrote {args.out}/")
-    return summary
+               "cells_computed": computed}
+    return Result({"shrink_facts.csv": table, "shrink.csv": curves}, summary)
+
+
+def write_shrink(result: Result, out: Path) -> None:
+    _write(result, out)
+    _shrink_figure(result.tables["shrink.csv"], out / "shrink.png")
+
+
+def shrink_text(result: Result, out: Path) -> str:
+    curves = result.tables["shrink.csv"]
+    return (curves.pivot_table(index=["component", "removed"], columns="store_before", values="surviving_share")
+            .to_string(float_format="%.2f") + f"\nwrote {out}/")
 
 
 def _shrink_figure(curves, path):
@@ -283,51 +380,62 @@ def _shrink_figure(curves, path):
 
 
 # ----------------------------------------------------------------------------- CLI
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.tradeoff", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser():
+    p = cli.parser("python -m analyses.tradeoff", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     grid = sub.add_parser("grid", help="H x m grid: accuracy and storage shares (Figure 4 right)")
-    grid.add_argument("--heads", type=_comma_list(int), default=(1, 2, 4, 8, 16, 32), help="H values")
-    grid.add_argument("--widths", type=_comma_list(int), default=(1, 8, 16, 32, 64, 128), help="m values")
+    cli.add_settings(grid, Grid, "the grid")
+    grid.add_argument("--recorded-only", action="store_true",
+                      help="write the table and figures of the cells recorded so far in --out, computing none "
+                           "(a sweep still running, or cut short)")
     swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
     shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
-    shrink.add_argument("--ckpt", default=None, help="checkpoint to prune (default: train the flags' model into OUT/model)")
-    shrink.add_argument("--mlp-steps", type=int, default=8, help="pruning steps from 0 to all MLP neurons (default 8)")
+    cli.add_settings(shrink, Shrink, "the pruning")
     for q in (grid, swap, shrink):
-        q.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
-        q.add_argument("--contexts", type=int, default=8, help="locate_facts prompts per fact (default 8)")
-        q.add_argument("--patch-contexts", type=int, default=2, help="locate_facts patching prompts per fact (default 2)")
-        q.add_argument("--seed-locate", type=int, default=0, help="seed of locate_facts' prompts")
-        q.add_argument("--quiet", action="store_true", help="no progress bars")
-        add_executor_flags(q)
-        add_config_flags(q, TaskConfig, "task (paper-tradeoff preset)")
-        add_config_flags(q, ModelConfig, "model (paper-tradeoff preset)")
-        add_config_flags(q, TrainConfig, "training (paper-tradeoff preset; snapshots off)")
+        cli.add_out(q)
+        cli.add_device(q)
+        cli.add_quiet(q)
+        cli.add_sweep(q)
+        cli.add_settings(q, LocateSettings, "locate_facts in every cell", exclude=("seed",))
+        q.add_argument("--seed-locate", type=cli.seed, default=0, help="seed of locate_facts' prompts (default 0)")
+        base = preset(BASE)
+        add_config_flags(q, TaskConfig, f"task ({BASE} preset)", base=base.task)
+        add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model)
+        add_config_flags(q, TrainConfig, f"training ({BASE} preset; snapshots off)", exclude=("device",),
+                         base=base.train)
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.contexts < 2 or args.patch_contexts < 1:
-        raise ValueError("--contexts must be >= 2 and --patch-contexts >= 1.")
-    run = base_run(args)
-    run.train.validate()
-    run.model.validate()
-    resolve_device(run.train.device)
-    check_executor_flags(args)
+    locating = cli.settings(args, LocateSettings, seed=args.seed_locate)
+    run = base_run(args)  # --device is the training's
+    executor = cli.executor(args)
+    progress, out = not args.quiet, args.out
     if args.command == "grid":
-        if min(args.heads) < 1 or min(args.widths) < 1:
-            raise ValueError("--heads and --widths must be >= 1.")
-        run_grid(args)
+        grid = cli.settings(args, Grid)
+        grid.models(run)  # every cell's model is refused before anything runs
+        cells = Cells(out, _settings("grid", run, locating, {"heads": list(grid.heads), "widths": list(grid.widths)}))
+        rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
+        result = grid_tables(rows, grid, run, cells.computed)
+        write_grid(result, run, out)
+        print(grid_text(result, out))
     elif args.command == "swap":
-        run_swap(args)
+        cells = Cells(out, _settings("swap", run, locating, {"variants": list(VARIANTS)}))
+        result = swap_tables(swap_rows(run, locating, cells, executor, progress), run, cells.computed)
+        write_swap(result, out)
+        print(swap_text(result, out))
     else:
-        if args.mlp_steps < 1:
-            raise ValueError("--mlp-steps must be >= 1.")
-        run_shrink(args)
+        shrink = cli.settings(args, Shrink)
+        model = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
+        extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps}
+        cells = Cells(out, _settings("shrink", run, locating, extra))
+        result = shrink_tables(shrink_rows(model, shrink, run, locating, cells, executor, progress), model[2],
+                               cells.computed)
+        write_shrink(result, out)
+        print(shrink_text(result, out))
     return 0
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

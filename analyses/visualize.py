@@ -13,23 +13,32 @@ works offline (circuitsvis's inline script; never its CDN version), and DIR/view
 """
 from __future__ import annotations
 
-import argparse
 import html
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 import torch
 
+from analyses import cli
 from analyses.output import write_summary
 from models import load
 from models.checkpoint import write_text
-from models.cli import run_cli
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 N_DEFAULT_FACTS = 3
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """The prompts the views and the head x token table are read on."""
+
+    contexts: int = field(default=8, metadata={"help": "prompts per fact for the head x token table"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompts"})
+
+    def __post_init__(self):
+        cli.at_least(self, contexts=1)
 
 
 @dataclass(frozen=True)
@@ -197,32 +206,31 @@ def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | Non
     return prompts, head_token_table(model, task, contexts, seed)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyses.visualize", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ckpt", help="checkpoint directory (docs/checkpoint_format.md)")
+def parser():
+    p = cli.parser("python -m analyses.visualize", __doc__)
+    cli.add_checkpoint(p)
+    cli.add_out(p, "CKPT/analysis/visualize")
+    cli.add_device(p)
+    cli.add_seed(p, "the prompts")
+    cli.add_step(p)
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help=f"facts to show, e.g. 3:1,7:0 (default: {N_DEFAULT_FACTS} evenly spaced over the fact table)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default CKPT/analysis/visualize)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--contexts", type=int, default=8, help="prompts per fact for the head x token table (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
-    p.add_argument("--step", type=int, default=None, help="show the snapshot of this training step instead of the final weights")
+    cli.add_settings(p, ViewSettings, "what is shown", exclude=("seed",))
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.contexts < 1:
-        raise ValueError("--contexts must be >= 1.")
-    model, task = load(args.ckpt, args.device, args.step)
+    settings = cli.settings(args, ViewSettings)
+    model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     facts = parse_facts(args.facts, task) if args.facts else None
-    out = args.out or Path(args.ckpt) / "analysis" / "visualize"
-    prompts, table = visualize(model, task, facts, args.seed, args.contexts)
+    out = cli.out_dir(args, "CKPT/analysis/visualize")
+    prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)
     body = (f'<p class="note">{html.escape(repr(task))}; checkpoint <code>{html.escape(str(args.ckpt))}</code>'
             f"{'' if args.step is None else f', step {args.step}'}</p>\n" + views_section(prompts, table))
-    write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": args.seed,
-                                       "facts": [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]})
+    facts_shown = [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]
+    write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": settings.seed,
+                                       "facts": facts_shown})
     write_text(out / "index.html", page("Attention views", body))
     for p in prompts:
         print(p.title)
@@ -231,4 +239,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)

@@ -38,7 +38,8 @@ def main() -> None:
                             "--device", args.device, "--quiet"], check=True, stdout=subprocess.DEVNULL)
             seconds.append(time.perf_counter() - start)
         summary = json.loads((Path(tmp) / "out" / "summary.json").read_text())
-    print(f"facts {summary['n_facts']}  contexts {summary['settings']['contexts']}  device {summary['settings']['device']}")
+    print(f"facts {summary['n_facts']}  contexts {summary['settings']['contexts']}  "
+          f"device {summary['settings']['device']}")
     print(f"locate_facts wall seconds: min {min(seconds):.1f}  median {statistics.median(seconds):.1f}  "
           f"max {max(seconds):.1f}  (analysis alone, median run: {summary['seconds']:.1f} s)")
     print(f"locate_facts_seconds {statistics.median(seconds):.1f}")

@@ -90,7 +90,8 @@ def main() -> None:
           f"{args.steps} steps each{' ' + ' '.join(grid_flags) if grid_flags else ''}; {os.cpu_count()} cores")
 
     local, local_table = grid_seconds(argv)
-    print(f"local: {local:.1f} s = {n_cells / local * 3600:.0f} cells/h (this process, {torch.get_num_threads()} torch threads)")
+    print(f"local: {local:.1f} s = {n_cells / local * 3600:.0f} cells/h "
+          f"(this process, {torch.get_num_threads()} torch threads)")
 
     start = time.perf_counter()
     start_ray(num_cpus=args.workers)
@@ -101,8 +102,8 @@ def main() -> None:
                  RayExecutor(), progress=False)
     startup = time.perf_counter() - start
     ray_seconds, ray_table = grid_seconds([*argv, "--executor", "ray"])
-    print(f"ray: {ray_seconds:.1f} s = {n_cells / ray_seconds * 3600:.0f} cells/h ({args.workers} workers x 1 torch thread; "
-          f"start-up and warm-up {startup:.1f} s, not counted)")
+    print(f"ray: {ray_seconds:.1f} s = {n_cells / ray_seconds * 3600:.0f} cells/h "
+          f"({args.workers} workers x 1 torch thread; start-up and warm-up {startup:.1f} s, not counted)")
     print(f"same table: {ray_table.equals(local_table)}")
     print(f"ray_over_local {local / ray_seconds:.2f}")
 

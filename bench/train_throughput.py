@@ -73,7 +73,8 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
     run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
-    weights = {key: t.to(device) for key, t in stack([init_weights(run.model, task, s) for _, s in runs]).items()}  # [K, ...]
+    weights = stack([init_weights(run.model, task, s) for _, s in runs])  # [K, ...]
+    weights = {key: t.to(device) for key, t in weights.items()}
     params = {key: weights[key].requires_grad_() for key in trainable_keys(weights, run.model)}
     optimizer = Optimizer(params, torch.full((k,), lr, device=device), "adam")
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for _, s in runs}
@@ -224,7 +225,8 @@ def _status_mib(field: str) -> float:
     return int(re.search(rf"^{field}:\s+(\d+) kB", open("/proc/self/status").read(), re.M)[1]) / 1024
 
 
-def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str, seq_len: int | None = None) -> float:
+def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str,
+                    seq_len: int | None = None) -> float:
     """Run in a fresh process: build `variant`, do MEMORY_STEPS steps, return its peak memory."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (library import not counted)
 
@@ -254,7 +256,8 @@ def main() -> None:
     parser.add_argument("--memory-seq-lens", type=lambda t: [int(x) for x in t.split(",")], default=[32, 256],
                         help="sequence lengths T at which to measure our peak memory (default 32,256)")
     parser.add_argument("--trained-steps", type=int, default=8192,
-                        help="also time both on a model trained this many steps (a power of two; 0: fresh weights only)")
+                        help="also time both on a model trained this many steps "
+                             "(a power of two; 0: fresh weights only)")
     parser.add_argument("--trained-state", type=Path, default=None,
                         help="folder keeping that trained model's state, reused when present "
                              "(default: PRESET-STEPS-DEVICE in the temporary folder)")
@@ -299,7 +302,8 @@ def main() -> None:
           f"and >= {args.round_seconds:g} s | "
           f"device {device} | torch threads {torch.get_num_threads()}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
-    print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
+    print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}"
+          f"   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
     for name, r in rates.items():
         peak = f"{memory[name]:>10.1f}" if name in memory else f"{'-':>10}"
         models = 1 if name.startswith("tl") else args.k
@@ -333,7 +337,8 @@ def main() -> None:
                 per_round, median = median_ratio(cpu_rates[a], cpu_rates[b])
                 print(f"{label}_cpu_time {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
         per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k)
-        print(f"speedup_vs_transformerlens_trained {median:.1f}  (per round: {', '.join(f'{r:.1f}' for r in per_round)})")
+        print(f"speedup_vs_transformerlens_trained {median:.1f}  "
+              f"(per round: {', '.join(f'{r:.1f}' for r in per_round)})")
     ratios, median = median_ratio(rates["ours"], rates["tl"], args.k)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + ", ".join(f"{r:.1f}" for r in ratios))
     print(f"speedup_vs_transformerlens {median:.1f}")

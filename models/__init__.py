@@ -1,7 +1,20 @@
-"""What is measured: configs and presets, TransformerLens models, training, checkpoints."""
-from models.bridge import build_bridge, load, resolve_device
-from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, preset
+"""The models of both families, factual recall and attention-only memorisation (Dana et
+al., the `aot_` files), one file per job:
 
-__all__ = ["build_bridge", "load", "resolve_device", "Checkpoint", "CheckpointError",
-           "load_checkpoint", "ModelConfig", "RunConfig", "TaskConfig", "TrainConfig", "preset"]
+  config.py                        what a model is: frozen configs (+ the factual-recall presets)
+  weights.py, aot_weights.py       its weights: shapes, initialisation (the dana head layout and
+                                   its TransformerLens form), stacks of K models
+  forward.py, aot_forward.py       the trainers' fast forwards, each pinned to the TransformerLens
+                                   model by a parity test
+  trainer.py, aot_trainer.py       training K models at once -> TrainResult
+  checkpoint.py                    saving and reading checkpoints of every task kind
+  bridge.py                        the TransformerLens model (TransformerBridge), and `load`:
+                                   checkpoint -> (model, task) for either family
+"""
+from models.bridge import build_bridge, load, resolve_device
+from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_config
+from models.config import AoTModelConfig, AoTTrainConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig, preset
+
+__all__ = ["build_bridge", "load", "resolve_device", "Checkpoint", "CheckpointError", "load_checkpoint",
+           "read_config", "AoTModelConfig", "AoTTrainConfig", "ModelConfig", "RunConfig", "TaskConfig",
+           "TrainConfig", "preset"]

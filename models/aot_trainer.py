@@ -3,90 +3,38 @@
 Each seed draws `batches` batches of `batch_size` sequences from the uniform prior once
 (the paper's data set: 1000 batches of 1024) and every model of that seed sees them in the
 same order for `epochs` epochs, with Adam (models.trainer.Optimizer). All K models of a
-call (any sizes, any seeds) are one padded stack (models.aot.Stack): the loss is the sum
+call (any sizes, any seeds) are one padded stack (models.aot_weights.Stack): the loss is the sum
 of each model's mean loss on its own batch, so each model's gradient and Adam state equal
 those of its separate run.
 
 A batch of 1024 draws from only T_0 = N^S distinct sequences (2500 for bigrams), so a
-step computes the logits of the whole population once (models.aot.population_logits, a
-grid of contractions) and weights each sequence's loss by its count in the batch / 1024:
+step computes the logits of the whole population once (models.aot_forward.population_logits,
+a grid of contractions) and weights each sequence's loss by its count in the batch / 1024:
 the same loss and gradient as the batch, and exact scores on all T_0 sequences for free.
 Both scores are kept: the accuracy on all T_0 sequences at the end, and the authors' own,
 the mean of the last 100 training-batch accuracies (`batch_accuracy`).
 
 The models of the dana head layout train in their own parametrisation: each step maps it
-to the equivalent TransformerLens weights (models.aot.to_transformer_lens, differentiable)
+to the equivalent TransformerLens weights (models.aot_weights.to_transformer_lens, differentiable)
 and runs the same population forward.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict
 
 import torch
 from tqdm.auto import tqdm
 
-from models.aot import (
-    AoTModelConfig,
-    Stack,
-    init_weights,
-    population_logits,
-    stack_models,
-)
+from models.aot_forward import population_logits
+from models.aot_weights import Stack, init_weights, stack_models
 from models.bridge import resolve_device
-from models.checkpoint import write_checkpoint
-from models.trainer import Optimizer
-from probe.association import SequenceTask
+from models.config import AoTModelConfig, AoTTrainConfig
+from models.trainer import DATA_SEED_OFFSET, Optimizer, TrainResult
+from tasks.association import SequenceTask
 
-DATA_SEED_OFFSET = 1_000_000  # the batches of seed s come from seed s + DATA_SEED_OFFSET
 BATCH_ACCURACY_STEPS = 100  # batch_accuracy: the mean over the last this many training batches
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class AoTTrainConfig:
-    lr: float = _f(1e-3, "Adam learning rate")
-    batch_size: int = _f(1024, "sequences per batch")
-    batches: int = _f(1000, "batches drawn once per seed (the data set)")
-    epochs: int = _f(10, "passes over the data set")
-    eval_every: int = _f(500, "score every model on all T_0 sequences every this many steps")
-    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
-
-    @property
-    def steps(self) -> int:
-        return self.batches * self.epochs
-
-    def validate(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}.")
-        for name in ("batch_size", "batches", "epochs", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
-
-
-@dataclass
-class Trained:
-    """One trained model: its config, seed, final scores on all T_0 sequences, the mean
-    accuracy of its last training batches, weights."""
-
-    model: AoTModelConfig
-    seed: int
-    accuracy: float
-    loss: float
-    weights: dict[str, torch.Tensor]  # checkpoint dict (HookedTransformer keys), CPU
-    metrics: list[dict]  # {"step", "loss", "accuracy"} per evaluation
-    batch_accuracy: float  # mean training-batch accuracy over the last BATCH_ACCURACY_STEPS steps
-
-    def save(self, out, task: SequenceTask, training: dict):
-        return write_checkpoint(out, self.model.checkpoint_section(task), task,
-                                {**training, "seed": self.seed, "final_accuracy": self.accuracy,
-                                 "final_loss": self.loss, "batch_accuracy": self.batch_accuracy,
-                                 "head_layout": self.model.head_layout, "parameters": self.model.parameters(task)},
-                                self.weights, self.metrics)
 
 
 def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
@@ -96,8 +44,11 @@ def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
 
 
 def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
-          progress: bool = True, desc: str = "training") -> list[Trained]:
-    """Train the K (model, seed) `runs` together on `task`; every model's final scores and weights."""
+          progress: bool = True, desc: str = "training") -> list[TrainResult]:
+    """Train the K (model, seed) `runs` together on `task`; every model's final scores and
+    weights, in the order of `runs`. The training section holds `final_accuracy` and
+    `final_loss` (on all T_0 sequences) and `batch_accuracy` (the mean accuracy of the last
+    BATCH_ACCURACY_STEPS training batches, the authors' score)."""
     cfg.validate()
     for model, _ in runs:
         model.validate()
@@ -122,7 +73,8 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
         bad = [k for k, v in enumerate(loss) if not math.isfinite(v)]
         if bad:
             model, seed = runs[bad[0]]
-            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); lower the learning rate.")
+            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); "
+                             "lower the learning rate.")
         for k in range(len(runs)):
             curves[k].append({"step": step, "loss": loss[k], "accuracy": acc[k],
                               "seconds": round(time.perf_counter() - start, 2)})
@@ -135,7 +87,8 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     for step in range(cfg.steps):
         counts = torch.zeros(len(seeds), task.n_sequences, device=device)
         counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
-        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)  # [K, T_0, N]
+        # [K, T_0, N]
+        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)
         losses = task.sequence_losses(logits)  # [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
             batch_correct += (task.sequence_correct(logits.detach()) * counts[order]).sum(-1)
@@ -149,6 +102,10 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     bar.close()
     weights = {k: v.detach() for k, v in stack.effective().items()}
     batch_accuracy = (batch_correct / (window * cfg.batch_size)).tolist()
-    return [Trained(model, seed, curves[k][-1]["accuracy"], curves[k][-1]["loss"], stack.checkpoint(k, weights),
-                    curves[k], batch_accuracy[k])
+    training = {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps}
+    return [TrainResult(task, sections[k], stack.checkpoint(k, weights),
+                        {**training, "seed": seed, "final_accuracy": curves[k][-1]["accuracy"],
+                         "final_loss": curves[k][-1]["loss"], "batch_accuracy": batch_accuracy[k],
+                         "head_layout": model.head_layout, "parameters": model.parameters(task)},
+                        curves[k])
             for k, (model, seed) in enumerate(runs)]

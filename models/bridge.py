@@ -1,4 +1,5 @@
-"""The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights.
+"""The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights
+(`build_bridge`), or loaded from a checkpoint of either model family (`load`).
 
 Analyses read activations through its hooks (`blocks.0.attn.hook_pattern`,
 `blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks. TransformerLens has
@@ -28,7 +29,8 @@ def resolve_device(device: str = "auto") -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but this machine has no CUDA GPU.")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s).")
+            raise ValueError(f"device {device!r} asked for, but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s).")
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
     return dev
@@ -100,8 +102,9 @@ def _make_attention_linear(bridge) -> None:
     bridge.add_hook("blocks.0.attn.hook_pattern", linear_pattern, is_permanent=True)
 
 
-def load(ckpt: str | Path, device: str = "auto", step: int | None = None):
-    """(TransformerBridge, FactualRecallTask) for a checkpoint directory (final weights, or
-    snapshot `step`), ready for run_with_cache / run_with_hooks."""
-    checkpoint = load_checkpoint(ckpt, step)
+def load(ckpt: str | Path, device: str = "auto", step: int | None = None, kind: str | None = None):
+    """(TransformerBridge, task) for a checkpoint directory of any task kind (final weights,
+    or snapshot `step`), ready for run_with_cache / run_with_hooks. With `kind` (a tool that
+    reads one kind only), a checkpoint of another kind is refused with a CheckpointError."""
+    checkpoint = load_checkpoint(ckpt, step, kind)
     return build_bridge(checkpoint.model, checkpoint.weights, resolve_device(device)), checkpoint.task

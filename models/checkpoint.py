@@ -1,4 +1,7 @@
-"""Read and write checkpoints in the format of docs/checkpoint_format.md (version 1).
+"""Read and write checkpoints in the format of docs/checkpoint_format.md (version 1), for
+every task kind: the reader checks the envelope every checkpoint shares, then the model and
+task sections of the kind that `task.kind` names (factual recall, or the association and
+distribution tasks of the attention-only family).
 
 safetensors and JSON only, nothing is unpickled. Every write goes to a temporary name in
 the same directory and is renamed into place, so an interrupted run never leaves a
@@ -17,8 +20,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from models.config import AoTModelConfig
 from models.weights import shapes
-from probe.task import FactualRecallTask
+from tasks import TASKS, Task, task_kind
+from tasks.association import SequenceTask
+from tasks.factual_recall import FactualRecallTask
 
 FORMAT = "factual-recall-ckpt"
 FORMAT_VERSION = 1
@@ -35,7 +41,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     path: Path
     config: dict  # the whole config.json
-    task: FactualRecallTask
+    task: Task
     weights: dict[str, torch.Tensor]  # HookedTransformer-format keys, float32, CPU
 
     @property
@@ -48,10 +54,11 @@ class Checkpoint:
 
 
 # --------------------------------------------------------------------------- reading
-def read_config(ckpt: str | Path) -> tuple[dict, FactualRecallTask]:
-    """config.json, validated, and the task it describes."""
+def read_config(ckpt: str | Path, kind: str | None = None) -> tuple[dict, Task]:
+    """config.json, validated, and the task it describes, of the kind it names. With `kind`
+    (a tool that reads one kind only), a checkpoint of another kind is refused."""
     try:
-        return _read_config(Path(ckpt))
+        return _read_config(Path(ckpt), kind)
     except (TypeError, KeyError, AttributeError, OverflowError, RuntimeError) as e:
         # a field of the wrong JSON type that _read_config's checks do not name
         raise CheckpointError(f"{Path(ckpt) / 'config.json'}: malformed ({type(e).__name__}: "
@@ -67,7 +74,8 @@ def read_envelope(ckpt: str | Path) -> dict:
         raise CheckpointError(f"{ckpt}: a pickle file, which is never loaded; a checkpoint is a directory "
                               "with config.json and model.safetensors.")
     if not ckpt.is_dir():
-        raise CheckpointError(f"{ckpt}: not a checkpoint directory ({'not a directory' if ckpt.exists() else 'no such directory'}).")
+        raise CheckpointError(f"{ckpt}: not a checkpoint directory "
+                              f"({'not a directory' if ckpt.exists() else 'no such directory'}).")
     path = ckpt / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (every checkpoint needs config.json).")
@@ -83,19 +91,29 @@ def read_envelope(ckpt: str | Path) -> dict:
     if config["format"] != FORMAT:
         raise CheckpointError(f"{path}: format is {config['format']!r}, expected {FORMAT!r}.")
     if config["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} (this reader knows {FORMAT_VERSION}).")
+        raise CheckpointError(f"{path}: unknown format_version {config['format_version']!r} "
+                              f"(this reader knows {FORMAT_VERSION}).")
     if not isinstance(config["model"], dict) or not isinstance(config["task"], dict):
         raise CheckpointError(f"{path}: 'model' and 'task' must be JSON objects.")
     return config
 
 
-def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
+def _read_config(ckpt: Path, kind: str | None) -> tuple[dict, Task]:
     config = read_envelope(ckpt)
     path = ckpt / "config.json"
-    model, task_cfg = config["model"], config["task"]
-    kind = task_cfg.get("kind", "factual_recall")
-    if kind != "factual_recall":
-        raise CheckpointError(f"{path}: task kind {kind!r} is not a factual-recall task; this tool reads factual_recall checkpoints only.")
+    found = task_kind(config["task"])
+    if kind is not None and found != kind:
+        raise CheckpointError(f"{path}: task kind {found!r} is not a {kind.replace('_', '-')} task; "
+                              f"this tool reads {kind} checkpoints only.")
+    if found not in TASKS:
+        raise CheckpointError(f"{path}: task kind {found!r} is not one of {', '.join(TASKS)}.")
+    if found == FactualRecallTask.kind:
+        return config, _factual_recall_task(path, config["model"], config["task"])
+    return config, _sequence_task(path, config["model"], config["task"])
+
+
+def _factual_recall_task(path: Path, model: dict, task_cfg: dict) -> FactualRecallTask:
+    """The factual-recall task of a checkpoint, its model section checked against it."""
     _check_model_section(path, model)
     try:
         task = FactualRecallTask.from_config(task_cfg)
@@ -106,8 +124,35 @@ def _read_config(ckpt: Path) -> tuple[dict, FactualRecallTask]:
     if model["d_vocab"] != task.d_vocab:
         raise CheckpointError(f"{path}: model.d_vocab {model['d_vocab']} differs from S + R + N + 1 = {task.d_vocab}.")
     if model["d_vocab_out"] != task.d_vocab_out:
-        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from R * D = {task.d_vocab_out}.")
-    return config, task
+        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from "
+                              f"R * D = {task.d_vocab_out}.")
+    return task
+
+
+def _sequence_task(path: Path, model: dict, task_cfg: dict) -> SequenceTask:
+    """The association or distribution task of an attention-only checkpoint, its model section checked."""
+    try:
+        task = TASKS[task_kind(task_cfg)].from_config(task_cfg)
+        layout = model.get("head_layout", "standard")
+        d = model["d_embed"] if layout == "dana" else model["d_model"]
+        AoTModelConfig(d, model["n_heads"], model["d_head"], model.get("d_mlp") or 0,
+                       model.get("act_fn", "gelu"), layout).validate()
+        if layout == "dana" and model["d_model"] != d + model["d_head"]:
+            raise ValueError(f"a dana-layout model has d_model = d_embed + d_head, got {model['d_model']} "
+                             f"with d_embed {d} and d_head {model['d_head']}.")
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {str(e).splitlines()[0]}") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: malformed model or task section ({type(e).__name__}: {e}).") from None
+    expected = {"n_layers": 1, "normalization_type": None, "n_ctx": task.seq_len, "d_vocab": task.d_vocab,
+                "d_vocab_out": task.d_vocab_out}
+    for key, value in expected.items():
+        if model.get(key, "absent") != value:
+            raise CheckpointError(f"{path}: model.{key} is {model.get(key, 'absent')!r}, "
+                                  f"expected {value!r} for {task}.")
+    if model.get("attention", "softmax") != "softmax":
+        raise CheckpointError(f"{path}: only softmax attention is supported for {task.kind} checkpoints.")
+    return task
 
 
 def _check_model_section(path: Path, model: dict) -> None:
@@ -120,7 +165,8 @@ def _check_model_section(path: Path, model: dict) -> None:
     if model["n_layers"] != 1:
         raise CheckpointError(f"{path}: model.n_layers is {model['n_layers']!r}; only one-layer models are supported.")
     if model["normalization_type"] is not None:
-        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), got {model['normalization_type']!r}.")
+        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), "
+                              f"got {model['normalization_type']!r}.")
     if model["act_fn"] != "relu":
         raise CheckpointError(f"{path}: model.act_fn must be 'relu', got {model['act_fn']!r}.")
     if model.get("attention", "softmax") not in ("softmax", "linear"):
@@ -140,7 +186,8 @@ def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for every malformation
-        raise CheckpointError(f"{path}: not a valid safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__}).") from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: not a valid safetensors file ({reason}).") from None
     weights = {}
     for key, shape in shapes(model).items():
         if key not in tensors:
@@ -154,9 +201,10 @@ def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_checkpoint(ckpt: str | Path, step: int | None = None) -> Checkpoint:
-    """A validated checkpoint: the final weights, or those of snapshot `step`."""
-    config, task = read_config(ckpt)
+def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None = None) -> Checkpoint:
+    """A validated checkpoint of any task kind (or only `kind`): the final weights, or those
+    of snapshot `step`."""
+    config, task = read_config(ckpt, kind)
     ckpt = Path(ckpt)
     file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
     return Checkpoint(ckpt, config, task, read_weights(file, config["model"]))
@@ -222,7 +270,7 @@ def write_weights(path: str | Path, weights: dict[str, torch.Tensor], cast: bool
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
 
 
-def write_checkpoint(ckpt: str | Path, model: dict, task: FactualRecallTask, training: dict,
+def write_checkpoint(ckpt: str | Path, model: dict, task: Task, training: dict,
                      weights: dict[str, torch.Tensor], metrics: list[dict] = (),
                      snapshots: dict[int, dict[str, torch.Tensor]] | None = None) -> Path:
     """Write a whole checkpoint directory; config.json goes last, so a directory with a

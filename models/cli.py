@@ -1,32 +1,62 @@
 """Command-line plumbing shared by every entry point: flags generated from the frozen
-config dataclasses, and bad input turned into one line on stderr and exit code 2."""
+config dataclasses, comma lists, and bad input turned into one line on stderr and exit
+code 2 (a ValueError from main, or a flag argparse refuses)."""
 from __future__ import annotations
 
 import argparse
 import shutil
 import sys
+import types
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str) -> None:
-    """One `--field-name` flag per dataclass field; default None means 'keep the preset's'."""
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose refusals are one line `error: ...` on stderr and exit code 2,
+    like run_cli's (argparse's own prints the usage first). Its subparsers are Parsers too."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str, *, exclude: tuple[str, ...] = (),
+                     default_label: str = "preset default here", base=None) -> None:
+    """One `--field-name` flag per dataclass field but those in `exclude`; default None means
+    'keep the preset's' (see `given`). The help text is the field's `help` metadata and the
+    value the command starts from: `base`'s (a config instance), else the class default."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(config_cls)
     for f in fields(config_cls):
+        if f.name in exclude:
+            continue
         flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        default = f.default if f.default is not MISSING else None
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        help_text = f"{f.metadata.get('help', '')} (preset default here: {shown})"
+        kind = _without_none(hints[f.name])
+        default = getattr(base, f.name) if base is not None else f.default if f.default is not MISSING else None
+        shown = (",".join(map(str, default)) or "none") if isinstance(default, tuple) else default
+        shown = "" if shown is None else f"({default_label}: {shown})"
+        help_text = " ".join(filter(None, [f.metadata.get("help"), shown]))
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(kind) is tuple:
             item = typing.get_args(kind)[0]
-            group.add_argument(flag, type=_comma_list(item), default=None, metavar="A,B,...", help=help_text)
+            group.add_argument(flag, type=comma_list(item), default=None, metavar="A,B,...", help=help_text)
         else:
             group.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"), help=help_text)
+
+
+def _without_none(kind):
+    """`X | None` -> X (a flag left out keeps the default, None included)."""
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return kind
 
 
 def given(args: argparse.Namespace, config_cls) -> dict:
@@ -34,12 +64,14 @@ def given(args: argparse.Namespace, config_cls) -> dict:
     return {f.name: getattr(args, f.name) for f in fields(config_cls) if getattr(args, f.name, None) is not None}
 
 
-def _comma_list(item_type):
+def comma_list(item_type):
+    """An argparse type: 'A,B,...' -> a tuple of `item_type`, at least one value."""
     def parse(text: str) -> tuple:
         try:
             values = tuple(item_type(x) for x in text.split(",") if x.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {item_type.__name__}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {item_type.__name__}, got {text!r}") from None
         if not values:
             raise argparse.ArgumentTypeError("expected at least one value")
         return values

@@ -1,4 +1,7 @@
-"""Frozen configs for a run (task, model, training) and the named presets.
+"""Frozen configs: what a model is and how it is trained, for both model families.
+
+- factual recall: a run (TaskConfig, ModelConfig, TrainConfig = RunConfig) and the named presets;
+- attention-only memorisation (Dana et al.): AoTModelConfig and AoTTrainConfig.
 
 Every field carries its help text, so `python -m models.train --help` documents it and a
 flag `--field-name` overrides it (see models/cli.py).
@@ -7,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from probe.task import FactualRecallTask
+from tasks.association import SequenceTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def _f(default, help: str, **kw):
@@ -40,17 +44,21 @@ class ModelConfig:
     d_mlp: int = _f(64, "m, MLP width")
     attn_only: bool = _f(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = _f("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian (random, N(0, 1/d) "
-                        "entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and answers on their own axes)",
+    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian "
+                        "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
+                        "answers on their own axes)",
                         choices=("sphere", "gaussian", "onehot"))
-    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) | direct "
-                      "(the last d_vocab_out axes are the answers' own and the tokens' random embeddings fill the first "
-                      "d_model - d_vocab_out: the attention's output matrix writes straight to the answer logits, as in the "
-                      "paper's Figure 5; --embedding onehot always reads directly)", choices=("unembed", "direct"))
-    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's non-factorised "
-                                "key-query and output-value matrices: W_Q = sqrt(d_head) I and W_V = I frozen, d_head = d)",
+    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) "
+                      "| direct (the last d_vocab_out axes are the answers' own and the tokens' random embeddings "
+                      "fill the first d_model - d_vocab_out: the attention's output matrix writes straight to the "
+                      "answer logits, as in the paper's Figure 5; --embedding onehot always reads directly)",
+                      choices=("unembed", "direct"))
+    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's "
+                                "non-factorised key-query and output-value matrices: W_Q = sqrt(d_head) I and "
+                                "W_V = I frozen, d_head = d)",
                                 choices=("factored", "merged"))
-    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant (every entry init_scale)",
+    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant "
+                   "(every entry init_scale)",
                    choices=("normal", "constant"))
     init_scale: float = _f(1.0, "scale of the trainable weights' initialisation (see --init)")
 
@@ -62,7 +70,7 @@ class ModelConfig:
         if not self.init_scale >= 0:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale!r}.")
 
-    def for_task(self, task: FactualRecallTask) -> "ModelConfig":
+    def for_task(self, task: FactualRecallTask) -> ModelConfig:
         """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
         d_vocab_out, merged attention weights set d_head = d."""
         model = self
@@ -134,7 +142,8 @@ def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelC
 
 
 _PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
-_FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32, facts="structured")
+_FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32,
+                        facts="structured")
 
 PRESETS: dict[str, RunConfig] = {
     # Small enough to reach >= 99% on a CPU in seconds; the default model.
@@ -201,3 +210,99 @@ def override(config, values: dict):
     if unknown:
         raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
     return replace(config, **values)
+
+
+# --------------------------------------------------------------------------- attention-only memorisation
+HEAD_LAYOUTS = ("standard", "dana")
+
+
+@dataclass(frozen=True)
+class AoTModelConfig:
+    """A model of the memorisation tasks (Dana et al.): one attention layer with trainable
+    embeddings, optionally followed by a GELU MLP; the head layouts are models.aot_weights'."""
+
+    d_model: int = _f(10, "d, embedding dimension")
+    n_heads: int = _f(1, "H, number of attention heads")
+    d_head: int = _f(10, "d_h, head dimension")
+    d_mlp: int = _f(0, "m, MLP width after the heads (0: attention-only)")
+    act_fn: str = _f("gelu", "MLP non-linearity (the paper's GELU, or relu)")
+    head_layout: str = _f("standard", "standard (the paper's equations) | dana (the authors' code: shared "
+                          "d -> d_h compression, d_h-dimensional positions, shared d_h -> d decompression)")
+
+    @property
+    def attn_only(self) -> bool:
+        return self.d_mlp == 0
+
+    @property
+    def dana(self) -> bool:
+        return self.head_layout == "dana"
+
+    def validate(self) -> None:
+        for name in ("d_model", "n_heads", "d_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if isinstance(self.d_mlp, bool) or not isinstance(self.d_mlp, int) or self.d_mlp < 0:
+            raise ValueError(f"d_mlp must be an integer >= 0, got {self.d_mlp!r}.")
+        if self.act_fn not in ("gelu", "relu"):
+            raise ValueError(f"act_fn must be 'gelu' or 'relu', got {self.act_fn!r}.")
+        if self.head_layout not in HEAD_LAYOUTS:
+            raise ValueError(f"head_layout must be one of {', '.join(HEAD_LAYOUTS)}, got {self.head_layout!r}.")
+
+    def checkpoint_section(self, task: SequenceTask) -> dict:
+        """The `model` section of config.json (TransformerLens field names). The dana layout
+        is saved as its TransformerLens form: d_model = d + d_h, `d_embed` = d."""
+        self.validate()
+        section = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
+                   "d_mlp": None if self.attn_only else self.d_mlp, "attn_only": self.attn_only,
+                   "act_fn": self.act_fn, "normalization_type": None, "n_ctx": task.seq_len,
+                   "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out, "attention": "softmax",
+                   "positional_embedding": "trainable"}
+        if self.dana:
+            section.update({"d_model": self.d_model + self.d_head, "head_layout": "dana", "d_embed": self.d_model})
+        return section
+
+    def parameters(self, task: SequenceTask) -> int:
+        """Trainable parameters. standard: d(S + 2N) embeddings, 4 H d_h d attention, 2 m d
+        MLP. dana: 2 N d embedding and unembedding, S d_h positions, 2 d d_h compression and
+        decompression, H (4 d_h^2 + 4 d_h) attention (nn.MultiheadAttention(d_h, 1) with
+        biases), 2 m d MLP."""
+        d, dh, H = self.d_model, self.d_head, self.n_heads
+        if self.dana:
+            return 2 * task.n_tokens * d + task.seq_len * dh + 2 * d * dh + H * 4 * dh * (dh + 1) + 2 * self.d_mlp * d
+        return d * (task.seq_len + 2 * task.n_tokens) + 4 * H * dh * d + 2 * self.d_mlp * d
+
+    def matched_mlp_width(self, n_heads: int) -> int:
+        """MLP width m at which this model with one head + the MLP has as many parameters
+        as with `n_heads` heads and no MLP: 2 m d = (n_heads - 1) x (parameters per head),
+        rounded (exact for the standard layout, and for dana when d = d_h)."""
+        per_head = 4 * self.d_head * (self.d_head + 1) if self.dana else 4 * self.d_head * self.d_model
+        return round((n_heads - 1) * per_head / (2 * self.d_model))
+
+    @property
+    def name(self) -> str:
+        return (f"d{self.d_model}_H{self.n_heads}_dh{self.d_head}" + (f"_m{self.d_mlp}" if self.d_mlp else "")
+                + ("_dana" if self.dana else ""))
+
+
+@dataclass(frozen=True)
+class AoTTrainConfig:
+    """Dana et al.'s recipe (appendix B): per seed, `batches` batches drawn once, `epochs` passes, Adam."""
+
+    lr: float = _f(1e-3, "Adam learning rate")
+    batch_size: int = _f(1024, "sequences per batch")
+    batches: int = _f(1000, "batches drawn once per seed (the data set)")
+    epochs: int = _f(10, "passes over the data set")
+    eval_every: int = _f(500, "score every model on all T_0 sequences every this many steps")
+    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+
+    @property
+    def steps(self) -> int:
+        return self.batches * self.epochs
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}.")
+        for name in ("batch_size", "batches", "epochs", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from models.checkpoint import write_checkpoint
 from models.cli import add_config_flags, given, prepare_out, run_cli
 from models.config import ModelConfig, TaskConfig, override
 from models.forward import last_position_logits
-from models.trainer import EVAL_SEED, TrainResult
+from models.trainer import EVAL_SEED
 from models.weights import ATTN, MLP, init_weights, stack
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 ATTENTION_LOGIT = 20.0  # score of a head's own group token at the EOS query (others get 0)
 ANSWER_LOGIT = 10.0  # logit an answer receives from each token tied to it
@@ -43,7 +44,10 @@ def head_groups(task: FactualRecallTask, n_heads: int) -> list[list[int]]:
         raise ValueError("the constructions need at least 2 heads (subject heads and relation heads).")
     subject_heads = max(1, round(n_heads * task.n_subjects / (task.n_subjects + task.n_relations)))
     subject_heads = min(subject_heads, n_heads - 1)
-    split = lambda ids, k: [ids[i::k] for i in range(k)]
+
+    def split(ids, k):
+        return [ids[i::k] for i in range(k)]
+
     return split(list(range(task.n_subjects)), subject_heads) + \
         split([task.relation_token(r) for r in range(task.n_relations)], n_heads - subject_heads)
 
@@ -81,7 +85,8 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
     together, so readings are exact and blind to the answer writes (needs d >= V + R*D)."""
     d, H, dh = model.d_model, model.n_heads, model.d_head
     if d < task.d_vocab + task.d_vocab_out:
-        raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, got {d}.")
+        raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, "
+                         f"got {d}.")
     groups = head_groups(task, H)
     if max(map(len, groups)) > dh:
         raise ValueError(f"each head holds up to {max(map(len, groups))} tokens, more than d_head = {dh}; "
@@ -95,7 +100,8 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
     relation_logit = max(attention_logit, mlp_logit) if relation_logit is None else relation_logit
     w = init_weights(model, task, seed)
     E, W_U = w["embed.W_E"], w["unembed.W_U"]  # [V, d], [d, O]
-    reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]  # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
+    # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
+    reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]
     writer = torch.linalg.pinv(W_U)  # [O, d]: writer[a] @ W_U = one-hot(a), in the span of the u_a
     copy = E - (E @ writer.T) @ W_U.T  # [V, d]: e_z without its part the unembedding reads
     scale = math.sqrt(ATTENTION_LOGIT * math.sqrt(dh))
@@ -163,8 +169,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
     p.add_argument("--seed", type=int, default=0, help="seed of the frozen random embeddings (default 0)")
-    add_config_flags(p, TaskConfig, "task")
-    add_config_flags(p, ModelConfig, "model")
+    add_config_flags(p, TaskConfig, "task", default_label="default", base=CONSTRUCTION_TASK)
+    add_config_flags(p, ModelConfig, "model", default_label="default", base=CONSTRUCTION_MODEL)
     args = p.parse_args(argv)
     task = override(CONSTRUCTION_TASK, given(args, TaskConfig)).build()
     model = override(CONSTRUCTION_MODEL, {"attn_only": args.kind == "attention", **given(args, ModelConfig)})
@@ -173,10 +179,10 @@ def main(argv=None) -> int:
     training = {"construction": "theorem3" if args.kind == "attention" else "theorem4", "storage": args.kind,
                 "seed": args.seed, "final_accuracy": acc, "attention_logit": ATTENTION_LOGIT,
                 "answer_logit": ANSWER_LOGIT}
-    result = TrainResult(task, model.checkpoint_section(task), weights, training, [], {}, {})
-    result.save(prepare_out(args.out, args.force))
+    write_checkpoint(prepare_out(args.out, args.force), model.checkpoint_section(task), task, training, weights)
     print(f"{args.kind} construction ({training['construction']}): {task}, d={model.d_model} H={model.n_heads} "
-          f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; wrote {args.out}/")
+          f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; "
+          f"wrote {args.out}/")
     return 0
 
 

@@ -31,8 +31,7 @@ import math
 
 import torch
 
-ATTN = "blocks.0.attn."
-MLP = "blocks.0.mlp."
+from models.weights import ATTN, MLP
 
 
 def has_positions(w: dict[str, torch.Tensor]) -> bool:

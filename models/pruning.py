@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-ATTN = "blocks.0.attn."
-MLP = "blocks.0.mlp."
+from models.weights import ATTN, MLP
 
 
 def neuron_norms(weights: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from models.bridge import resolve_device
 from models.checkpoint import write_json
 from models.cli import add_config_flags, given, prepare_out, run_cli
-from models.config import ModelConfig, PRESETS, RunConfig, TaskConfig, TrainConfig, override, preset
+from models.config import PRESETS, ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count
@@ -73,7 +73,8 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
     try:
         saved = json.loads(path.read_text())
         train_cfg = {**saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
-        return RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg)), saved["preset"]
+        run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
+        return run, saved["preset"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"{path}: not a valid run description.") from None
 

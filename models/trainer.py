@@ -1,16 +1,19 @@
-"""The batched trainer: K models (a learning-rate sweep, several seeds) trained as one job.
+"""The factual-recall trainer: K models (a learning-rate sweep, several seeds) trained as one job.
 
 Every tensor carries a leading model axis [K, ...]; the loss is the sum over models of each
 model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
 data stream equal those of its separate run. Training reads only the last position through
 models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
+
+Shared with the attention-only trainer (models.aot_trainer): the optimizer, the data-seed
+offset and the result type (TrainResult, one trained model ready to be saved).
 """
 from __future__ import annotations
 
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,22 +27,36 @@ from models.forward import has_positions, last_position_logits
 from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
-from probe.task import FactualRecallTask
+from tasks import Task
+from tasks.factual_recall import Batch, FactualRecallTask
 
-EVAL_SEED = 999  # the held-out set; training data streams use seed + DATA_SEED_OFFSET
-DATA_SEED_OFFSET = 1_000_000
+EVAL_SEED = 999  # the held-out set
+DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 
 
 @dataclass
 class TrainResult:
-    task: FactualRecallTask
+    """One trained model of either family, ready to be written as a checkpoint: its task,
+    config.json model and training sections, weights, curve and snapshots."""
+
+    task: Task
     model: dict  # the config.json model section
-    weights: dict[str, torch.Tensor]  # the kept model, CPU
-    training: dict  # the config.json training section
-    metrics: list[dict]
-    snapshots: dict[int, dict[str, torch.Tensor]]
-    stacked: dict[str, torch.Tensor]  # all K final models [K, ...], CPU
+    weights: dict[str, torch.Tensor]  # the model's checkpoint dict (HookedTransformer keys), CPU
+    training: dict  # the config.json training section (final_accuracy, final_loss, seed, ...)
+    metrics: list[dict]  # metrics.jsonl: one row per evaluation
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # checkpoint dicts by step
+    stacked: dict[str, torch.Tensor] | None = None  # factual recall: all K final models [K, ...], CPU
+
+    @property
+    def accuracy(self) -> float:
+        """Final accuracy: held-out (factual recall), or on all T_0 sequences (attention-only)."""
+        return self.training["final_accuracy"]
+
+    @property
+    def loss(self) -> float:
+        """Final loss in nats: cross-entropy, or KL for the distribution task."""
+        return self.training["final_loss"]
 
     def save(self, out: str | Path) -> Path:
         return write_checkpoint(out, self.model, self.task, self.training, self.weights,
@@ -107,27 +124,50 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
     run.train.validate()
     device = resolve_device(run.train.device)
     with flushed(device, flush_subnormals):
-        return _train(run, device, progress, wandb_project, preset_name, state_folder,
-                      "flushed" if device.type == "cpu" and flushing() else "kept")
+        subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
+        state = _start(run, device, state_folder)
+        logger = _wandb(wandb_project, run, preset_name) if wandb_project else None
+        _loop(state, state_folder, progress, logger)
+        if logger:
+            logger.finish()
+        return _result(state, preset_name, subnormals)
 
 
-def _train(run: RunConfig, device: torch.device, progress: bool, wandb_project: str | None,
-           preset_name: str | None, state_folder: Path | None, subnormals: str) -> TrainResult:
+@dataclass
+class _Training:
+    """A run in progress: the K models, their optimizer and data streams, and what has been
+    recorded so far."""
+
+    run: RunConfig
+    task: FactualRecallTask
+    device: torch.device
+    weights: dict[str, torch.Tensor]  # [K, ...] on the device, frozen tensors included
+    params: dict[str, torch.Tensor]  # the trainable ones among them
+    positional: bool  # W_pos is non-zero (it is frozen: decided once, no per-step host sync)
+    optimizer: Optimizer
+    generators: dict[int, torch.Generator]  # one data stream per seed
+    held_out: Batch
+    schedule: set[int]  # snapshot steps
+    step: int  # steps taken
+    metrics: list[dict]  # one row per evaluation
+    snapshots: dict[int, dict[str, torch.Tensor]]  # trainable weights [K, ...] by step, CPU
+    start: float  # time.perf_counter() at step 0 (earlier sessions' seconds included)
+
+
+def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _Training:
+    """Initial weights, optimizer and data streams; with `state_folder`, the last complete
+    saved state put back into them."""
     cfg = run.train
     task = run.task.build()
-    model_section = run.model.checkpoint_section(task)
     runs = cfg.runs
-    K = len(runs)
-
     weights = {k: t.to(device) for k, t in stack([init_weights(run.model, task, seed) for _, seed in runs]).items()}
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model, cfg.freeze_ov)}
-    positional = has_positions(weights)  # W_pos is frozen: decide once, no per-step host sync
+    positional = has_positions(weights)
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
     seeds = sorted({seed for _, seed in runs})
     generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
     held_out = task.eval_set(cfg.eval_size, EVAL_SEED, device)
     schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
-    logger = _wandb(wandb_project, run, preset_name) if wandb_project else None
 
     step, metrics, snapshots = 0, [], {}
     saved = complete_steps(state_folder) if state_folder else []
@@ -137,56 +177,82 @@ def _train(run: RunConfig, device: torch.device, progress: bool, wandb_project: 
         step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, generators)
         snapshots = saved_snapshots(state_folder, params)
     start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
-    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}", unit="step")
+    return _Training(run, task, device, weights, params, positional, optimizer, generators, held_out, schedule,
+                     step, metrics, snapshots, start)
+
+
+def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
+    """Step until the step budget is spent or the best model reaches the target accuracy,
+    evaluating every eval_every steps and taking the scheduled snapshots."""
+    cfg, runs, attention = state.run.train, state.run.train.runs, state.run.model.attention
+    K = len(runs)
+    bar = tqdm(total=cfg.steps, initial=state.step, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}",
+               unit="step")
     while True:
-        if step in schedule and step not in snapshots:
-            _check_finite(params, runs, step, snapshots)
-            snapshots[step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
-            if state_folder:
-                save_state(state_folder, step, params, optimizer, generators, metrics)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            loss, acc = evaluate(weights, held_out.tokens, held_out.answers, run.model.attention, positional)
-            row = {"step": step, "seconds": round(time.perf_counter() - start, 3),
-                   "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
-                              for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
-            _check_finite({"loss": loss}, runs, step, snapshots)
-            metrics.append(row)
-            best = max(row["models"], key=lambda m: (m["accuracy"], -m["loss"]))
+        if state.step in state.schedule and state.step not in state.snapshots:
+            _snapshot(state, state_folder)
+        if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+            best = _evaluate(state, logger)
             bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
-            if logger:
-                logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
-                            for key in ("loss", "accuracy")}, step=step)
-            if step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
+            if state.step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
                 break
-        tokens, answers = training_batch(task, generators, runs, cfg.batch_size)
-        train_step(weights, optimizer, tokens, answers, run.model.attention, positional)
-        step += 1
+        tokens, answers = training_batch(state.task, state.generators, runs, cfg.batch_size)
+        train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional)
+        state.step += 1
         bar.update(1)
     bar.close()
-    if logger:
-        logger.finish()
-    if step not in snapshots and schedule:
-        snapshots[step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+    if state.step not in state.snapshots and state.schedule:
+        state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
 
-    final = metrics[-1]["models"]
-    kept = max(range(K), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
-    for row in metrics:  # the kept model's curve is the checkpoint's curve; all K stay under "models"
+
+def _snapshot(state: _Training, state_folder: Path | None) -> None:
+    """Keep the trainable weights of this step (refusing non-finite ones); save the whole
+    training state beside them when the run is resumable."""
+    _check_finite(state.params, state.run.train.runs, state.step, state.snapshots)
+    state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
+    if state_folder:
+        save_state(state_folder, state.step, state.params, state.optimizer, state.generators, state.metrics)
+
+
+def _evaluate(state: _Training, logger) -> dict:
+    """Record every model's held-out loss and accuracy at this step; the best model's entry."""
+    runs = state.run.train.runs
+    loss, acc = evaluate(state.weights, state.held_out.tokens, state.held_out.answers, state.run.model.attention,
+                         state.positional)
+    row = {"step": state.step, "seconds": round(time.perf_counter() - state.start, 3),
+           "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
+                      for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
+    _check_finite({"loss": loss}, runs, state.step, state.snapshots)
+    state.metrics.append(row)
+    if logger:
+        logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
+                    for key in ("loss", "accuracy")}, step=state.step)
+    return max(row["models"], key=lambda m: (m["accuracy"], -m["loss"]))
+
+
+def _result(state: _Training, preset_name: str | None, subnormals: str) -> TrainResult:
+    """The kept model (the best final held-out accuracy, then loss) with its training section,
+    curve and snapshots; all K final models under `stacked`."""
+    run, cfg, runs = state.run, state.run.train, state.run.train.runs
+    final = state.metrics[-1]["models"]
+    kept = max(range(len(runs)), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
+    for row in state.metrics:  # the kept model's curve is the checkpoint's curve; all K stay under "models"
         row.update(loss=row["models"][kept]["loss"], accuracy=row["models"][kept]["accuracy"])
-    stacked = {k: t.detach().to("cpu") for k, t in weights.items()}
+    stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
     kept_weights = model_weights(stacked, kept)
     training = {
         **{k: v for k, v in asdict(cfg).items() if k not in ("lr", "seed")},
         "lr": runs[kept][0], "seed": runs[kept][1], "preset": preset_name,
-        "steps_run": step, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
+        "steps_run": state.step, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
-        "kept_model": kept, "runs": final, "device": str(device),
-        "seconds": round(time.perf_counter() - start, 2), "batch_seeds": "seed + 1000000",
-        "trainer": "models.trainer", "trainable": sorted(params), "subnormals": subnormals,
+        "kept_model": kept, "runs": final, "device": str(state.device),
+        "seconds": round(time.perf_counter() - state.start, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
+        "trainer": "models.trainer", "trainable": sorted(state.params), "subnormals": subnormals,
         "task_config": asdict(run.task), "model_config": asdict(run.model),
     }
-    return TrainResult(task, model_section, kept_weights, training, metrics,
-                       {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()},
-                       stacked)
+    snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in state.snapshots.items()}
+    return TrainResult(state.task, run.model.checkpoint_section(state.task), kept_weights, training, state.metrics,
+                       snapshots, stacked)
 
 
 def _check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:

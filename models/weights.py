@@ -1,7 +1,9 @@
-"""Weights in the HookedTransformer state-dict format, stacked along a leading model axis.
+"""Weights of the factual-recall models: shapes, initialisation, trainable keys, stacks.
 
-A *stack* maps each checkpoint key (`blocks.0.attn.W_Q`, ...) to a tensor [K, *shape]: K
-models trained at once. `model_weights(stack, k)` is model k's plain checkpoint dict.
+Weights use the HookedTransformer state-dict keys (`blocks.0.attn.W_Q`, ...; ATTN and MLP
+are their prefixes, shared by both model families, as is BIASES). A *stack* maps each key
+to a tensor [K, *shape]: K models trained at once. `model_weights(stack, k)` is model k's
+plain checkpoint dict.
 """
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import math
 import torch
 
 from models.config import ModelConfig
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
-ATTN = "blocks.0.attn."
+ATTN = "blocks.0.attn."  # key prefixes of the attention layer and the MLP
 MLP = "blocks.0.mlp."
 # Written to the residual stream at random and never trained (paper section 2).
 FROZEN = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U")
@@ -50,8 +52,9 @@ def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> 
 
 def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
-    one-hot, or random tokens with answers on their own axes), zero positional embedding and biases, trainable matrices N(0,
-    init_scale^2/fan_in) or constant init_scale; merged attention weights fix W_Q and W_V."""
+    one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
+    trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
+    fix W_Q and W_V."""
     model = model.for_task(task)
     section = model.checkpoint_section(task)
     g = torch.Generator().manual_seed(seed)

@@ -6,19 +6,20 @@ import pandas as pd
 import torch
 
 from probe.accuracy import facts_frame, per_fact_accuracy
-from probe.hooks import (HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_POST, HOOK_Z,
-                         clean_run, has_mlp, set_last)
-from probe.task import FactualRecallTask
+from probe.contexts import fact_run
+from probe.hooks import HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_POST, HOOK_Z, CleanRun, has_mlp, set_last
+from tasks.factual_recall import FactualRecallTask
 
 KEYS = ["subject", "relation", "answer"]
 
 
-def ablation_hooks(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> dict[str, list]:
+def ablation_hooks(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                   run: CleanRun | None = None) -> dict[str, list]:
     """Named hook lists: `{zero,mean}_ablate_{mlp,heads,head<h>}`, and `mlp_path`
     (attention's own write to the logits mean-ablated, the MLP still reads it). Means are
-    over the prompts."""
-    _, run = clean_run(model, task, contexts, seed)
-    mean_z, mean_mlp, mean_attn = run["z"].mean(0), run["mlp_out"].mean(0), run["attn_out"].mean(0)
+    over the prompts of the clean run `run` (contexts.fact_run; computed here when not given)."""
+    _, run = fact_run(model, task, contexts, seed, run=run)
+    mean_z, mean_mlp, mean_attn = run.z.mean(0), run.mlp_out.mean(0), run.attn_out.mean(0)
     hooks = {}
     for kind, z_value in (("zero", torch.zeros_like(mean_z)), ("mean", mean_z)):
         hooks[f"{kind}_ablate_heads"] = [(HOOK_Z, set_last(z_value))]
@@ -45,19 +46,22 @@ def _replace_attention_write(mean_attn: torch.Tensor) -> list:
     return [(HOOK_ATTN_OUT, keep), (HOOK_RESID_POST, swap)]
 
 
-def ablations(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, progress=None) -> pd.DataFrame:
+def ablations(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, progress=None,
+              run: CleanRun | None = None) -> pd.DataFrame:
     """Per-fact accuracy (with 95% interval) under every ablation of ablation_hooks, as
     columns `<ablation>_accuracy`, and `attention_path_accuracy`: the accuracy with the MLP
-    output mean-ablated (the plain accuracy without an MLP). `progress` is called per run."""
+    output mean-ablated (the plain accuracy without an MLP). `progress` is called per run;
+    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given."""
+    _, run = fact_run(model, task, contexts, seed, run=run)
     frame = facts_frame(task)
-    for name, hooks in ablation_hooks(model, task, contexts, seed).items():
-        measured = per_fact_accuracy(model, task, contexts, seed, tuple(hooks), name=f"{name}_accuracy")
+    for name, hooks in ablation_hooks(model, task, contexts, seed, run=run).items():
+        measured = per_fact_accuracy(model, task, contexts, seed, tuple(hooks), name=f"{name}_accuracy", run=run)
         frame = frame.merge(measured, on=KEYS)
         if progress:
             progress()
     source = "mean_ablate_mlp_accuracy" if has_mlp(model) else "accuracy"
     if not has_mlp(model):
-        frame = frame.merge(per_fact_accuracy(model, task, contexts, seed), on=KEYS)
+        frame = frame.merge(per_fact_accuracy(model, task, contexts, seed, run=run), on=KEYS)
     for suffix in ("", "_low", "_high"):
         frame[f"attention_path_accuracy{suffix}"] = frame[source + suffix]
     return frame.drop(columns=[c for c in frame if c.startswith("accuracy")])

@@ -6,15 +6,16 @@ import pandas as pd
 import torch
 
 from probe.accuracy import columns, facts_frame
-from probe.contexts import answer_block, per_fact, ranks_first_in_block
-from probe.hooks import clean_run
+from probe.contexts import answer_block, fact_run, per_fact, ranks_first_in_block
+from probe.hooks import CleanRun
 from probe.stats import ratio_with_interval, with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 COMPONENTS = ("attention", "mlp")
 
 
-def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                             run: CleanRun | None = None) -> pd.DataFrame:
     """Per fact, in logit units averaged over contexts (each with a 95% interval):
 
     - `margin`: a* over the model's strongest other answer b in A_r; `X_margin` for
@@ -29,24 +30,26 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     - `attention_share`, `mlp_share`: X's margin over the full margin (means over contexts);
       NaN where the full margin is not positive or both components' margins are negative,
       where a share means nothing.
+
+    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given.
     """
     D = task.answers_per_relation
-    batch, run = clean_run(model, task, contexts, seed)
+    batch, run = fact_run(model, task, contexts, seed, run)
     W_U = model.W_U  # [d, O]
-    heads = run["head_results"] @ W_U  # [n, H, O]
+    heads = run.head_results @ W_U  # [n, H, O]
     components = {f"head{h}": heads[:, h] for h in range(heads.shape[1])}
     components["attention"] = heads.sum(1)
-    components["mlp"] = run["mlp_out"] @ W_U
-    components["direct"] = run["logits"] - components["attention"] - components["mlp"]  # EOS embedding, b_O, b_U
+    components["mlp"] = run.mlp_out @ W_U
+    components["direct"] = run.logits - components["attention"] - components["mlp"]  # EOS embedding, b_O, b_U
 
-    block = answer_block(run["logits"], batch.relations, D)  # [n, D]
+    block = answer_block(run.logits, batch.relations, D)  # [n, D]
     target = batch.answers - batch.relations * D
     rival = block.scatter(-1, target[:, None], float("-inf")).argmax(-1) + batch.relations * D  # [n] answer id b
 
     def margin(logits):  # a* over the fixed rival b, per prompt [n]
         return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
 
-    total = per_fact(margin(run["logits"]), contexts)  # [F, C]
+    total = per_fact(margin(run.logits), contexts)  # [F, C]
     cols = with_interval("margin", total, seed)
     for name, logits in components.items():
         cols.update(with_interval(f"{name}_margin", per_fact(margin(logits), contexts), seed))
@@ -54,7 +57,7 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
         cols.update(with_interval(f"{name}_top", per_fact(top, contexts), seed))
         if name in COMPONENTS:
             cols.update(with_interval(f"{name}_own_margin", per_fact(own, contexts), seed))
-            chance, z = above_chance(logits, batch.relations, batch.answers, D, per_fact(top, contexts).mean(1))
+            chance, z = above_chance(logits, task, batch, per_fact(top, contexts).mean(1))
             cols[f"{name}_top_chance"] = torch.full((task.n_facts,), chance)
             cols[f"{name}_top_z"] = torch.full((task.n_facts,), z)
     means = {name: cols[f"{name}_margin"] for name in COMPONENTS}
@@ -65,22 +68,23 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     return columns(facts_frame(task), cols)
 
 
-def above_chance(logits: torch.Tensor, relations: torch.Tensor, answers: torch.Tensor, D: int,
-                 top: torch.Tensor) -> tuple[float, float]:
+def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, top: torch.Tensor) -> tuple[float, float]:
     """Does a component rank the facts' answers first more often than chance?
 
     Chance: the share of prompts whose a* it would rank first if its pick within A_r were
     drawn independently of the subject, sum_r p(r) sum_b q_r(b) p_r(b), with q_r its
-    distribution of picks and p_r that of the answers in relation r's prompts (1/D for a
-    uniform pick; more for a component that always names a common answer). Returns
-    (chance, z): z = (mean of `top` [F], each fact's share of contexts ranked first,
-    minus chance) in standard errors sqrt(chance (1 - chance) / F)."""
-    block = answer_block(logits, relations, D)  # [n, D]
-    picks = block.argmax(-1)  # [n] index within A_r
-    target = answers - relations * D  # [n]
-    R = int(relations.max()) + 1
+    distribution of picks and p_r that of the answers in relation r's prompts of `batch`
+    (1/D for a uniform pick; more for a component that always names a common answer);
+    logits [n, R*D] on those prompts. Returns (chance, z): z = (mean of `top` [F], each
+    fact's share of contexts ranked first, minus chance) in standard errors
+    sqrt(chance (1 - chance) / F)."""
+    R, D = task.n_relations, task.answers_per_relation
+    relations = batch.relations
+    picks = answer_block(logits, relations, D).argmax(-1)  # [n] index within A_r
+    target = batch.answers - relations * D  # [n]
     joint_pick = torch.zeros(R, D).index_put_((relations.cpu(), picks.cpu()), torch.ones(len(picks)), accumulate=True)
-    joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)), accumulate=True)
+    joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)),
+                                                accumulate=True)
     per_relation = joint_pick.sum(1).clamp(min=1)  # [R] prompts of each relation
     chance = float(((joint_pick / per_relation[:, None]) * joint_answer).sum() / len(picks))
     spread = max(chance * (1 - chance), 1e-12) ** 0.5 / len(top) ** 0.5

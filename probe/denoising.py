@@ -5,27 +5,31 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.hooks import clean_run
+from probe.contexts import fact_run
+from probe.hooks import CleanRun
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
-def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0):
+def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, run: CleanRun | None = None):
     """The EOS query's attention per prompt and head: (batch, {"subject", "relation",
-    "eos", "noise"} -> [n, head] probability mass), from the clean run's hook_pattern."""
-    batch, run = clean_run(model, task, contexts, seed)
-    pattern = run["pattern"]  # [n, H, T]
+    "eos", "noise"} -> [n, head] probability mass), from the clean run's hook_pattern
+    (`run`, contexts.fact_run; computed here when not given)."""
+    batch, run = fact_run(model, task, contexts, seed, run)
+    pattern = run.pattern  # [n, H, T]
     rows = torch.arange(len(batch), device=pattern.device)
     subject, relation = pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos]  # [n, H]
     eos = pattern[:, :, -1]
     return batch, {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
 
 
-def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                     run: CleanRun | None = None) -> pd.DataFrame:
     """Per head: mean attention mass of the EOS query on the subject, the relation, EOS and
     the noise (with 95% intervals over prompts), the uniform baseline 1/T, and the scores
-    (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform."""
-    _, masses = attention_masses(model, task, contexts, seed)
+    (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform.
+    `run`: the clean run on these prompts, computed here when not given."""
+    _, masses = attention_masses(model, task, contexts, seed, run)
     T = task.seq_len
     rows = []
     for h in range(masses["subject"].shape[1]):
@@ -39,10 +43,12 @@ def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: in
     return pd.DataFrame(rows)
 
 
-def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                     run: CleanRun | None = None) -> pd.DataFrame:
     """Mean attention mass [head x token] each head puts on subject S<i> (resp. relation
-    R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0..."""
-    batch, masses = attention_masses(model, task, contexts, seed)
+    R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0...
+    `run`: the clean run on these prompts, computed here when not given."""
+    batch, masses = attention_masses(model, task, contexts, seed, run)
     subject, relation = masses["subject"], masses["relation"]
     H = subject.shape[1]
     def by_token(mass, ids, count):  # [n, H] -> [H, count] mean over prompts holding each id

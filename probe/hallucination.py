@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from probe.contexts import answer_block
-from probe.task import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask
 
 METRICS = ("loss", "accuracy", "relation_only_loss", "subject_only_loss", "hallucination_rate", "kl_relation_prior")
 

@@ -19,28 +19,33 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.association import SequenceTask
-from probe.hooks import HOOK_Z, cached_last_position, last_position_logits, set_last
+from probe.hooks import HOOK_Z, CleanRun, ensure_clean_run, rerun_last_position, set_last
+from tasks.association import SequenceTask
 
 THRESHOLD = 0.1
 
 
-def head_roles(model, task: SequenceTask, threshold: float = THRESHOLD) -> pd.DataFrame:
-    """One row per head (see the module docstring), on all T_0 sequences of `task`."""
-    device = next(model.parameters()).device
-    tokens = task.sequences().to(device)  # [T_0, S]
-    run = cached_last_position(model, tokens)
-    pattern = run["pattern"].float()  # [T_0, H, S] the last query's attention
-    clean = task.scores(run["logits"])["accuracy"].item()
+def sequences_run(model, task: SequenceTask, run: CleanRun | None = None) -> CleanRun:
+    """The clean run on all T_0 sequences [T_0, S] of `task`: `run` when given (it must hold
+    them), else a new one."""
+    return ensure_clean_run(model, task.sequences().to(next(model.parameters()).device), run)
+
+
+def head_roles(model, task: SequenceTask, threshold: float = THRESHOLD, run: CleanRun | None = None) -> pd.DataFrame:
+    """One row per head (see the module docstring), on all T_0 sequences of `task`; `run`:
+    the clean run on them (sequences_run), computed here when not given."""
+    run = sequences_run(model, task, run)
+    pattern = run.pattern.float()  # [T_0, H, S] the last query's attention
+    clean = task.scores(run.logits)["accuracy"].item()
     S, N = task.context, task.n_tokens
     mean_pattern = pattern.mean(0)  # [H, S]
     dependence = 0.5 * (pattern - mean_pattern).abs().sum(-1).mean(0)  # [H]
     denoising = ((pattern.amax(-1) - 1 / S) / (1 - 1 / S)).mean(0) if S > 1 else torch.zeros(pattern.shape[1])
     shares = _variance_shares(pattern[..., 0], N, S)  # each [H]
-    z_mean = run["z"].mean(0)  # [H, d_head]
+    z_mean = run.z.mean(0)  # [H, d_head]
     rows = []
     for h in range(pattern.shape[1]):
-        logits = last_position_logits(model, tokens, [(HOOK_Z, set_last(z_mean[h], h))])
+        logits = rerun_last_position(model, run, [(HOOK_Z, set_last(z_mean[h], h))])
         ablated = task.scores(logits)["accuracy"].item()
         rows.append({"head": h, **{f"mass_pos{p}": float(mean_pattern[h, p]) for p in range(S)},
                      "denoising_score": float(denoising[h]), "token_dependence": float(dependence[h]),
@@ -63,11 +68,11 @@ def _variance_shares(mass: torch.Tensor, N: int, S: int) -> dict[str, torch.Tens
             "var_interaction": (1 - key_share - query_share).clamp(min=0)}
 
 
-def key_token_table(model, task: SequenceTask) -> pd.DataFrame:
+def key_token_table(model, task: SequenceTask, run: CleanRun | None = None) -> pd.DataFrame:
     """Mean attention mass [head x token] of the last query on position 0 when it holds
-    token t<i> (averaged over the other positions' tokens); columns t0, t1, ..."""
-    device = next(model.parameters()).device
-    pattern = cached_last_position(model, task.sequences().to(device))["pattern"].float()  # [T_0, H, S]
+    token t<i> (averaged over the other positions' tokens); columns t0, t1, ... `run`: the
+    clean run on the T_0 sequences (sequences_run), computed here when not given."""
+    pattern = sequences_run(model, task, run).pattern.float()  # [T_0, H, S]
     H, N = pattern.shape[1], task.n_tokens
     table = pattern[..., 0].T.reshape(H, N, -1).mean(-1).cpu().numpy()  # [H, N] first token is most significant
     return pd.DataFrame(table, columns=[task.token_label(t) for t in range(N)], index=pd.Index(range(H), name="head"))

@@ -1,12 +1,13 @@
-"""Hook names of the one-layer TransformerBridge and a chunked last-position runner.
+"""Hook names of the one-layer TransformerBridge, the clean run the instruments read, and
+chunked last-position runners.
 
 Every instrument reads or edits activations through these hooks; only the last position
 (EOS) is read, because the task is scored there.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -36,23 +37,6 @@ def last_position_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] 
     return torch.cat(out)
 
 
-def rerun_last_position(model, run: dict[str, torch.Tensor], fwd_hooks: Sequence[Hook] = ()) -> torch.Tensor:
-    """Logits [n, d_vocab_out] of `model` at the last position of the prompts cached in
-    `run` (a cached_last_position dict), run again with `fwd_hooks`, which may edit the
-    last position only (ablations, patching, path swaps).
-
-    In one layer nothing at the last position reads another position except the heads'
-    z, so the model runs on one position: its residual input and every head's z are set to
-    the cached values through hook_resid_pre and hook_z, then `fwd_hooks` run, and the
-    model computes the rest (W_O, MLP, unembedding) itself. T times less work than
-    last_position_logits on the full prompts, and the same logits (tests/test_probe_hooks.py)."""
-    restore = [(HOOK_RESID_PRE, lambda x, hook: run["resid_pre"][:, None].to(x.dtype)),
-               (HOOK_Z, lambda x, hook: run["z"][:, None].to(x.dtype))]
-    with torch.inference_mode():
-        eos = run["tokens"][:, -1:]  # [n, 1]
-        return model.run_with_hooks(eos, fwd_hooks=restore + list(fwd_hooks))[:, -1]
-
-
 def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
     """A hook that overwrites the last position (of one head, on hook_z) with `value`: 0
     for zero-ablation, a mean for mean-ablation, one value per prompt for patching."""
@@ -65,11 +49,23 @@ def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
     return hook
 
 
-def cached_last_position(model, tokens: torch.Tensor, chunk: int = CHUNK) -> dict[str, torch.Tensor]:
-    """One clean run, read at the last position: logits [n, O], per-head outputs
-    `head_results` [n, head, d] (ActivationCache.stack_head_results), `mlp_out` [n, d]
-    (zeros without an MLP), `attn_out` [n, d], `z` [n, head, d_head], `pattern`
-    [n, head, key] of the EOS query, the residual input `resid_pre` [n, d], and `tokens`."""
+@dataclass(frozen=True, eq=False)
+class CleanRun:
+    """One run of a model on `tokens` without hooks, read at the last position. Built by
+    `clean_run` once per (model, prompts) and passed to the instruments that read it; it
+    holds tensors, not the model, so after the weights change it is stale: build a new one."""
+    tokens: torch.Tensor  # [n, T] the prompts it was computed on
+    logits: torch.Tensor  # [n, O]
+    head_results: torch.Tensor  # [n, head, d] each head's write (ActivationCache.stack_head_results)
+    mlp_out: torch.Tensor  # [n, d] zeros without an MLP
+    attn_out: torch.Tensor  # [n, d] all heads + b_O
+    z: torch.Tensor  # [n, head, d_head]
+    pattern: torch.Tensor  # [n, head, key] the EOS query's attention
+    resid_pre: torch.Tensor  # [n, d] the residual input (embedding + position)
+
+
+def clean_run(model, tokens: torch.Tensor, chunk: int = CHUNK) -> CleanRun:
+    """The CleanRun of `model` on `tokens` [n, T], computed in chunks of `chunk` prompts."""
     names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_PRE}
     parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern",
                                               "resid_pre")}
@@ -84,14 +80,31 @@ def cached_last_position(model, tokens: torch.Tensor, chunk: int = CHUNK) -> dic
             parts["z"].append(cache[HOOK_Z][:, -1])
             parts["pattern"].append(cache[HOOK_PATTERN][:, :, -1])
             parts["resid_pre"].append(cache[HOOK_RESID_PRE][:, -1])
-    return {"tokens": tokens, **{k: torch.cat(v) for k, v in parts.items()}}
+    return CleanRun(tokens, **{k: torch.cat(v) for k, v in parts.items()})
 
 
-@lru_cache(maxsize=4)
-def clean_run(model, task, contexts: int, seed: int):
-    """(batch, cached_last_position) for `contexts` prompts per fact; shared by the
-    instruments that read the same clean run (model and task are keyed by identity)."""
-    from probe.contexts import fact_batch
+def ensure_clean_run(model, tokens: torch.Tensor, run: CleanRun | None = None) -> CleanRun:
+    """`run` when given (computed once by the caller and shared; it must hold `tokens`),
+    else the clean run of `model` on `tokens`."""
+    if run is None:
+        return clean_run(model, tokens)
+    if not torch.equal(run.tokens, tokens):
+        raise ValueError("the clean run given was computed on other prompts than the instrument's.")
+    return run
 
-    batch = fact_batch(task, contexts, seed, next(model.parameters()).device)
-    return batch, cached_last_position(model, batch.tokens)
+
+def rerun_last_position(model, run: CleanRun, fwd_hooks: Sequence[Hook] = ()) -> torch.Tensor:
+    """Logits [n, d_vocab_out] of `model` at the last position of the prompts of `run`,
+    run again with `fwd_hooks`, which may edit the last position only (ablations,
+    patching, path swaps).
+
+    In one layer nothing at the last position reads another position except the heads'
+    z, so the model runs on one position: its residual input and every head's z are set to
+    the cached values through hook_resid_pre and hook_z, then `fwd_hooks` run, and the
+    model computes the rest (W_O, MLP, unembedding) itself. T times less work than
+    last_position_logits on the full prompts, and the same logits (tests/test_probe_hooks.py)."""
+    restore = [(HOOK_RESID_PRE, lambda x, hook: run.resid_pre[:, None].to(x.dtype)),
+               (HOOK_Z, lambda x, hook: run.z[:, None].to(x.dtype))]
+    with torch.inference_mode():
+        eos = run.tokens[:, -1:]  # [n, 1]
+        return model.run_with_hooks(eos, fwd_hooks=restore + list(fwd_hooks))[:, -1]

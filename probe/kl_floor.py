@@ -15,7 +15,8 @@ def kl_of_logits(log_targets: torch.Tensor, logits: torch.Tensor) -> torch.Tenso
     return (log_targets.exp() * (log_targets - logits.log_softmax(-1))).sum(-1).mean()
 
 
-def rank_d_kl_floor(log_targets: torch.Tensor, d: int, restarts: int = 4, iterations: int = 300, seed: int = 0) -> float:
+def rank_d_kl_floor(log_targets: torch.Tensor, d: int, restarts: int = 4, iterations: int = 300,
+                    seed: int = 0) -> float:
     """The best mean KL (nats) of a rank-d sequence encoder on targets log pi [T_0, N].
 
     Exact 0 when d >= N - 1. Otherwise the KL is minimised over both factors with L-BFGS in
@@ -34,8 +35,8 @@ def rank_d_kl_floor(log_targets: torch.Tensor, d: int, restarts: int = 4, iterat
     scale = S[:d].sqrt()
     starts = [(U[:, :d] * scale, scale[:, None] * Vh[:d])]
     g = torch.Generator().manual_seed(seed)
-    starts += [(torch.randn(T0, d, generator=g, dtype=torch.float64), torch.randn(d, N, generator=g, dtype=torch.float64))
-               for _ in range(restarts)]
+    starts += [(torch.randn(T0, d, generator=g, dtype=torch.float64),
+                torch.randn(d, N, generator=g, dtype=torch.float64)) for _ in range(restarts)]
     return min(_minimise(log_pi, A, B, iterations) for A, B in starts)
 
 

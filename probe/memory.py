@@ -14,14 +14,16 @@ import torch
 from probe.accuracy import columns, facts_frame, model_device
 from probe.contexts import per_fact, ranks_first_in_block
 from probe.denoising import attention_masses
-from probe.hooks import has_mlp
-from probe.task import FactualRecallTask
+from probe.hooks import CleanRun, has_mlp
+from tasks.factual_recall import FactualRecallTask
 
 
-def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                   run: CleanRun | None = None) -> dict[str, torch.Tensor]:
     """Mean attention of each head's EOS query, per fact [F, H]: on the subject, the
-    relation, EOS and noise (probability mass)."""
-    _, masses = attention_masses(model, task, contexts, seed)
+    relation, EOS and noise (probability mass), from the clean run `run` (computed here
+    when not given)."""
+    _, masses = attention_masses(model, task, contexts, seed, run)
     return {k: per_fact(v, contexts).mean(1) for k, v in masses.items()}
 
 
@@ -44,10 +46,12 @@ def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Te
     return e_eos + write + bias
 
 
-def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0) -> pd.DataFrame:
+def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                  run: CleanRun | None = None) -> pd.DataFrame:
     """Per fact: `ov_probe_head<h>` and `ov_probe` (heads summed), `mlp_probe`: 1.0 where
-    the probe ranks a* first within A_r (NaN for mlp_probe without an MLP)."""
-    alpha = fact_attention(model, task, contexts, seed)
+    the probe ranks a* first within A_r (NaN for mlp_probe without an MLP). `run`: the
+    clean run whose attention the probes use, computed here when not given."""
+    alpha = fact_attention(model, task, contexts, seed, run)
     subjects, relations, answers = (t.to(model_device(model)) for t in task.all_facts())
     E, OV, W_U = model.W_E, model.OV.AB[0], model.W_U  # [V, d], [H, d, d], [d, O]
     S, D = task.n_subjects, task.answers_per_relation

@@ -8,10 +8,10 @@ import pandas as pd
 import torch
 
 from probe.accuracy import columns, facts_frame
-from probe.contexts import per_fact
-from probe.hooks import HOOK_MLP_OUT, HOOK_Z, cached_last_position, clean_run, rerun_last_position, set_last
+from probe.contexts import fact_run, per_fact
+from probe.hooks import HOOK_MLP_OUT, HOOK_Z, CleanRun, clean_run, rerun_last_position, set_last
 from probe.stats import with_interval
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def corrupted_prompts(task: FactualRecallTask, batch, corrupt: str, generator: torch.Generator):
@@ -42,25 +42,27 @@ def corrupted_prompts(task: FactualRecallTask, batch, corrupt: str, generator: t
 
 
 def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject",
-                        contexts: int = 2, seed: int = 0) -> pd.DataFrame:
+                        contexts: int = 2, seed: int = 0, run: CleanRun | None = None) -> pd.DataFrame:
     """Per fact, the share of the clean logit difference logit(a*) - logit(a_corrupt)
     restored by patching each head's output (hook_z) and the MLP output at the last
     position from the clean run into the corrupted one (0: nothing, 1: all), with 95%
-    intervals over contexts. Columns `patch_<corrupt>_head<h>`, `patch_<corrupt>_mlp`."""
-    batch, clean = clean_run(model, task, contexts, seed)
+    intervals over contexts. Columns `patch_<corrupt>_head<h>`, `patch_<corrupt>_mlp`.
+    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given."""
+    batch, clean = fact_run(model, task, contexts, seed, run)
     device = batch.tokens.device
-    tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt, torch.Generator(device=device).manual_seed(seed + 1))
-    corrupted = cached_last_position(model, tokens)
+    tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt,
+                                               torch.Generator(device=device).manual_seed(seed + 1))
+    corrupted = clean_run(model, tokens)  # no hooks, on the corrupted prompts
     valid = corrupt_answer >= 0
     rival = corrupt_answer.clamp(min=0)
 
     def logit_diff(logits):  # [n, O] -> [n]
         return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
 
-    restores = {f"head{h}": [(HOOK_Z, set_last(clean["z"][:, h], head=h))] for h in range(model.cfg.n_heads)}
+    restores = {f"head{h}": [(HOOK_Z, set_last(clean.z[:, h], head=h))] for h in range(model.cfg.n_heads)}
     if not model.cfg.attn_only:
-        restores["mlp"] = [(HOOK_MLP_OUT, set_last(clean["mlp_out"]))]
-    clean_diff, corrupted_diff = logit_diff(clean["logits"]), logit_diff(corrupted["logits"])  # [n]
+        restores["mlp"] = [(HOOK_MLP_OUT, set_last(clean.mlp_out))]
+    clean_diff, corrupted_diff = logit_diff(clean.logits), logit_diff(corrupted.logits)  # [n]
     no_scale = ~valid | ((clean_diff - corrupted_diff).abs() < 1e-6)  # nothing to restore
     cols = {}
     for name, hooks in restores.items():

@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
 class PhaseRule:
-    level_tolerance: float = 0.10  # |loss - H(a|r)| <= tolerance * H(a|r)
-    relation_only_max: float = 0.05  # nats
-    subject_only_min: float = 0.5  # nats
-    min_snapshots: int = 3
-    min_octaves: float = 0.5  # log2((end + 1) / (start + 1))
+    """When a snapshot is in the hallucination phase, and how long a phase must last."""
+
+    level_tolerance: float = field(default=0.10, metadata={
+        "help": "the loss lies within this fraction of H(a|r), the loss of answering from the relation alone"})
+    relation_only_max: float = field(default=0.05, metadata={
+        "help": "relation-only loss at most this (nats): the model has learned each relation's answers"})
+    subject_only_min: float = field(default=0.5, metadata={
+        "help": "subject-only loss at least this (nats): the subject is not yet used"})
+    min_snapshots: int = field(default=3, metadata={"help": "a phase spans at least this many snapshots"})
+    min_octaves: float = field(default=0.5, metadata={
+        "help": "a phase lasts at least this many octaves of steps, log2((end + 1) / (start + 1))"})
+
+    def __post_init__(self):
+        for name in ("level_tolerance", "relation_only_max", "subject_only_min", "min_octaves"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}.")
+        if self.min_snapshots < 1:
+            raise ValueError(f"--min-snapshots must be >= 1, got {self.min_snapshots}.")
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ def in_phase(loss: float, relation_only: float, subject_only: float, level: floa
 
 
 def hallucination_phase(steps: Sequence[int], loss: Sequence[float], relation_only_loss: Sequence[float],
-                        subject_only_loss: Sequence[float], level: float, rule: PhaseRule = PhaseRule()) -> Phase | None:
+                        subject_only_loss: Sequence[float], level: float,
+                        rule: PhaseRule = PhaseRule()) -> Phase | None:
     """The hallucination phase of curves sampled at increasing `steps`, or None."""
     if not len(steps) == len(loss) == len(relation_only_loss) == len(subject_only_loss):
         raise ValueError("steps and the three loss curves must have the same length.")

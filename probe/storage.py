@@ -31,7 +31,8 @@ class StorageRule:
     chance: float = 3.0  # standard errors above chance a component's picks must lie before it stores anything
 
     def stores(self, facts: pd.DataFrame, component: str) -> pd.Series:
-        return ((facts[f"{component}_path_accuracy"] >= self.sufficient) & (facts[f"{component}_top"] >= self.sufficient)
+        return ((facts[f"{component}_path_accuracy"] >= self.sufficient)
+                & (facts[f"{component}_top"] >= self.sufficient)
                 & (facts[f"{component}_top_z"] >= self.chance))
 
     def label(self, facts: pd.DataFrame) -> pd.Series:

@@ -3,7 +3,7 @@
 analyses.aot_capacity with attention scores NOT divided by sqrt(d_head): Dana et al.'s
 Eq. (1) scores (e + pos)^T W_QK (e + pos) with no scale, TransformerLens divides by
 sqrt(d_head). A one-off check of whether that scale explains why our accuracy grows slower
-than linearly in d_head (README, Attention-only memorisation). Training only: the
+than linearly in d_head (docs/aot_capacity.md). Training only: the
 checkpoints it writes are read back with the scale, so run it with --skip-instruments and
 keep its --out apart from real results.
 """
@@ -12,11 +12,11 @@ import sys
 import torch
 
 import analyses.aot_capacity
-import models.aot
 import models.aot_trainer
+import models.aot_weights
 from models.cli import run_cli
 
-_stack_models = models.aot.stack_models
+_stack_models = models.aot_weights.stack_models
 
 
 def unscaled_stack(weights, sections):

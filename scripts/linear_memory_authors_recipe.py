@@ -6,7 +6,7 @@ at lr 1000 for 2^12 steps, accuracy measured every 32 steps (the best measuremen
 99%), seeds {0, 1, 11, 111, 42}, bisection to 1%. `analyses.capacity memory --kind linear`
 differs in the optimiser settings (lr 0.1, 2000 steps, accuracy at every step), the seeds
 (0..N-1) and the bisection (5%). Same cells, report and figure as that command, so the two
-summaries read alike (README, results/README.md).
+summaries read alike (docs/capacity.md, results/README.md).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from analyses.capacity import authors_line, memory_report
 from analyses.sweep import Cells, largest_passing
 from models.bridge import resolve_device
-from models.cli import _comma_list, run_cli
+from models.cli import comma_list, run_cli
 from models.memories import MemoryConfig, fit
 
 SEEDS = (0, 1, 11, 111, 42)
@@ -35,8 +35,9 @@ def capacity(cfg: MemoryConfig, seed: int, cells: Cells, device, bar) -> int:
     """The largest N stored at >= 99% by seed's memory of size d, to 1%; the search starts on
     the paper's line N ln N = d^2 / 1.3."""
     def passes(n: int) -> bool:
-        row = cells.get(f"linear_d{cfg.d}_seed{seed}_N{n}",
-                        lambda: {"d": cfg.d, "seed": seed, "n": n, **_fit_row(cfg, n, seed, device)})
+        key = f"linear_d{cfg.d}_seed{seed}_N{n}"
+        row = cells.recorded(key) or cells.record(key, {"d": cfg.d, "seed": seed, "n": n,
+                                                        **_fit_row(cfg, n, seed, device)})
         bar.update(1)
         bar.set_postfix(d=cfg.d, seed=seed, N=n, acc=f"{row['accuracy']:.3f}")
         return row["accuracy"] >= cfg.target_accuracy
@@ -52,8 +53,9 @@ def _fit_row(cfg: MemoryConfig, n: int, seed: int, device) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/linear_memory_authors_recipe.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--d", type=_comma_list(int), default=(8, 16, 32, 64), help="embedding dimensions (default 8,16,32,64)")
-    p.add_argument("--seeds", type=_comma_list(int), default=SEEDS, help="seeds (default the official 0,1,11,111,42)")
+    p.add_argument("--d", type=comma_list(int), default=(8, 16, 32, 64),
+                   help="embedding dimensions (default 8,16,32,64)")
+    p.add_argument("--seeds", type=comma_list(int), default=SEEDS, help="seeds (default the official 0,1,11,111,42)")
     p.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -71,9 +73,11 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 n_star = capacity(cfg, seed, cells, device, bar)
                 rows.append({"kind": "linear", "d": cfg.d, "m": None, "seed": seed, "n_star": n_star,
-                             "parameters": cfg.parameters, "theory": cfg.theory, "n_star_over_theory": n_star / cfg.theory})
+                             "parameters": cfg.parameters, "theory": cfg.theory,
+                             "n_star_over_theory": n_star / cfg.theory})
     memory_report(pd.DataFrame(rows), configs[0], args.out, pd.DataFrame(cells.rows()),
-                  {"settings": settings, "seeds": list(args.seeds), "device": str(device), "probes_computed": cells.computed})
+                  {"settings": settings, "seeds": list(args.seeds), "device": str(device),
+                   "probes_computed": cells.computed})
     print(f"wrote {args.out}/ ({cells.computed} new probes)")
     return 0
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models.config import RunConfig, preset, override
+from models.config import RunConfig, override, preset
 from models.trainer import train
 
 

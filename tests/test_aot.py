@@ -11,21 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import CheckpointError
-from models import load as load_factual_recall
-from models.aot import (
-    AoTModelConfig,
-    init_weights,
-    load,
-    population_logits,
-    stack_models,
-    to_transformer_lens,
-)
-from models.aot_trainer import AoTTrainConfig, train
+from models import CheckpointError, load
+from models.aot_forward import population_logits
+from models.aot_trainer import train
+from models.aot_weights import init_weights, stack_models, to_transformer_lens
 from models.bridge import build_bridge
-from probe.association import AssociationTask, DistributionTask, task_from_config
+from models.config import AoTModelConfig, AoTTrainConfig
 from probe.head_roles import head_roles
 from probe.kl_floor import rank_d_kl_floor
+from tasks import task_from_config
+from tasks.association import AssociationTask, DistributionTask
 
 CPU = {"device": "cpu"}
 
@@ -163,7 +158,8 @@ def test_parameter_count_matches_the_paper():
     aot, mlp = AoTModelConfig(10, 20, 10), AoTModelConfig(10, 1, 10, d_mlp=2 * 19 * 10)
     assert aot.parameters(task) == 10 * (2 + 2 * 50 + 4 * 10 * 20) == mlp.parameters(task)
     weights = init_weights(aot, task, 0)
-    assert sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U")) == aot.parameters(task)
+    trainable = sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U"))
+    assert trainable == aot.parameters(task)
 
 
 # --------------------------------------------------------------------------- the dana head layout
@@ -173,7 +169,7 @@ DANA = [AoTModelConfig(d_model=3, n_heads=2, d_head=4, head_layout="dana"),  # d
 
 
 def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
-    """The authors' layout written with torch.nn modules, independently of models.aot: a
+    """The authors' layout written with torch.nn modules, independently of models.aot_weights: a
     shared nn.Linear compression, d_h-dimensional positions, one nn.MultiheadAttention(d_h, 1)
     per head (causal), heads summed, a shared decompression added to the token embedding,
     GELU MLP, unembedding. Logits [batch, S, N] at every position, in w's dtype."""
@@ -181,7 +177,8 @@ def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
     d, dh = w["dana.W_C"].shape
     S = tokens.shape[1]
     compress = nn.Linear(d, dh, bias=False).to(w["dana.W_C"].dtype)
-    heads = [nn.MultiheadAttention(dh, 1, batch_first=True).to(w["dana.W_C"].dtype) for _ in range(w["dana.W_Q"].shape[0])]
+    heads = [nn.MultiheadAttention(dh, 1, batch_first=True).to(w["dana.W_C"].dtype)
+             for _ in range(w["dana.W_Q"].shape[0])]
     with torch.no_grad():
         compress.weight.copy_(w["dana.W_C"].T)
         for h, mha in enumerate(heads):  # torch stores out x in: the transposes of our x @ W maps
@@ -201,7 +198,8 @@ def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
 def perturbed(model: AoTModelConfig, task, seed: int, dtype=torch.float32) -> dict:
     """Initial weights + noise on every tensor (biases included), so every term is tested."""
     g = torch.Generator().manual_seed(100 + seed)
-    return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype) for k, v in init_weights(model, task, seed).items()}
+    return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype)
+            for k, v in init_weights(model, task, seed).items()}
 
 
 @pytest.mark.parametrize("context", [2, 3])
@@ -233,9 +231,9 @@ def test_dana_layout_trains_and_saves_its_transformer_lens_form(tmp_path):
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=3, eval_every=10, **CPU)
     model = DANA[0]
     trained = train(task, [(model, 0), (DANA[2], 1)], cfg, progress=False)[0]
-    assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.batch_accuracy <= 1
+    assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.training["batch_accuracy"] <= 1
     assert model.parameters(task) == sum(t.numel() for t in init_weights(model, task, 0).values())
-    ckpt = trained.save(tmp_path / "dana", task, {"trainer": "test"})
+    ckpt = trained.save(tmp_path / "dana")
     config = json.loads((ckpt / "config.json").read_text())
     assert config["model"]["head_layout"] == "dana" and config["model"]["d_embed"] == model.d_model
     bridge, loaded = load(ckpt, device="cpu")
@@ -253,13 +251,15 @@ def association_ckpt(tmp_path_factory):
     task = AssociationTask(n_tokens=8, context=2)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=128, batches=50, epochs=4, eval_every=50, **CPU)
     trained = train(task, [(AoTModelConfig(8, 4, 4), 0)], cfg, progress=False)[0]
-    return trained.save(tmp_path_factory.mktemp("aot") / "assoc", task, {"trainer": "test"}), trained, task
+    return trained.save(tmp_path_factory.mktemp("aot") / "assoc"), trained, task
 
 
 def test_checkpoint_round_trip_and_head_roles(association_ckpt):
     ckpt, trained, task = association_ckpt
     config = json.loads((ckpt / "config.json").read_text())
     assert config["task"]["kind"] == "association" and config["model"]["n_ctx"] == 2
+    assert config["training"]["trainer"] == "models.aot_trainer" and config["training"]["seed"] == 0
+    assert config["training"]["batch_accuracy"] == trained.training["batch_accuracy"]
     model, loaded = load(ckpt, device="cpu")
     with torch.no_grad():
         accuracy = task.scores(model(loaded.sequences())[:, -1])["accuracy"].item()
@@ -271,13 +271,28 @@ def test_checkpoint_round_trip_and_head_roles(association_ckpt):
     assert np.allclose(roles.clean_accuracy, accuracy)
 
 
+def test_head_roles_ablations_rerun_one_position_with_the_full_sequence_accuracy(association_ckpt):
+    """head_roles mean-ablates each head on the last position alone (rerun_last_position);
+    its accuracies are those of the full sequences run with the same hook."""
+    from probe.hooks import HOOK_Z, clean_run, last_position_logits, set_last
+
+    model, task = load(association_ckpt[0], device="cpu")
+    roles = head_roles(model, task)
+    tokens = task.sequences()
+    z_mean = clean_run(model, tokens).z.mean(0)  # [H, d_head]
+    full = [task.scores(last_position_logits(model, tokens, [(HOOK_Z, set_last(z_mean[h], h))]))["accuracy"].item()
+            for h in range(model.cfg.n_heads)]
+    assert roles.mean_ablation_accuracy.tolist() == full
+    assert (roles.accuracy_drop > 0).any()  # the ablations do change the answers
+
+
 def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
     ckpt = association_ckpt[0]
     with pytest.raises(CheckpointError) as err:
-        load_factual_recall(ckpt, device="cpu")
+        load(ckpt, device="cpu", kind="factual_recall")
     assert "task kind 'association' is not a factual-recall task" in str(err.value) and "\n" not in str(err.value)
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet", "--out", str(tmp_path / "o")],
-                          check=False, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet",
+                           "--out", str(tmp_path / "o")], check=False, capture_output=True, text=True)
     assert proc.returncode == 2 and "task kind 'association'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
@@ -286,12 +301,12 @@ def test_distribution_checkpoint_kind(tmp_path):
     task = DistributionTask(n_tokens=5, context=2, concentration=2.0)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=2, eval_every=10, **CPU)
     trained = train(task, [(AoTModelConfig(2, 2, 2), 0)], cfg, progress=False)[0]
-    ckpt = trained.save(tmp_path / "dist", task, {})
+    ckpt = trained.save(tmp_path / "dist")
     _, loaded = load(ckpt, device="cpu")
     assert isinstance(loaded, DistributionTask) and loaded.log_targets.equal(task.log_targets)
     assert trained.loss >= rank_d_kl_floor(task.log_targets, 2) - 1e-6  # no rank-2 model beats the floor
     with pytest.raises(CheckpointError, match="task kind 'distribution' is not a factual-recall task"):
-        load_factual_recall(ckpt, device="cpu")
+        load(ckpt, device="cpu", kind="factual_recall")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -312,7 +327,8 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
         assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
     assert summary["cells_computed"] == len(list((out / "cells").iterdir())) > 0
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
-    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"} and set(capacity.head_layout) == {"standard", "dana"}
+    assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"}
+    assert set(capacity.head_layout) == {"standard", "dana"}
     dana = capacity[capacity.head_layout == "dana"]  # the authors' parameter count, and its own checkpoints
     assert (dana.parameters == [AoTModelConfig(r.d_model, r.n_heads, r.d_head, r.d_mlp, head_layout="dana").parameters(
         AssociationTask(6, 2)) for r in dana.itertuples()]).all()
@@ -333,5 +349,6 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--head-layout",
                           "dana,paper"], check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "head_layout must be one of" in bad.stderr
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "head_layout must be one of" in bad.stderr
     assert not (tmp_path / "x").exists()

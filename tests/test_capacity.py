@@ -2,8 +2,12 @@
 import itertools
 import json
 import random
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -161,7 +165,8 @@ def test_memory_report_reads_the_authors_law(tmp_path, capsys):
     ds = [8, 16, 32, 64, 128]
     on_line = authors_line(cfg).n_on_line([d * d for d in ds])
     table = pd.DataFrame([{"kind": "linear", "d": d, "m": None, "seed": s, "n_star": n, "parameters": d * d,
-                           "theory": d * d, "n_star_over_theory": n / d / d} for d, n in zip(ds, on_line) for s in (0, 1)])
+                           "theory": d * d, "n_star_over_theory": n / d / d}
+                          for d, n in zip(ds, on_line) for s in (0, 1)])
     summary = memory_report(table, cfg, tmp_path, pd.DataFrame(), {})
     assert summary["authors_line"]["fitted_slope"] == pytest.approx(2.0, abs=1e-9)
     assert [s["n_star_over_line"] for s in summary["sizes"]] == pytest.approx([1.0] * 5)
@@ -218,7 +223,8 @@ def test_memory_seeds_are_independent_and_reproducible():
 def _weights():
     g = torch.Generator().manual_seed(0)
     d, H, dh, m = 8, 3, 4, 6
-    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g), "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
+    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g),
+         "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
          "blocks.0.attn.b_V": torch.zeros(H, dh), "blocks.0.mlp.W_in": torch.randn(d, m, generator=g),
          "blocks.0.mlp.b_in": torch.zeros(m), "blocks.0.mlp.W_out": torch.randn(m, d, generator=g)}
     w["blocks.0.mlp.W_in"][:, 4] *= 0.01  # neuron 4 is the weakest
@@ -304,3 +310,23 @@ def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
     assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
     everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
     assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
+
+
+def test_authors_recipe_script_finds_and_resumes_the_linear_capacity(tmp_path):
+    """The official recipe's check (scripts/): N* at d = 4 lies where the fits say, and a re-run
+    reads every probe back instead of fitting again."""
+    out = tmp_path / "recipe"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "linear_memory_authors_recipe.py"
+
+    def main(args):
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True).returncode
+
+    assert main(["--d", "4", "--seeds", "0", "--out", str(out), "--quiet"]) == 0
+    n_star = int(pd.read_csv(out / "capacity.csv")["n_star"].iloc[0])
+    probes = pd.read_csv(out / "probes.csv")
+    assert (probes.loc[probes["n"] <= n_star, "accuracy"] >= 0.99).any()
+    assert (probes.loc[probes["n"] > n_star, "accuracy"] < 0.99).all() and (probes["n"] > n_star).any()
+    before = sorted(p.name for p in (out / "cells").iterdir())
+    assert main(["--d", "4", "--seeds", "0", "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in (out / "cells").iterdir()) == before
+    assert json.loads((out / "summary.json").read_text())["probes_computed"] == 0

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from models import CheckpointError, load
 from models.config import ModelConfig
 from models.weights import init_weights
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
-CASES = 150  # per property; README's reliability section records the total
+CASES = 150  # per property; docs/reliability.md records the total
 FUZZ = settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
 small = st.one_of(st.integers(-3, 24), st.sampled_from([0, 1, 2, 3]), st.floats(-1, 10), st.none(), st.text(max_size=2))
 
@@ -41,7 +41,8 @@ def test_random_task_configs(S, R, D, N, T, zipf, facts):
 
 
 @FUZZ
-@given(d=small, H=small, dh=small, m=small, attn_only=st.booleans(), scale=st.one_of(st.floats(-1, 3), st.just(float("nan"))))
+@given(d=small, H=small, dh=small, m=small, attn_only=st.booleans(),
+       scale=st.one_of(st.floats(-1, 3), st.just(float("nan"))))
 def test_random_model_configs(d, H, dh, m, attn_only, scale):
     task = FactualRecallTask(4, 2, 2, 3, 5)
     try:

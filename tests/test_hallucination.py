@@ -15,7 +15,7 @@ from models.trainer import train
 from models.weights import init_weights, trainable_keys
 from probe.hallucination import conditional_entropy, recall_metrics, relation_prior
 from probe.phases import PhaseRule, hallucination_phase
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick
 
 # S = 2, R = 2, D = 2: relation 0 owns answers {0, 1}, relation 1 owns {2, 3}.

@@ -90,7 +90,8 @@ def test_ablating_every_head_destroys_recall(attention_construction):
     _, task, located = attention_construction
     chance = 1 / task.d_vocab_out
     assert located.facts["zero_ablate_heads_accuracy"].mean() <= 4 * chance
-    assert located.facts["accuracy_low"].min() <= 1.0 and (located.facts["accuracy_high"] >= located.facts["accuracy_low"]).all()
+    assert located.facts["accuracy_low"].min() <= 1.0
+    assert (located.facts["accuracy_high"] >= located.facts["accuracy_low"]).all()
 
 
 def test_attribution_margins_add_up(mlp_construction):

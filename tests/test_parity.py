@@ -7,7 +7,7 @@ from models.bridge import build_bridge
 from models.config import ModelConfig
 from models.forward import VocabAttention, last_position_logits
 from models.weights import init_weights, stack
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 
 
 @pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "no-W_pos"])
@@ -135,7 +135,8 @@ def test_vocab_attention_backward_equals_autograd(linear, positional, outputs):
                      for shape in ((K, H, e, B), (K, H, e, V), (K, H, e, V)))
     score_pos = torch.randn(K, H, B, T, generator=g, dtype=torch.double) if positional else None
     tokens = torch.randint(0, V, (K, B, T), generator=g)  # repeats: the scatter must add them up
-    d_z, d_pattern = torch.randn(K, H, e, B, generator=g, dtype=torch.double), torch.randn(K, H, B, T, generator=g, dtype=torch.double)
+    d_z = torch.randn(K, H, e, B, generator=g, dtype=torch.double)
+    d_pattern = torch.randn(K, H, B, T, generator=g, dtype=torch.double)
     grads = []
     for attend in (lambda *a: VocabAttention.apply(*a[:3], tokens[:, None].expand(K, H, B, T), a[3], linear),
                    lambda *a: _reference_attention(*a[:3], tokens, a[3], linear)):

@@ -7,7 +7,7 @@ from models import build_bridge
 from models.weights import ATTN, MLP
 from probe.ablation import ablation_hooks
 from probe.contexts import fact_batch
-from probe.hooks import HOOK_Z, cached_last_position, last_position_logits, rerun_last_position
+from probe.hooks import HOOK_Z, clean_run, last_position_logits, rerun_last_position
 from probe.patching import activation_patching, corrupted_prompts
 
 
@@ -28,13 +28,13 @@ def model_and_task(tiny_result):
 def test_rerun_equals_the_full_run_under_every_ablation(model_and_task):
     model, task = model_and_task
     batch = fact_batch(task, 2, seed=0)
-    run = cached_last_position(model, batch.tokens)
-    assert torch.allclose(rerun_last_position(model, run), run["logits"], atol=1e-5)
+    run = clean_run(model, batch.tokens)
+    assert torch.allclose(rerun_last_position(model, run), run.logits, atol=1e-5)
     hooks = ablation_hooks(model, task, contexts=2, seed=0)
     for name in ("mean_ablate_head1", "zero_ablate_heads", "mean_ablate_mlp", "mlp_path"):
         full = last_position_logits(model, batch.tokens, hooks[name])
         assert (rerun_last_position(model, run, hooks[name]) - full).abs().max() < 1e-4, name
-        assert (full - run["logits"]).abs().max() > 1e-2, name  # the ablation does change the logits
+        assert (full - run.logits).abs().max() > 1e-2, name  # the ablation does change the logits
 
 
 def test_patching_matches_transformer_lens_generic_activation_patch(model_and_task):
@@ -45,13 +45,16 @@ def test_patching_matches_transformer_lens_generic_activation_patch(model_and_ta
     tokens, rival = corrupted_prompts(task, batch, "subject", torch.Generator().manual_seed(1))
 
     def logit_diff(logits):
-        return logits[:, -1].gather(-1, batch.answers[:, None])[:, 0] - logits[:, -1].gather(-1, rival.clamp(min=0)[:, None])[:, 0]
+        last = logits[:, -1]
+        return last.gather(-1, batch.answers[:, None])[:, 0] - last.gather(-1, rival.clamp(min=0)[:, None])[:, 0]
 
     with torch.inference_mode():
         clean_logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n == HOOK_Z)
-        result = patching.generic_activation_patch(model, tokens, cache, logit_diff, patching.layer_head_vector_patch_setter,
-                                                   "z", index_axis_names=["layer", "head"], reduce="none", baseline=True)
-    theirs = result.normalized(logit_diff(clean_logits)).reshape(model.cfg.n_heads, -1, contexts)  # [head, fact, context]
+        result = patching.generic_activation_patch(model, tokens, cache, logit_diff,
+                                                   patching.layer_head_vector_patch_setter, "z",
+                                                   index_axis_names=["layer", "head"], reduce="none", baseline=True)
+    # [head, fact, context]
+    theirs = result.normalized(logit_diff(clean_logits)).reshape(model.cfg.n_heads, -1, contexts)
     for h in range(model.cfg.n_heads):
         expected = torch.nanmean(torch.where(rival.reshape(-1, contexts) >= 0, theirs[h], float("nan")), -1)
         measured = torch.tensor(ours[f"patch_subject_head{h}"].to_numpy())
@@ -64,7 +67,8 @@ def test_patching_matches_transformer_lens_generic_activation_patch(model_and_ta
 def test_bootstrap_interval_is_transformer_lens_bootstrap_ci(shape):
     from transformer_lens.utilities.statistics import bootstrap_ci, derive_generator
 
-    from probe.stats import N_RESAMPLES, bootstrap_ci as ours
+    from probe.stats import N_RESAMPLES
+    from probe.stats import bootstrap_ci as ours
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     expected = bootstrap_ci(x, dim=-1, n_resamples=N_RESAMPLES, generator=derive_generator(0, "t"))
     measured = ours(x, N_RESAMPLES, derive_generator(0, "t"))
@@ -81,7 +85,8 @@ def test_memory_probe_residual_is_the_mean_residual_the_mlp_reads(model_and_task
 
     task = tiny_result.task
     weights = {**tiny_result.weights, **_perturbed(tiny_result)}
-    weights[ATTN + "W_Q"], weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "W_Q"]), torch.zeros_like(weights[ATTN + "b_Q"])
+    weights[ATTN + "W_Q"] = torch.zeros_like(weights[ATTN + "W_Q"])
+    weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "b_Q"])
     uniform = build_bridge(tiny_result.model, weights)
     contexts = 64
     batch = fact_batch(task, contexts, seed=0)

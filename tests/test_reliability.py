@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -18,8 +19,6 @@ from models.config import preset
 from models.train_state import complete_steps, load_state
 from models.trainer import train
 from tests.conftest import quick
-
-import pytest
 
 DENSE = ["--steps", "600", "--target-accuracy", "2", "--snapshots-per-octave", "8", "--eval-every", "10", "--quiet"]
 
@@ -66,9 +65,12 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     ckpt = tmp_path / "killed"
     rng = random.Random(0)
     kills = 0
+    def start():  # a run killed before it wrote run.json has nothing to resume: it starts over
+        resumable = (ckpt / "run.json").exists()
+        return cli(*(["--resume", str(ckpt)] if resumable else ["--out", str(ckpt), "--force", *DENSE]))
+
     while kills < 20:
-        args = ["--resume", str(ckpt)] if (ckpt / "run.json").exists() else ["--out", str(ckpt), "--force", *DENSE]
-        proc = cli(*args)
+        proc = start()
         time.sleep(rng.uniform(0.3, 3.0))
         if proc.poll() is not None:  # it finished before the kill: start over
             assert proc.returncode == 0, proc.stderr.read()
@@ -78,7 +80,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         proc.wait()
         kills += 1
         _check_readable(ckpt)
-    proc = cli("--resume", str(ckpt))
+    proc = start()
     assert proc.wait() == 0, proc.stderr.read()
     a, b = load_checkpoint(reference), load_checkpoint(ckpt)
     for key in a.weights:

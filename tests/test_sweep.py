@@ -4,6 +4,7 @@ driver resumes, bad executor settings are refused in one line."""
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,24 @@ def test_searches_run_concurrently_and_results_do_not_depend_on_finish_order(tmp
         assert executor.most == len(thresholds) + 1  # every search had a probe in flight at once
         tables.append(cells.rows())
     assert all(t == tables[0] for t in tables)
+
+
+class Refuses:
+    """An executor that must not be asked for anything."""
+
+    running = 0
+
+    def submit(self, cell):
+        raise AssertionError(f"cell {cell.key} submitted")
+
+
+def test_compute_false_reads_the_recorded_cells_and_leaves_the_rest(tmp_path):
+    cells = Cells(tmp_path, {})
+    cells.record("a", threshold_row(1, 1))
+    jobs = [one(Cell("a", threshold_row, (1, 1))), one(Cell("b", threshold_row, (1, 2))),
+            search(bisection(8), lambda n: Cell(f"n{n}", threshold_row, (3, n)), lambda r: r["passes"])]
+    assert run_jobs(jobs, cells, Refuses(), progress=False, compute=False) == [threshold_row(1, 1), None, None]
+    assert [p.name for p in (tmp_path / "cells").iterdir()] == ["a.json"]
 
 
 def test_a_cell_two_jobs_ask_for_is_computed_once(tmp_path):
@@ -126,13 +145,32 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def local_grid(tmp_path_factory):
-    """The tiny trade-off grid, uninterrupted, in this process."""
+def local_grid_out(tmp_path_factory):
+    """The tiny trade-off grid, uninterrupted, in this process: its --out."""
     from analyses.tradeoff import main
 
     out = tmp_path_factory.mktemp("local")
     assert main([*GRID, "--out", str(out)]) == 0
-    return pd.read_csv(out / "grid.csv")
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_grid(local_grid_out):
+    return pd.read_csv(local_grid_out / "grid.csv")
+
+
+def test_recorded_only_tables_the_cells_so_far(local_grid_out, local_grid, tmp_path, capsys):
+    out = tmp_path / "cut_short"
+    shutil.copytree(local_grid_out / "cells", out / "cells")
+    shutil.copy(local_grid_out / "settings.json", out)
+    (out / "cells" / "H2_m32.json").unlink()  # a sweep cut short before its last cell
+    code, stdout, stderr = _tradeoff([*GRID, "--recorded-only", "--out", str(out)], capsys)
+    assert code == 0, stderr
+    expected = local_grid[~((local_grid["heads"] == 2) & (local_grid["width"] == 32))].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), expected)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cells"] == "3 of 4" and summary["cells_computed"] == 0 and "(0 new cells)" in stdout
+    assert (out / "grid.png").is_file() and not (out / "cells" / "H2_m32.json").exists()
 
 
 def test_ray_rows_equal_local_rows(ray_cluster, local_grid, tmp_path, capsys):

@@ -1,8 +1,10 @@
-"""Sampler invariants and bad-argument refusals of probe/task.py."""
+"""Sampler invariants and bad-argument refusals of tasks/factual_recall.py; the task protocol."""
 import pytest
 import torch
 
-from probe.task import FactualRecallTask
+from tasks import TASKS, Task, task_from_config
+from tasks.association import AssociationTask, DistributionTask
+from tasks.factual_recall import FactualRecallTask
 
 
 def sample(task, n=4096, seed=0):
@@ -94,3 +96,25 @@ def test_bad_arguments_raise_one_clear_sentence(kwargs, message):
     with pytest.raises(ValueError) as err:
         FactualRecallTask(**args)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("task", [FactualRecallTask(3, 2, 2, 4, 5), AssociationTask(4, 2, table_seed=1),
+                                  DistributionTask(3, 2, target_seed=2, concentration=0.5)], ids=repr)
+def test_every_task_satisfies_the_protocol_and_round_trips_by_kind(task):
+    assert isinstance(task, Task) and TASKS[task.kind] is type(task)
+    config = task.to_config()
+    assert config["kind"] == task.kind and config["seq_len"] == task.seq_len
+    again = task_from_config(config)
+    assert type(again) is type(task) and again.to_config() == config
+    assert (again.d_vocab, again.d_vocab_out) == (task.d_vocab, task.d_vocab_out)
+    assert again.token_label(task.d_vocab - 1) == task.token_label(task.d_vocab - 1)
+
+
+def test_task_from_config_defaults_to_factual_recall_and_refuses_unknown_kinds():
+    config = FactualRecallTask(3, 2, 2, 4, 5).to_config()
+    del config["kind"]  # checkpoints written before kinds existed
+    assert isinstance(task_from_config(config), FactualRecallTask)
+    with pytest.raises(ValueError, match="task kind 'parity' is not one of factual_recall, association, distribution"):
+        task_from_config({**config, "kind": "parity"})
+    with pytest.raises(ValueError, match="task section lacks n_tokens, context"):
+        task_from_config({**config, "kind": "association"})

@@ -8,7 +8,7 @@ from models.config import preset
 from models.forward import has_positions, last_position_logits
 from models.trainer import Optimizer, snapshot_schedule, train, train_step, training_batch
 from models.weights import init_weights, stack, trainable_keys
-from probe.task import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick
 
 

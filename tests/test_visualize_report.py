@@ -19,7 +19,8 @@ PNG = "data:image/png;base64,"
 
 
 def run(module, *args):
-    return subprocess.run([sys.executable, "-m", f"analyses.{module}", *map(str, args)], capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-m", f"analyses.{module}", *map(str, args)],
+                          capture_output=True, text=True, check=False)
 
 
 def refused(main, args, capsys) -> str:
@@ -111,7 +112,8 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert all(f"stored in: {label}</h3>" in page for label in labels)
 
     # results on disk are read, not recomputed
-    (dynamics / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45, "plateau_loss": 1.3862},
+    (dynamics / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45,
+                                                                 "plateau_loss": 1.3862},
                                                        "log_D": 1.3862943611198906}))
     stamp = os.stat(located / "summary.json").st_mtime_ns
     page = report.build(ckpt, "cpu", facts="0:0", progress=False)

@@ -1,6 +1,9 @@
-"""Models of the memorisation tasks (Dana et al.): a one-layer attention-only transformer
-with trainable token and positional embeddings and unembedding, or the comparison model
-(one head followed by a GELU MLP), in one of two head layouts:
+"""Weights of the memorisation tasks' models (Dana et al.): shapes, initialisation, the dana
+head layout and its conversion to TransformerLens weights, padded stacks of K models.
+
+The model (models.config.AoTModelConfig) is a one-layer attention-only transformer with
+trainable token and positional embeddings and unembedding, or the comparison model (one
+head followed by a GELU MLP), in one of two head layouts:
 
 - `standard` (the paper's equations): each head has its own W_Q, W_K, W_V [d, d_h] and W_O
   [d_h, d] on the d-dimensional residual stream, positions are d-dimensional. Weights use
@@ -18,95 +21,24 @@ with trainable token and positional embeddings and unembedding, or the compariso
 
 Models of different sizes are trained as one stack: each tensor is zero-padded to the
 largest size along a leading model axis [K, ...] and multiplied by a 0/1 mask in the
-forward, so the padding never receives a gradient and model k computes exactly its own
-function (tests/test_aot.py pins the padded forward to the TransformerBridge model).
+forward (models.aot_forward), so the padding never receives a gradient and model k computes
+exactly its own function (tests/test_aot.py pins the padded forward to the TransformerBridge
+model).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from models.checkpoint import CheckpointError, read_envelope, read_weights
-from models.weights import ATTN, MLP, shapes
-from probe.association import SequenceTask, task_from_config
+from models.config import AoTModelConfig
+from models.weights import ATTN, BIASES, MLP, shapes
+from tasks.association import SequenceTask
 
-BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out", "unembed.b_U")
-HEAD_LAYOUTS = ("standard", "dana")
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class AoTModelConfig:
-    d_model: int = _f(10, "d, embedding dimension")
-    n_heads: int = _f(1, "H, number of attention heads")
-    d_head: int = _f(10, "d_h, head dimension")
-    d_mlp: int = _f(0, "m, MLP width after the heads (0: attention-only)")
-    act_fn: str = _f("gelu", "MLP non-linearity (the paper's GELU, or relu)")
-    head_layout: str = _f("standard", "standard (the paper's equations) | dana (the authors' code: shared "
-                          "d -> d_h compression, d_h-dimensional positions, shared d_h -> d decompression)")
-
-    @property
-    def attn_only(self) -> bool:
-        return self.d_mlp == 0
-
-    @property
-    def dana(self) -> bool:
-        return self.head_layout == "dana"
-
-    def validate(self) -> None:
-        for name in ("d_model", "n_heads", "d_head"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        if isinstance(self.d_mlp, bool) or not isinstance(self.d_mlp, int) or self.d_mlp < 0:
-            raise ValueError(f"d_mlp must be an integer >= 0, got {self.d_mlp!r}.")
-        if self.act_fn not in ("gelu", "relu"):
-            raise ValueError(f"act_fn must be 'gelu' or 'relu', got {self.act_fn!r}.")
-        if self.head_layout not in HEAD_LAYOUTS:
-            raise ValueError(f"head_layout must be one of {', '.join(HEAD_LAYOUTS)}, got {self.head_layout!r}.")
-
-    def checkpoint_section(self, task: SequenceTask) -> dict:
-        """The `model` section of config.json (TransformerLens field names). The dana layout
-        is saved as its TransformerLens form: d_model = d + d_h, `d_embed` = d."""
-        self.validate()
-        section = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
-                   "d_mlp": None if self.attn_only else self.d_mlp, "attn_only": self.attn_only,
-                   "act_fn": self.act_fn, "normalization_type": None, "n_ctx": task.seq_len,
-                   "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out, "attention": "softmax",
-                   "positional_embedding": "trainable"}
-        if self.dana:
-            section.update({"d_model": self.d_model + self.d_head, "head_layout": "dana", "d_embed": self.d_model})
-        return section
-
-    def parameters(self, task: SequenceTask) -> int:
-        """Trainable parameters. standard: d(S + 2N) embeddings, 4 H d_h d attention, 2 m d
-        MLP. dana: 2 N d embedding and unembedding, S d_h positions, 2 d d_h compression and
-        decompression, H (4 d_h^2 + 4 d_h) attention (nn.MultiheadAttention(d_h, 1) with
-        biases), 2 m d MLP."""
-        d, dh, H = self.d_model, self.d_head, self.n_heads
-        if self.dana:
-            return 2 * task.n_tokens * d + task.seq_len * dh + 2 * d * dh + H * 4 * dh * (dh + 1) + 2 * self.d_mlp * d
-        return d * (task.seq_len + 2 * task.n_tokens) + 4 * H * dh * d + 2 * self.d_mlp * d
-
-    def matched_mlp_width(self, n_heads: int) -> int:
-        """MLP width m at which this model with one head + the MLP has as many parameters
-        as with `n_heads` heads and no MLP: 2 m d = (n_heads - 1) x (parameters per head),
-        rounded (exact for the standard layout, and for dana when d = d_h)."""
-        per_head = 4 * self.d_head * (self.d_head + 1) if self.dana else 4 * self.d_head * self.d_model
-        return round((n_heads - 1) * per_head / (2 * self.d_model))
-
-    @property
-    def name(self) -> str:
-        return (f"d{self.d_model}_H{self.n_heads}_dh{self.d_head}" + (f"_m{self.d_mlp}" if self.d_mlp else "")
-                + ("_dana" if self.dana else ""))
+FROZEN_BIASES = BIASES + ("unembed.b_U",)  # the standard layout's biases, all zero and never trained
 
 
 def init_weights(model: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str, torch.Tensor]:
@@ -192,8 +124,10 @@ def to_transformer_lens(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = w[f"dana.W_{name}"]  # [..., H, dh, dh]
         out[ATTN + f"W_{name}"] = torch.cat([einsum(C, own, "... d e, ... h e f -> ... h d f"), own], -2)
         out[ATTN + f"b_{name}"] = w[f"dana.b_{name}"]
-    out[ATTN + "W_O"] = F.pad(einsum(w["dana.W_O"], D, "... h e f, ... f d -> ... h e d"), (0, dh))  # [..., H, dh, d + dh]
-    out[ATTN + "b_O"] = F.pad(einsum(w["dana.b_O"], D, "... h f, ... f d -> ... d"), (0, dh))  # sum of the heads' biases
+    # [..., H, dh, d + dh]
+    out[ATTN + "W_O"] = F.pad(einsum(w["dana.W_O"], D, "... h e f, ... f d -> ... h e d"), (0, dh))
+    # the sum of the heads' biases
+    out[ATTN + "b_O"] = F.pad(einsum(w["dana.b_O"], D, "... h f, ... f d -> ... d"), (0, dh))
     if "dana.W_in" in w:
         m = w["dana.W_in"].shape[-1]
         out[MLP + "W_in"] = F.pad(w["dana.W_in"], (0, 0, 0, dh))  # [..., d + dh, m]
@@ -222,7 +156,7 @@ class Stack:
         return {k: w * self.masks[k] for k, w in self.weights.items()}
 
     def transformer_lens(self) -> dict[str, torch.Tensor]:
-        """The effective weights as stacked HookedTransformer weights (population_logits' input)."""
+        """The effective weights as stacked HookedTransformer weights (models.aot_forward.population_logits' input)."""
         w = self.effective()
         return to_transformer_lens(w) if self.head_layout == "dana" else w
 
@@ -230,7 +164,7 @@ class Stack:
         """Keys trained: the standard layout's biases stay zero; every dana parameter trains."""
         if self.head_layout == "dana":
             return list(self.weights)
-        return [k for k in self.weights if k not in BIASES]
+        return [k for k in self.weights if k not in FROZEN_BIASES]
 
     def model(self, k: int, weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Model k's weights in its own parametrisation (true shapes, CPU, contiguous)."""
@@ -244,7 +178,8 @@ class Stack:
         return to_transformer_lens(w) if self.head_layout == "dana" else w
 
     def to(self, device) -> Stack:
-        return Stack({k: v.to(device) for k, v in self.weights.items()}, {k: v.to(device) for k, v in self.masks.items()},
+        return Stack({k: v.to(device) for k, v in self.weights.items()},
+                     {k: v.to(device) for k, v in self.masks.items()},
                      self.score_scale.to(device), self.shapes, self.act_fn, self.head_layout)
 
 
@@ -271,84 +206,3 @@ def stack_models(models: list[dict[str, torch.Tensor]], sections: list[dict]) ->
             masks[key][index] = 1.0
     scale = torch.tensor([1 / math.sqrt(s["d_head"]) for s in sections], dtype=dtype)
     return Stack(weights, masks, scale, model_shapes, acts.pop() if acts else "gelu", layouts.pop())
-
-
-def population_logits(w: dict[str, torch.Tensor], context: int, score_scale: torch.Tensor,
-                      act_fn: str = "gelu") -> torch.Tensor:
-    """Last-position logits of the stacked models `w` ([K, ...], padding already zeroed) on
-    all N^S sequences [K, N^S, N], in the order of SequenceTask.sequences().
-
-    The sequences form a grid [N] * S, and a position's key, value and output depend only on
-    its token: so the vocabulary is projected once per position (tables [K, H, S, N, ...]),
-    the EOS-free last query's scores are an [N x N] table per position, and the attention
-    output is one contraction over heads per position, broadcast over the grid. Same math
-    as TransformerLens (scores scaled by 1/sqrt(d_head), softmax over positions)."""
-    E, P = w["embed.W_E"], w["pos_embed.W_pos"]  # [K, N, d], [K, S, d]
-    K, N, d = E.shape
-    S = context
-    grid = list(range(2, 2 + S))  # einsum axis ids of the token at each position
-    x = E[:, None] + P[:, :, None]  # [K, S, N, d]: every (position, token) input vector
-    q = einsum(x[:, -1], w[ATTN + "W_Q"], "k v d, k h d e -> k h v e") + w[ATTN + "b_Q"][:, :, None]  # [K, H, N, dh]
-    keys = einsum(x, w[ATTN + "W_K"], "k s v d, k h d e -> k h s v e") + w[ATTN + "b_K"][:, :, None, None]
-    values = einsum(x, w[ATTN + "W_V"], "k s v d, k h d e -> k h s v e") + w[ATTN + "b_V"][:, :, None, None]
-    ov = einsum(values, w[ATTN + "W_O"], "k h s v e, k h e d -> k h s v d")  # [K, H, S, N, d]
-    table = einsum(q, keys, "k h q e, k h s v e -> k h s q v") * score_scale[:, None, None, None, None]
-    H = q.shape[1]
-    scores = []  # per position: the last query's score on it, [K, H, N, ..., N] over the grid
-    for p in range(S):
-        if p == S - 1:  # query and key are the same token
-            part = table[:, :, p].diagonal(dim1=-2, dim2=-1)  # [K, H, N] along the last grid axis
-            shape = [1] * (S - 1) + [N]
-        else:  # [K, H, query token, key token] -> axes (p, S-1) of the grid
-            part = table[:, :, p].transpose(-1, -2)  # [K, H, t_p, t_last]
-            shape = [1] * S
-            shape[p], shape[-1] = N, N
-        scores.append(part.reshape(K, H, *shape).expand(K, H, *[N] * S))
-    pattern = torch.stack(scores, 2).softmax(2)  # [K, H, S, N, ..., N] (positions first: a fast softmax)
-    attn = sum(torch.einsum(pattern[:, :, p], [0, 1, *grid], ov[:, :, p], [0, 1, grid[p], 51], [0, *grid, 51])
-               for p in range(S))  # [K, N, ..., N, d]
-    x_last = x[:, -1].reshape(K, *[1] * (S - 1), N, d)  # [K, 1, ..., N, d]
-    resid = (x_last + attn + w[ATTN + "b_O"].reshape(K, *[1] * S, d)).reshape(K, N ** S, d)  # [K, T_0, d]
-    if MLP + "W_in" in w:
-        act = F.gelu if act_fn == "gelu" else F.relu
-        hidden = act(torch.baddbmm(w[MLP + "b_in"][:, None], resid, w[MLP + "W_in"]))  # [K, T_0, m]
-        resid = resid + torch.baddbmm(w[MLP + "b_out"][:, None], hidden, w[MLP + "W_out"])
-    return torch.baddbmm(w["unembed.b_U"][:, None], resid, w["unembed.W_U"])  # [K, T_0, N]
-
-
-# --------------------------------------------------------------------------- checkpoints
-def read_config(ckpt: str | Path) -> tuple[dict, SequenceTask]:
-    """config.json of an association or distribution checkpoint, validated, and its task."""
-    config = read_envelope(ckpt)
-    path = Path(ckpt) / "config.json"
-    model = config["model"]
-    try:
-        task = task_from_config(config["task"])
-        layout = model.get("head_layout", "standard")
-        d = model["d_embed"] if layout == "dana" else model["d_model"]
-        AoTModelConfig(d, model["n_heads"], model["d_head"], model.get("d_mlp") or 0,
-                       model.get("act_fn", "gelu"), layout).validate()
-        if layout == "dana" and model["d_model"] != d + model["d_head"]:
-            raise ValueError(f"a dana-layout model has d_model = d_embed + d_head, got {model['d_model']} "
-                             f"with d_embed {d} and d_head {model['d_head']}.")
-    except ValueError as e:
-        raise CheckpointError(f"{path}: {str(e).splitlines()[0]}") from None
-    except (KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: malformed model or task section ({type(e).__name__}: {e}).") from None
-    expected = {"n_layers": 1, "normalization_type": None, "n_ctx": task.seq_len, "d_vocab": task.d_vocab,
-                "d_vocab_out": task.d_vocab_out}
-    for key, value in expected.items():
-        if model.get(key, "absent") != value:
-            raise CheckpointError(f"{path}: model.{key} is {model.get(key, 'absent')!r}, expected {value!r} for {task}.")
-    if model.get("attention", "softmax") != "softmax":
-        raise CheckpointError(f"{path}: only softmax attention is supported for {task.kind} checkpoints.")
-    return config, task
-
-
-def load(ckpt: str | Path, device: str = "auto"):
-    """(TransformerBridge, task) for an association or distribution checkpoint."""
-    from models.bridge import build_bridge, resolve_device
-
-    config, task = read_config(ckpt)
-    weights = read_weights(Path(ckpt) / "model.safetensors", config["model"])
-    return build_bridge(config["model"], weights, resolve_device(device)), task

@@ -74,6 +74,17 @@ class SequenceTask:
     def _base_config(self) -> dict:
         return {"kind": self.kind, "n_tokens": self.n_tokens, "context": self.context, "seq_len": self.seq_len}
 
+    @classmethod
+    def _check_config(cls, cfg: dict) -> None:
+        """Refuse a config.json `task` section of another kind, or without the shared fields."""
+        if cfg.get("kind") != cls.kind:
+            raise ValueError(f"task kind {cfg.get('kind')!r} is not {cls.kind!r}.")
+        missing = [k for k in ("n_tokens", "context") if k not in cfg]
+        if missing:
+            raise ValueError(f"task section lacks {', '.join(missing)}.")
+        if "seq_len" in cfg and cfg["seq_len"] != cfg["context"]:
+            raise ValueError(f"task.seq_len {cfg['seq_len']!r} differs from task.context {cfg['context']!r}.")
+
 
 class AssociationTask(SequenceTask):
     """Each of the N^S sequences maps to one next token, drawn uniformly from `table_seed`
@@ -118,6 +129,12 @@ class AssociationTask(SequenceTask):
     def to_config(self) -> dict:
         return {**self._base_config(), "table_seed": self.table_seed, "next_tokens": self.next_tokens.tolist()}
 
+    @classmethod
+    def from_config(cls, cfg: dict) -> AssociationTask:
+        """The task of a config.json `task` section."""
+        cls._check_config(cfg)
+        return cls(cfg["n_tokens"], cfg["context"], cfg.get("table_seed", 0), cfg.get("next_tokens"))
+
     def __repr__(self) -> str:
         return f"AssociationTask(N={self.n_tokens}, S={self.context}, T_0={self.n_sequences})"
 
@@ -130,7 +147,8 @@ class DistributionTask(SequenceTask):
 
     def __init__(self, n_tokens: int = 50, context: int = 2, target_seed: int = 0, concentration: float = 1.0):
         super().__init__(n_tokens, context)
-        if isinstance(concentration, bool) or not isinstance(concentration, (int, float)) or not 0 <= concentration <= 50:
+        if (isinstance(concentration, bool) or not isinstance(concentration, (int, float))
+                or not 0 <= concentration <= 50):
             raise ValueError(f"concentration must be a number in [0, 50], got {concentration!r}.")
         self.target_seed, self.concentration = target_seed, float(concentration)
         g = torch.Generator().manual_seed(target_seed)
@@ -155,24 +173,13 @@ class DistributionTask(SequenceTask):
     def to_config(self) -> dict:
         return {**self._base_config(), "target_seed": self.target_seed, "concentration": self.concentration}
 
+    @classmethod
+    def from_config(cls, cfg: dict) -> DistributionTask:
+        """The task of a config.json `task` section."""
+        cls._check_config(cfg)
+        return cls(cfg["n_tokens"], cfg["context"], cfg.get("target_seed", 0), cfg.get("concentration", 1.0))
+
     def __repr__(self) -> str:
         return (f"DistributionTask(N={self.n_tokens}, S={self.context}, T_0={self.n_sequences}, "
                 f"concentration={self.concentration:g})")
 
-
-TASKS = {"association": AssociationTask, "distribution": DistributionTask}
-
-
-def task_from_config(cfg: dict) -> AssociationTask | DistributionTask:
-    """The task of a config.json `task` section whose kind is association or distribution."""
-    kind = cfg.get("kind")
-    if kind not in TASKS:
-        raise ValueError(f"task kind {kind!r} is not one of {', '.join(TASKS)}.")
-    missing = [k for k in ("n_tokens", "context") if k not in cfg]
-    if missing:
-        raise ValueError(f"task section lacks {', '.join(missing)}.")
-    if "seq_len" in cfg and cfg["seq_len"] != cfg["context"]:
-        raise ValueError(f"task.seq_len {cfg['seq_len']!r} differs from task.context {cfg['context']!r}.")
-    if kind == "association":
-        return AssociationTask(cfg["n_tokens"], cfg["context"], cfg.get("table_seed", 0), cfg.get("next_tokens"))
-    return DistributionTask(cfg["n_tokens"], cfg["context"], cfg.get("target_seed", 0), cfg.get("concentration", 1.0))

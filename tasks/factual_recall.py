@@ -10,8 +10,8 @@ Token layout (docs/checkpoint_format.md):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -45,6 +45,8 @@ class FactualRecallTask:
     (subject j -> floor(j*D/S) + r*D, the paper's Figure 5 table) or an explicit S x R
     table of answer ids.
     """
+
+    kind = "factual_recall"
 
     def __init__(
         self,
@@ -177,7 +179,7 @@ class FactualRecallTask:
     def to_config(self) -> dict:
         """The `task` section of config.json."""
         return {
-            "kind": "factual_recall",
+            "kind": self.kind,
             "n_subjects": self.n_subjects, "n_relations": self.n_relations,
             "answers_per_relation": self.answers_per_relation,
             "n_noise": self.n_noise, "seq_len": self.seq_len,
@@ -186,9 +188,10 @@ class FactualRecallTask:
         }
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "FactualRecallTask":
-        kind = cfg.get("kind", "factual_recall")
-        if kind != "factual_recall":
+    def from_config(cls, cfg: dict) -> FactualRecallTask:
+        """The task of a config.json `task` section."""
+        kind = cfg.get("kind", cls.kind)  # checkpoints may leave out the default kind
+        if kind != cls.kind:
             raise ValueError(f"task kind {kind!r} is not a factual-recall task.")
         keys = ["n_subjects", "n_relations", "answers_per_relation", "n_noise", "seq_len", "facts"]
         missing = [k for k in keys if k not in cfg]
