@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from analyses.sweep import Cell, Cells, one, run_jobs
 from models import load
 from models.aot_trainer import train
 from models.cli import add_config_flags, given
-from models.config import AoTModelConfig, AoTTrainConfig
+from models.config import AoTModelConfig, AoTTrainConfig, setting
 from probe.head_roles import head_roles, key_token_table, sequences_run
 from probe.kl_floor import rank_d_kl_floor
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
@@ -58,34 +58,30 @@ def lower_bound(n_heads: int, d_head: int, d_model: int, n_tokens: int, n_sequen
     return min(1.0, 1 / n_tokens + (1 - 1 / n_tokens) * (n_heads * min(d_head, d_model) + d_model) / n_sequences)
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
 class AotSweep:
     """The association task and the models of every sweep (the module docstring)."""
 
-    n_tokens: int = _f(50, "N, vocabulary size")
-    context: int = _f(2, "S, sequence length (2: bigrams)")
-    table_seed: int = _f(0, "seed of the random next-token table")
-    d_model: int = _f(10, "d of the heads, d_head and mlp sweeps")
-    d_head: int = _f(10, "d_h of the heads, d_model and mlp sweeps")
-    fixed_heads: int = _f(20, "H of the d_head and d_model sweeps")
-    heads: tuple[int, ...] = _f((1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20),
-                                "H values of the heads sweep (and the MLP model's matched sizes)")
-    d_heads: tuple[int, ...] = _f((1, 2, 4, 6, 8, 10), "d_h values")
-    d_models: tuple[int, ...] = _f((2, 4, 6, 8, 10, 15, 20), "d values")
-    equal_dims: tuple[int, ...] = _f((), "d = d_h values of the d_equal sweep, each with H in --heads")
-    head_layout: tuple[str, ...] = _f(("standard",), "head layouts trained side by side: standard and/or dana "
-                                                     "(the authors' code)")
-    distribution_heads: tuple[int, ...] = _f((), "also train attention-only models with these H on the "
-                                                 "distribution task")
-    concentration: float = _f(1.0, "distribution task: pi_t = softmax(c g_t)")
-    seeds: tuple[int, ...] = _f((0, 1), "seeds averaged")
-    stack: int = _f(8, "models trained at once in one padded stack")
-    skip_instruments: bool = _f(False, "no head-role measurements")
-    skip_mlp: bool = _f(False, "no one-head-plus-MLP models (the mlp sweep)")
+    n_tokens: int = setting(50, "N, vocabulary size")
+    context: int = setting(2, "S, sequence length (2: bigrams)")
+    table_seed: int = setting(0, "seed of the random next-token table")
+    d_model: int = setting(10, "d of the heads, d_head and mlp sweeps")
+    d_head: int = setting(10, "d_h of the heads, d_model and mlp sweeps")
+    fixed_heads: int = setting(20, "H of the d_head and d_model sweeps")
+    heads: tuple[int, ...] = setting((1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20),
+                                     "H values of the heads sweep (and the MLP model's matched sizes)")
+    d_heads: tuple[int, ...] = setting((1, 2, 4, 6, 8, 10), "d_h values")
+    d_models: tuple[int, ...] = setting((2, 4, 6, 8, 10, 15, 20), "d values")
+    equal_dims: tuple[int, ...] = setting((), "d = d_h values of the d_equal sweep, each with H in --heads")
+    head_layout: tuple[str, ...] = setting(("standard",), "head layouts trained side by side: standard and/or dana "
+                                                          "(the authors' code)")
+    distribution_heads: tuple[int, ...] = setting((), "also train attention-only models with these H on the "
+                                                      "distribution task")
+    concentration: float = setting(1.0, "distribution task: pi_t = softmax(c g_t)")
+    seeds: tuple[int, ...] = setting((0, 1), "seeds averaged")
+    stack: int = setting(8, "models trained at once in one padded stack")
+    skip_instruments: bool = setting(False, "no head-role measurements")
+    skip_mlp: bool = setting(False, "no one-head-plus-MLP models (the mlp sweep)")
 
     def __post_init__(self):
         cli.at_least(self, stack=1)

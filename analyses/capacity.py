@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +33,12 @@ from analyses.executors import Executor, open_executor
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
-from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
+from models.config import RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.memories import KINDS, MemoryConfig, fit
 from models.trainer import train
 from models.weights import parameter_count
 
 TARGET = 0.99
-
-
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -80,17 +76,18 @@ def memory_row(cfg: MemoryConfig, n: int, seed: int, device: str) -> dict:
 class MemorySweep:
     """The associative memories whose capacity N* is searched: sizes, seeds, and their fit."""
 
-    kind: str = _f("linear", "linear (full, or low rank with --m) | mlp", choices=KINDS)
-    d: tuple[int, ...] = _f((8, 16, 32), "embedding dimensions")
-    m: tuple[int, ...] | None = _f(None, "linear: ranks (default full); mlp: widths")
-    m_per_d: tuple[float, ...] | None = _f(None, "sizes m = a*d for each listed a, in place of --m "
-                                                 "(the paper's MLP widths: 1,2,4,8)")
-    seeds: int = _f(3, "seeds 0..N-1 per size (the paper 5)")
-    steps: int = _f(2000, "maximum Adam steps per fit (the paper 2^15)")
-    lr: float = _f(0.1, "Adam learning rate")
-    embedding: str = _f("sphere", "sphere (unit norm) | gaussian (N(0, 1/d) entries)", choices=("sphere", "gaussian"))
-    outputs_per_input: float = _f(1.0, "M/N: 1 = injective f")
-    outputs: int | None = _f(None, "M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
+    kind: str = setting("linear", "linear (full, or low rank with --m) | mlp", choices=KINDS)
+    d: tuple[int, ...] = setting((8, 16, 32), "embedding dimensions")
+    m: tuple[int, ...] | None = setting(None, "linear: ranks (default full); mlp: widths")
+    m_per_d: tuple[float, ...] | None = setting(None, "sizes m = a*d for each listed a, in place of --m "
+                                                      "(the paper's MLP widths: 1,2,4,8)")
+    seeds: int = setting(3, "seeds 0..N-1 per size (the paper 5)")
+    steps: int = setting(2000, "maximum Adam steps per fit (the paper 2^15)")
+    lr: float = setting(0.1, "Adam learning rate")
+    embedding: str = setting("sphere", "sphere (unit norm) | gaussian (N(0, 1/d) entries)",
+                             choices=("sphere", "gaussian"))
+    outputs_per_input: float = setting(1.0, "M/N: 1 = injective f")
+    outputs: int | None = setting(None, "M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
 
     def __post_init__(self):
         cli.at_least(self, d=1, m=1, seeds=1, steps=1, outputs=2)
@@ -306,17 +303,17 @@ def _capacity_figure(means, table, full, slope, line, title, path):
 class TransformerSweep:
     """The shapes and sizes whose largest learnable S = R is searched, and their training."""
 
-    shapes: tuple[tuple[float, float, float], ...] = _f(((1.0, 1.0, 2.0),), "(alpha, beta, H) of each shape")
-    d: tuple[int, ...] = _f((8, 16), "embedding dimensions")
-    answers: int = _f(8, "D, answers per relation")
-    seq_len: int = _f(32, "T")
-    lr: tuple[float, ...] = _f((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
-    seed: int = _f(0, "seed of initialisation and data")
-    steps: int = _f(16384, "maximum steps per run (2^14)")
-    batch_size: int = _f(1024, "fresh prompts per step")
-    eval_every: int = _f(128, "steps between held-out evaluations")
-    eval_size: int = _f(4096, "held-out prompts per evaluation")
-    bits_per_parameter: float = _f(2.0, "bits per parameter of the information-bound line in the figure")
+    shapes: tuple[tuple[float, float, float], ...] = setting(((1.0, 1.0, 2.0),), "(alpha, beta, H) of each shape")
+    d: tuple[int, ...] = setting((8, 16), "embedding dimensions")
+    answers: int = setting(8, "D, answers per relation")
+    seq_len: int = setting(32, "T")
+    lr: tuple[float, ...] = setting((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
+    seed: int = setting(0, "seed of initialisation and data")
+    steps: int = setting(16384, "maximum steps per run (2^14)")
+    batch_size: int = setting(1024, "fresh prompts per step")
+    eval_every: int = setting(128, "steps between held-out evaluations")
+    eval_size: int = setting(4096, "held-out prompts per evaluation")
+    bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
 
     def __post_init__(self):
         cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1)

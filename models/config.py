@@ -14,21 +14,22 @@ from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
 
 
-def _f(default, help: str, **kw):
+def setting(default, help: str, **kw):
+    """A config field with its --help text (and argparse `choices`, ...): one flag per field."""
     return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    n_subjects: int = _f(16, "S, number of subjects")
-    n_relations: int = _f(4, "R, number of relations")
-    answers_per_relation: int = _f(4, "D, answers per relation (|A_r|)")
-    n_noise: int = _f(16, "N, number of noise tokens")
-    seq_len: int = _f(12, "T, sequence length (= n_ctx), EOS included")
-    subject_zipf: float = _f(0.0, "Zipf exponent of subject frequencies (0 = uniform)")
-    relation_zipf: float = _f(0.0, "Zipf exponent of relation frequencies (0 = uniform)")
-    facts: str = _f("random", "fact table: random | structured", choices=("random", "structured"))
-    fact_seed: int = _f(0, "seed of the random fact table")
+    n_subjects: int = setting(16, "S, number of subjects")
+    n_relations: int = setting(4, "R, number of relations")
+    answers_per_relation: int = setting(4, "D, answers per relation (|A_r|)")
+    n_noise: int = setting(16, "N, number of noise tokens")
+    seq_len: int = setting(12, "T, sequence length (= n_ctx), EOS included")
+    subject_zipf: float = setting(0.0, "Zipf exponent of subject frequencies (0 = uniform)")
+    relation_zipf: float = setting(0.0, "Zipf exponent of relation frequencies (0 = uniform)")
+    facts: str = setting("random", "fact table: random | structured", choices=("random", "structured"))
+    fact_seed: int = setting(0, "seed of the random fact table")
 
     def build(self) -> FactualRecallTask:
         return FactualRecallTask(self.n_subjects, self.n_relations, self.answers_per_relation,
@@ -38,29 +39,29 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d_model: int = _f(32, "d, embedding dimension")
-    n_heads: int = _f(4, "H, number of attention heads")
-    d_head: int = _f(8, "d_h, head dimension")
-    d_mlp: int = _f(64, "m, MLP width")
-    attn_only: bool = _f(False, "no MLP: facts can only be stored in the attention OV circuit")
-    attention: str = _f("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    embedding: str = _f("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian "
-                        "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
-                        "answers on their own axes)",
-                        choices=("sphere", "gaussian", "onehot"))
-    readout: str = _f("unembed", "unembed (the residual stream read through the frozen random answer unembedding) "
-                      "| direct (the last d_vocab_out axes are the answers' own and the tokens' random embeddings "
-                      "fill the first d_model - d_vocab_out: the attention's output matrix writes straight to the "
-                      "answer logits, as in the paper's Figure 5; --embedding onehot always reads directly)",
-                      choices=("unembed", "direct"))
-    attention_weights: str = _f("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's "
-                                "non-factorised key-query and output-value matrices: W_Q = sqrt(d_head) I and "
-                                "W_V = I frozen, d_head = d)",
-                                choices=("factored", "merged"))
-    init: str = _f("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant "
-                   "(every entry init_scale)",
-                   choices=("normal", "constant"))
-    init_scale: float = _f(1.0, "scale of the trainable weights' initialisation (see --init)")
+    d_model: int = setting(32, "d, embedding dimension")
+    n_heads: int = setting(4, "H, number of attention heads")
+    d_head: int = setting(8, "d_h, head dimension")
+    d_mlp: int = setting(64, "m, MLP width")
+    attn_only: bool = setting(False, "no MLP: facts can only be stored in the attention OV circuit")
+    attention: str = setting("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
+    embedding: str = setting("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian "
+                             "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
+                             "answers on their own axes)",
+                             choices=("sphere", "gaussian", "onehot"))
+    readout: str = setting("unembed", "unembed (the residual stream read through the frozen random answer unembedding) "
+                           "| direct (the last d_vocab_out axes are the answers' own and the tokens' random embeddings "
+                           "fill the first d_model - d_vocab_out: the attention's output matrix writes straight to the "
+                           "answer logits, as in the paper's Figure 5; --embedding onehot always reads directly)",
+                           choices=("unembed", "direct"))
+    attention_weights: str = setting("factored", "factored (train W_Q, W_K, W_V, W_O) | merged (the paper's "
+                                     "non-factorised key-query and output-value matrices: W_Q = sqrt(d_head) I and "
+                                     "W_V = I frozen, d_head = d)",
+                                     choices=("factored", "merged"))
+    init: str = setting("normal", "initial trainable weights: normal (std init_scale/sqrt(fan_in)) | constant "
+                        "(every entry init_scale)",
+                        choices=("normal", "constant"))
+    init_scale: float = setting(1.0, "scale of the trainable weights' initialisation (see --init)")
 
     def validate(self) -> None:
         for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
@@ -98,17 +99,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: tuple[float, ...] = _f((1e-2,), "learning rate(s); a comma list trains one model per value at once")
-    seed: tuple[int, ...] = _f((0,), "seed(s) of initialisation and data; a comma list trains one model per seed")
-    optimizer: str = _f("adam", "adam | sgd (plain gradient descent)", choices=("adam", "sgd"))
-    batch_size: int = _f(1024, "fresh samples per step (population loss)")
-    steps: int = _f(3000, "maximum number of steps")
-    eval_every: int = _f(50, "evaluate on the held-out set every this many steps")
-    eval_size: int = _f(4096, "held-out prompts per evaluation")
-    target_accuracy: float = _f(0.99, "stop once the best model reaches this held-out accuracy (> 1: never)")
-    snapshots_per_octave: int = _f(2, "log-spaced weight snapshots per doubling of the step (0: none)")
-    freeze_ov: bool = _f(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
-    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+    lr: tuple[float, ...] = setting((1e-2,), "learning rate(s); a comma list trains one model per value at once")
+    seed: tuple[int, ...] = setting((0,), "seed(s) of initialisation and data; a comma list trains one model per seed")
+    optimizer: str = setting("adam", "adam | sgd (plain gradient descent)", choices=("adam", "sgd"))
+    batch_size: int = setting(1024, "fresh samples per step (population loss)")
+    steps: int = setting(3000, "maximum number of steps")
+    eval_every: int = setting(50, "evaluate on the held-out set every this many steps")
+    eval_size: int = setting(4096, "held-out prompts per evaluation")
+    target_accuracy: float = setting(0.99, "stop once the best model reaches this held-out accuracy (> 1: never)")
+    snapshots_per_octave: int = setting(2, "log-spaced weight snapshots per doubling of the step (0: none)")
+    freeze_ov: bool = setting(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
+    device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
 
     @property
     def runs(self) -> list[tuple[float, int]]:
@@ -221,13 +222,13 @@ class AoTModelConfig:
     """A model of the memorisation tasks (Dana et al.): one attention layer with trainable
     embeddings, optionally followed by a GELU MLP; the head layouts are models.aot_weights'."""
 
-    d_model: int = _f(10, "d, embedding dimension")
-    n_heads: int = _f(1, "H, number of attention heads")
-    d_head: int = _f(10, "d_h, head dimension")
-    d_mlp: int = _f(0, "m, MLP width after the heads (0: attention-only)")
-    act_fn: str = _f("gelu", "MLP non-linearity (the paper's GELU, or relu)")
-    head_layout: str = _f("standard", "standard (the paper's equations) | dana (the authors' code: shared "
-                          "d -> d_h compression, d_h-dimensional positions, shared d_h -> d decompression)")
+    d_model: int = setting(10, "d, embedding dimension")
+    n_heads: int = setting(1, "H, number of attention heads")
+    d_head: int = setting(10, "d_h, head dimension")
+    d_mlp: int = setting(0, "m, MLP width after the heads (0: attention-only)")
+    act_fn: str = setting("gelu", "MLP non-linearity (the paper's GELU, or relu)")
+    head_layout: str = setting("standard", "standard (the paper's equations) | dana (the authors' code: shared "
+                               "d -> d_h compression, d_h-dimensional positions, shared d_h -> d decompression)")
 
     @property
     def attn_only(self) -> bool:
@@ -289,12 +290,12 @@ class AoTModelConfig:
 class AoTTrainConfig:
     """Dana et al.'s recipe (appendix B): per seed, `batches` batches drawn once, `epochs` passes, Adam."""
 
-    lr: float = _f(1e-3, "Adam learning rate")
-    batch_size: int = _f(1024, "sequences per batch")
-    batches: int = _f(1000, "batches drawn once per seed (the data set)")
-    epochs: int = _f(10, "passes over the data set")
-    eval_every: int = _f(500, "score every model on all T_0 sequences every this many steps")
-    device: str = _f("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+    lr: float = setting(1e-3, "Adam learning rate")
+    batch_size: int = setting(1024, "sequences per batch")
+    batches: int = setting(1000, "batches drawn once per seed (the data set)")
+    epochs: int = setting(10, "passes over the data set")
+    eval_every: int = setting(500, "score every model on all T_0 sequences every this many steps")
+    device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
 
     @property
     def steps(self) -> int:
