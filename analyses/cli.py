@@ -31,6 +31,23 @@ def parser(prog: str, description: str) -> Parser:
     return Parser(prog=prog, description=description)
 
 
+def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True, quiet: bool = True,
+                      with_snapshots: bool = False) -> Parser:
+    """The parser of `python -m analyses.NAME CKPT`: the checkpoint, --out (default
+    CKPT/analysis/NAME), --device, --seed (of `seed_of`), and --step / --quiet where it reads
+    snapshots one at a time / has long work."""
+    p = parser(f"python -m analyses.{name}", description)
+    add_checkpoint(p, with_snapshots)
+    add_out(p, f"CKPT/analysis/{name}")
+    add_device(p)
+    add_seed(p, seed_of)
+    if step:
+        add_step(p)
+    if quiet:
+        add_quiet(p)
+    return p
+
+
 # ------------------------------------------------------------------ shared flags
 def directory(text: str) -> Path:
     """--out: a directory that may not exist yet, but neither it nor a parent is a file."""

@@ -176,12 +176,7 @@ def write(dynamics: Dynamics, out: Path) -> None:
 
 
 def parser():
-    p = cli.parser("python -m analyses.hallucination", __doc__)
-    cli.add_checkpoint(p, with_snapshots=True)
-    cli.add_out(p, "CKPT/analysis/hallucination")
-    cli.add_device(p)
-    cli.add_seed(p, "the held-out prompts")
-    cli.add_quiet(p)
+    p = cli.checkpoint_parser("hallucination", __doc__, "the held-out prompts", step=False, with_snapshots=True)
     cli.add_settings(p, HallucinationSettings, "what is measured", exclude=("seed",))
     cli.add_settings(p, PhaseRule, "phase rule")
     return p

@@ -170,13 +170,7 @@ def write(located: Located, out: Path, task: FactualRecallTask) -> None:
 
 
 def parser():
-    p = cli.parser("python -m analyses.locate_facts", __doc__)
-    cli.add_checkpoint(p)
-    cli.add_out(p, "CKPT/analysis/locate_facts")
-    cli.add_device(p)
-    cli.add_seed(p, "the prompts and bootstrap intervals")
-    cli.add_step(p)
-    cli.add_quiet(p)
+    p = cli.checkpoint_parser("locate_facts", __doc__, "the prompts and bootstrap intervals")
     cli.add_settings(p, LocateSettings, "what is measured", exclude=("seed",))
     return p
 

@@ -176,12 +176,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
 
 
 def parser():
-    p = cli.parser("python -m analyses.report", __doc__)
-    cli.add_checkpoint(p)
-    cli.add_out(p, "CKPT/analysis/report")
-    cli.add_device(p)
-    cli.add_seed(p, "the attention-view prompts")
-    cli.add_quiet(p)
+    p = cli.checkpoint_parser("report", __doc__, "the attention-view prompts", step=False)
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help="facts whose attention to show (default: the first fact of each storage label found)")
     p.add_argument("--fresh", action="store_true",

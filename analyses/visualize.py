@@ -207,12 +207,7 @@ def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | Non
 
 
 def parser():
-    p = cli.parser("python -m analyses.visualize", __doc__)
-    cli.add_checkpoint(p)
-    cli.add_out(p, "CKPT/analysis/visualize")
-    cli.add_device(p)
-    cli.add_seed(p, "the prompts")
-    cli.add_step(p)
+    p = cli.checkpoint_parser("visualize", __doc__, "the prompts", quiet=False)
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help=f"facts to show, e.g. 3:1,7:0 (default: {N_DEFAULT_FACTS} evenly spaced over the fact table)")
     cli.add_settings(p, ViewSettings, "what is shown", exclude=("seed",))
