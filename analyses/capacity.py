@@ -304,7 +304,7 @@ class TransformerSweep:
     """The shapes and sizes whose largest learnable S = R is searched, and their training."""
 
     shapes: tuple[tuple[float, float, float], ...] = setting(((1.0, 1.0, 2.0),), "(alpha, beta, H) of each shape")
-    d: tuple[int, ...] = setting((8, 16), "embedding dimensions")
+    d: tuple[int, ...] = setting((8, 16), "embedding dimensions, searched in increasing order")
     answers: int = setting(8, "D, answers per relation")
     seq_len: int = setting(32, "T")
     lr: tuple[float, ...] = setting((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
@@ -312,15 +312,28 @@ class TransformerSweep:
     steps: int = setting(16384, "maximum steps per run (2^14)")
     batch_size: int = setting(1024, "fresh prompts per step")
     eval_every: int = setting(128, "steps between held-out evaluations")
-    eval_size: int = setting(4096, "held-out prompts per evaluation")
+    eval_size: int = setting(4096, "held-out prompts per evaluation (the paper: 1024)")
+    min_size: int = setting(8, "S = R where the smallest d's search starts (the paper: 8)")
+    max_size: int = setting(512, "largest S = R tried (the paper: 512)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
+    facts_per_parameter: float = setting(0.15, "facts per parameter of the paper's reference line in the figure")
 
     def __post_init__(self):
-        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1)
+        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1, min_size=2)
+        cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
         for shape in self.shapes:
-            for d in self.d:
-                shape_model(shape[0], shape[1], int(shape[2]), d)  # refuses a shape that does not fit d
+            if not self.sizes(shape):  # the reason, from the largest d
+                shape_model(shape[0], shape[1], int(shape[2]), max(self.d))
+
+    def sizes(self, shape: tuple) -> list[int]:
+        """The d at which the shape has d_h >= 1 and m >= 1 (rounded down), increasing."""
+        def fits(d):
+            try:
+                return bool(shape_model(shape[0], shape[1], int(shape[2]), d))
+            except ValueError:
+                return False
+        return sorted(d for d in set(self.d) if fits(d))
 
     def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
         """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
@@ -335,21 +348,28 @@ class TransformerSweep:
                                            device=device))
 
     def recorded(self) -> dict:
-        """What every training run shares (settings.json); shapes and sizes are in the cell keys."""
+        """What every training run shares (settings.json); shapes and sizes are in the cell keys,
+        and the search bounds choose cells without changing any."""
         return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
                 "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size}
 
 
-def transformer_capacity(shape: tuple, d: int, sweep: TransformerSweep, device: str):
-    """The search for the largest S = R learned to >= 99% by the shape at size d (a job of
-    analyses.sweep)."""
-    model = shape_model(*shape[:2], int(shape[2]), d)
-    start = max(2, int(math.sqrt(parameter_count(_section(model))["total"] / 16)))
-    return search(bisection(start, lowest=2, grow=1.5, rel_tol=0.1),
-                  lambda S: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}", transformer_row,
-                                 (shape, d, S, sweep, device)),
-                  lambda row: row["accuracy"] >= TARGET)
+def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: dict):
+    """The largest S = R learned to >= 99% by the shape at each of its sizes, as the authors
+    search it: d in increasing order, each search starting from the previous d's S* (a larger
+    model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
+    never above max_size. found[d] = S* as each size ends, so a sweep cut short keeps the
+    sizes it finished (a job of analyses.sweep)."""
+    start = sweep.min_size
+    for d in sweep.sizes(shape):
+        S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1),
+                              lambda S, d=d: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}",
+                                                  transformer_row, (shape, d, S, sweep, device)),
+                              lambda row: row["accuracy"] >= TARGET)
+        found[d] = S
+        start = min(max(S, sweep.min_size), sweep.max_size)
+    return found
 
 
 def _section(model) -> dict:
@@ -366,31 +386,55 @@ def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
 
 
 def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executor, device: str,
-                        progress: bool = True) -> list[dict]:
-    """S* = R* of every shape and size, one row each (the runs are recorded in `cells`)."""
-    searches = [(shape, d) for shape in sweep.shapes for d in sweep.d]
+                        progress: bool = True, compute: bool = True) -> list[dict]:
+    """S* = R* of every shape and size, one row each (the runs are recorded in `cells`).
+    compute=False: from the recorded runs only, the sizes whose search they complete."""
+    found = {shape: {} for shape in sweep.shapes}
     with open_executor(executor) as running:
-        found = run_jobs([transformer_capacity(shape, d, sweep, device) for shape, d in searches], cells, running,
-                         desc="transformer probes", progress=progress)
+        run_jobs([shape_capacity(shape, sweep, device, found[shape]) for shape in sweep.shapes], cells, running,
+                 desc="transformer probes", progress=progress, compute=compute)
     rows = []
-    for (shape, d), S in zip(searches, found):
-        params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
-        rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
-                     "parameters": params, "facts_per_parameter": S * S / params})
+    for shape in sweep.shapes:
+        for d, S in found[shape].items():
+            params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
+            rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
+                         "parameters": params, "facts_per_parameter": S * S / params})
     return rows
 
 
+PAPER_FACTS_WINDOW = (64, 11000)  # the facts range the paper's Figure 4 left shows
+
+
 def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.DataFrame, computed: int) -> Capacity:
-    """Facts stored against parameters: the fitted slope, overall and per shape."""
-    table = pd.DataFrame(rows)
+    """Facts stored against parameters: the fitted slope, overall and per shape, and facts per
+    parameter against the paper's line (over the points inside the paper's window of facts)."""
+    table = pd.DataFrame(rows, columns=["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter"])
     ok = table[table["facts"] > 0]
-    slope = fitted_slope(ok["parameters"], ok["facts"]) if ok["parameters"].nunique() > 1 else float("nan")
-    per_shape = {shape: {"fitted_slope": fitted_slope(g["parameters"], g["facts"]) if len(g) > 1 else None,
+    lo, hi = PAPER_FACTS_WINDOW
+    shown = ok[ok["facts"].between(lo, hi)]
+
+    def slope(g):
+        return fitted_slope(g["parameters"], g["facts"]) if g["parameters"].nunique() > 1 else None
+
+    def per_parameter(g):
+        ratio = float(np.exp(np.log(g["facts_per_parameter"]).mean())) if len(g) else None  # geometric mean
+        return {"facts_per_parameter_measured": ratio,
+                "over_paper_line": ratio / sweep.facts_per_parameter if ratio is not None else None}
+
+    per_shape = {shape: {"fitted_slope": slope(g), **per_parameter(shown[shown["shape"] == shape]),
                          "rows": g.drop(columns="shape").to_dict("records")}
-                 for shape, g in ok.groupby("shape")}
-    summary = {"fitted_slope": slope, "shapes": per_shape, "bits_per_parameter": sweep.bits_per_parameter,
-               "bits_per_fact": math.log2(sweep.answers), "settings": sweep.recorded(),
-               "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d)}, "probes_computed": computed}
+                 for shape, g in ok.groupby("shape", sort=False)}
+    summary = {"fitted_slope": slope(ok), "shapes": per_shape,
+               "paper_line": {"facts_per_parameter": sweep.facts_per_parameter,
+                              "facts_window": list(PAPER_FACTS_WINDOW), **per_parameter(shown)},
+               "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
+               "settings": sweep.recorded(),
+               "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1},
+               "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
+                         "skipped": [[*shape, d] for shape in sweep.shapes for d in sweep.d
+                                     if d not in sweep.sizes(shape)]},
+               "searched": f"{len(table)} of {sum(len(sweep.sizes(s)) for s in sweep.shapes)}",
+               "probes_computed": computed}
     return Capacity(table, probes, summary)
 
 
@@ -399,11 +443,21 @@ def write_transformer(result: Capacity, sweep: TransformerSweep, out: Path) -> N
     write_csv(out / "probes.csv", result.probes)
     write_csv(out / "capacity.csv", result.table)
     write_summary(out / "summary.json", result.summary)
-    _facts_figure(result.table, result.summary["fitted_slope"], sweep, out / "facts_vs_parameters.png")
+    if (result.table["facts"] > 0).any():
+        _facts_figure(result.table, result.summary["fitted_slope"], sweep, out / "facts_vs_parameters.png")
 
 
 def transformer_text(result: Capacity) -> str:
-    lines = [f"facts stored against parameters: fitted slope {result.summary['fitted_slope']:.2f} (theory 1)"]
+    def num(x, fmt):
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    line = result.summary["paper_line"]
+    lo, hi = line["facts_window"]
+    lines = [f"sizes searched: {result.summary['searched']}",
+             f"facts stored against parameters: fitted slope {num(result.summary['fitted_slope'], '.2f')} (theory 1)",
+             f"facts per parameter (geometric mean over {lo} to {hi} facts): "
+             f"{num(line['over_paper_line'], '.2f')}x the paper's {line['facts_per_parameter']:g}"
+             f" ({num(line['facts_per_parameter_measured'], '.3f')})"]
     lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
               f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
     return "\n".join(lines)
@@ -413,17 +467,20 @@ def _facts_figure(table, slope, sweep: TransformerSweep, path):
     import matplotlib.ticker
     plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for k, (shape, g) in enumerate(table.groupby("shape")):
-        ax.plot(g["parameters"], g["facts"], "o-", color=f"C{k}", label=f"shape (α, β, H) = ({shape})")
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for k, (shape, g) in enumerate(table.groupby("shape", sort=False)):
+        ax.plot(g["parameters"], g["facts"], "o-", color=f"C{k}", label=f"(α, β, H) = ({shape})")
     x = np.geomspace(table["parameters"].min(), table["parameters"].max(), 50)
     ok = table[table["facts"] > 0]
     anchor_x, anchor_y = np.exp(np.log(ok["parameters"]).mean()), np.exp(np.log(ok["facts"]).mean())
-    if not math.isnan(slope):
+    if slope is not None and not math.isnan(slope):
         ax.plot(x, anchor_y * (x / anchor_x) ** slope, "k-", lw=1, label=f"fit: slope {slope:.2f}")
+    ax.plot(x, sweep.facts_per_parameter * x, "r--", lw=1.2,
+            label=f"paper: {sweep.facts_per_parameter:g} facts per parameter")
     bits = sweep.bits_per_parameter
-    ax.plot(x, bits * x / math.log2(sweep.answers), "r-.", lw=1,
-            label=f"information bound: S·R·log2 D bits at {bits:g} bits/parameter")
+    ax.plot(x, bits * x / math.log2(sweep.answers), "r-.", lw=0.8, alpha=0.6,
+            label=f"information bound at {bits:g} bits/parameter")
+    ax.axhspan(*PAPER_FACTS_WINDOW, color="0.9", zorder=0, label="facts range the paper shows")
     ax.set(xscale="log", yscale="log", xlabel="parameters (4·H·d_h·d + 2·m·d)", ylabel="facts stored (S·R)",
            title="Facts stored against parameters")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -449,6 +506,7 @@ def parser():
                    help="ALPHA,BETA,H; repeat for several shapes (default 1,1,2)")
     cli.add_seed(t, "initialisation and data")
     cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
+    cli.add_recorded_only(t)
     for q in (m, t):
         cli.add_out(q)
         cli.add_device(q)
@@ -474,7 +532,7 @@ def main(argv=None) -> int:
     else:
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
         cells = Cells(args.out, sweep.recorded())
-        rows = search_transformers(sweep, cells, executor, args.device, progress)
+        rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)
         print(transformer_text(result) + f"\nwrote {args.out}/ ({cells.computed} new training runs)")

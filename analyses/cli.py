@@ -119,6 +119,13 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, Executor, "where the cells run", default_label="default")
 
 
+def add_recorded_only(p: argparse.ArgumentParser) -> None:
+    """--recorded-only: a sweep's tables from the cells already recorded in --out."""
+    p.add_argument("--recorded-only", action="store_true",
+                   help="write the tables and figures of the cells recorded so far in --out, computing none "
+                        "(a sweep still running, or cut short); the other flags must be the sweep's own")
+
+
 def executor(args: argparse.Namespace) -> Executor:
     """The sweep flags as an Executor (refused, ValueError, if this machine cannot run it)."""
     return Executor(**given(args, Executor))

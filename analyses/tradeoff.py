@@ -385,9 +385,7 @@ def parser():
     sub = p.add_subparsers(dest="command", required=True)
     grid = sub.add_parser("grid", help="H x m grid: accuracy and storage shares (Figure 4 right)")
     cli.add_settings(grid, Grid, "the grid")
-    grid.add_argument("--recorded-only", action="store_true",
-                      help="write the table and figures of the cells recorded so far in --out, computing none "
-                           "(a sweep still running, or cut short)")
+    cli.add_recorded_only(grid)
     swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
     shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
     cli.add_settings(shrink, Shrink, "the pruning")

@@ -8,6 +8,7 @@ flag `--field-name` overrides it (see models/cli.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 
 from tasks.association import SequenceTask
@@ -134,12 +135,14 @@ class RunConfig:
 
 
 def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelConfig:
-    """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4)."""
-    d_head, d_mlp = alpha * d_model / n_heads, beta * d_model
-    if d_head != int(d_head) or d_head < 1 or d_mlp != int(d_mlp) or d_mlp < 1:
-        raise ValueError(f"shape alpha={alpha}, beta={beta}, H={n_heads} gives d_head={d_head:g}, "
-                         f"d_mlp={d_mlp:g} at d={d_model}; both must be positive integers.")
-    return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=int(d_head), d_mlp=int(d_mlp))
+    """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4).
+    d_h and m are rounded down, as the authors' code does (int(d*alpha/H), int(d*beta)): the
+    paper's sizes d = int(2^k), k = 3, 3.5, ..., rarely divide evenly."""
+    d_head, d_mlp = math.floor(alpha * d_model / n_heads), math.floor(beta * d_model)
+    if d_head < 1 or d_mlp < 1:
+        raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "
+                         f"d_mlp={d_mlp} at d={d_model} (rounded down); both must be >= 1.")
+    return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp)
 
 
 _PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)

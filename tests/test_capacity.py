@@ -269,9 +269,62 @@ def test_pruning_steps_cover_zero_to_all():
 
 def test_bad_shape_is_one_line_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
-    code, _, err = _cli(["transformer", "--shape", "1,1,3", "--d", "8", "--out", str(out)], capsys)
+    code, _, err = _cli(["transformer", "--shape", "0.25,1,8", "--d", "8,16", "--out", str(out)], capsys)
     assert code == 2 and err.startswith("error: shape") and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_shape_sizes_round_down_as_the_authors_do():
+    from analyses.capacity import TransformerSweep
+    from models.config import shape_model
+
+    assert shape_model(1, 1, 8, 11) == replace(shape_model(1, 1, 8, 8), d_model=11, d_head=1, d_mlp=11)
+    assert (shape_model(0.25, 4, 8, 45).d_head, shape_model(0.5, 0.5, 8, 22).d_mlp) == (1, 11)
+    with pytest.raises(ValueError, match="d_head=0"):
+        shape_model(0.25, 4, 8, 22)
+    sweep = TransformerSweep(shapes=((0.25, 4.0, 8.0), (1.0, 1.0, 8.0)), d=(32, 8, 16, 22))
+    assert sweep.sizes((0.25, 4.0, 8.0)) == [32] and sweep.sizes((1.0, 1.0, 8.0)) == [8, 16, 22, 32]
+
+
+def test_shape_search_starts_each_size_from_the_previous_sizes_answer():
+    """The authors' warm start: d in increasing order, each search from the last S*."""
+    from analyses.capacity import TransformerSweep, shape_capacity
+
+    capacity = {8: 11, 16: 30, 32: 600}  # S* of a noiseless oracle, the last above max_size
+    sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512)
+    found, asked = {}, []
+    job = shape_capacity((1.0, 1.0, 2.0), sweep, "cpu", found)
+    try:
+        cell = next(job)
+        while True:
+            shape, d, S = cell.args[:3]
+            asked.append((d, S))
+            cell = job.send({"accuracy": 1.0 if S <= capacity[d] else 0.5})
+    except StopIteration as stop:
+        assert stop.value is found
+    firsts = [next(S for d_, S in asked if d_ == d) for d in (8, 16, 32)]
+    assert firsts[0] == 8 and firsts[1] == found[8] and firsts[2] == found[16]
+    assert 10 <= found[8] <= 11 and 27 <= found[16] <= 30 and found[32] == 512
+    assert max(S for _, S in asked) == 512 and len(asked) == len(set(asked))
+
+
+def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_path, capsys):
+    argv = ["transformer", "--shape", "1,1,2", "--d", "4,6", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+            "--steps", "60", "--batch-size", "64", "--eval-every", "20", "--eval-size", "64", "--min-size", "2",
+            "--max-size", "4", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "sizes searched: 2 of 2" in out
+    table = pd.read_csv(tmp_path / "capacity.csv")
+    assert list(table["d"]) == [4, 6] and table["S_star"].between(1, 4).all()
+    assert (table["parameters"] == [4 * 2 * 2 * 4 + 2 * 4 * 4, 4 * 2 * 3 * 6 + 2 * 6 * 6]).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["paper_line"]["facts_per_parameter"] == 0.15 and summary["sizes"]["skipped"] == []
+    assert len(pd.read_csv(tmp_path / "probes.csv")) == len(list((tmp_path / "cells").glob("*.json")))
+    for cell in (tmp_path / "cells").glob("shape1,1,2_d6_S*.json"):
+        cell.unlink()
+    code, out, _ = _cli([*argv, "--recorded-only"], capsys)
+    assert code == 0 and "sizes searched: 1 of 2" in out and "(0 new training runs)" in out
+    assert list(pd.read_csv(tmp_path / "capacity.csv")["d"]) == [4]
 
 
 TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",

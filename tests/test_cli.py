@@ -23,7 +23,7 @@ def test_train_help_documents_every_flag():
     (["--lr", "0"], "learning rates must be > 0"),
     (["--seq-len", "2"], "seq_len must be an integer >= 3"),
     (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),
-    (["--preset", "shape:1,1,3,32"], "d_head"),
+    (["--preset", "shape:0.25,1,8,16"], "d_head"),
 ])
 def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
     proc = run("models.train", "--out", str(tmp_path / "ckpt"), "--quiet", *args)
