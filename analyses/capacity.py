@@ -13,7 +13,7 @@ Both fit the log-log slope (summary.json `fitted_slope`) and write, to --out: ce
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
-for the linear memory, N ln N = 0.35 m d for the MLP, N = m d / 1.2 for the MLP with M = 32
+for the linear memory, N ln N = m d / 0.35 for the MLP, N = m d / 1.2 for the MLP with M = 32
 fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
 The searches run concurrently, each probe a cell: in this process (--executor local) or as
 Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address).
@@ -160,7 +160,7 @@ def authors_line(cfg: MemoryConfig) -> AuthorsLine | None:
     if cfg.kind == "mlp" and cfg.n_outputs is not None:
         return AuthorsLine("N = m·d/1.2", 1 / 1.2, False, "MLP memory, M = 32 outputs (Figure 6)")
     if cfg.kind == "mlp" and cfg.outputs_per_input == 1:
-        return AuthorsLine("N ln N = 0.35·m·d", 0.35, True, "MLP memory, f(i) = i (Figure 1 right)")
+        return AuthorsLine("N ln N = m·d/0.35", 1 / 0.35, True, "MLP memory, f(i) = i (Figure 1 right)")
     return None
 
 

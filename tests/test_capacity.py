@@ -150,7 +150,8 @@ def test_authors_line_solves_n_log_n():
     line = authors_line(MemoryConfig(kind="linear", d=64))
     n = line.n_on_line([64.0, 4096.0, 1e6])
     assert n * torch.tensor(n).log().numpy() == pytest.approx([64 / 1.3, 4096 / 1.3, 1e6 / 1.3], rel=1e-9)
-    assert authors_line(MemoryConfig(kind="mlp", d=8, m=16)).law == "N ln N = 0.35·m·d"
+    mlp = authors_line(MemoryConfig(kind="mlp", d=8, m=16))  # the authors plot m·d = 0.35·N ln N
+    assert mlp.law == "N ln N = m·d/0.35" and mlp.n_on_line([512.0])[0] == pytest.approx(262.6, abs=0.1)
     assert authors_line(MemoryConfig(kind="linear", d=8, m=4)) is None  # the paper draws no line for low rank
 
 
