@@ -303,7 +303,8 @@ def _capacity_figure(means, table, full, slope, line, title, path):
 class TransformerSweep:
     """The shapes and sizes whose largest learnable S = R is searched, and their training."""
 
-    shapes: tuple[tuple[float, float, float], ...] = setting(((1.0, 1.0, 2.0),), "(alpha, beta, H) of each shape")
+    shapes: tuple[tuple[float, ...], ...] = setting(((1.0, 1.0, 2.0),),
+                                                    "(alpha, beta, H) of each shape, or (alpha, beta, H, largest d)")
     d: tuple[int, ...] = setting((8, 16), "embedding dimensions, searched in increasing order")
     answers: int = setting(8, "D, answers per relation")
     seq_len: int = setting(32, "T")
@@ -323,22 +324,25 @@ class TransformerSweep:
         cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
         for shape in self.shapes:
+            if min(self.d) > _largest_d(shape):
+                raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")
             if not self.sizes(shape):  # the reason, from the largest d
-                shape_model(shape[0], shape[1], int(shape[2]), max(self.d))
+                shape_model(shape[0], shape[1], int(shape[2]), max(d for d in self.d if d <= _largest_d(shape)))
 
     def sizes(self, shape: tuple) -> list[int]:
-        """The d at which the shape has d_h >= 1 and m >= 1 (rounded down), increasing."""
+        """The d (up to the shape's largest) at which the shape has d_h >= 1 and m >= 1
+        (rounded down), increasing."""
         def fits(d):
             try:
                 return bool(shape_model(shape[0], shape[1], int(shape[2]), d))
             except ValueError:
                 return False
-        return sorted(d for d in set(self.d) if fits(d))
+        return sorted(d for d in set(self.d) if d <= _largest_d(shape) and fits(d))
 
     def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
         """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
         the learning rates as one batched run."""
-        alpha, beta, heads = shape
+        alpha, beta, heads = shape[:3]
         task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=self.answers, n_noise=2 * S,
                           seq_len=self.seq_len)
         return RunConfig(task=task, model=shape_model(alpha, beta, int(heads), d),
@@ -353,6 +357,10 @@ class TransformerSweep:
         return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
                 "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size}
+
+
+def _largest_d(shape: tuple) -> float:
+    return shape[3] if len(shape) > 3 else math.inf
 
 
 def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: dict):
@@ -397,7 +405,7 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     for shape in sweep.shapes:
         for d, S in found[shape].items():
             params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
-            rows.append({"shape": ",".join(f"{v:g}" for v in shape), "d": d, "S_star": S, "facts": S * S,
+            rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
                          "parameters": params, "facts_per_parameter": S * S / params})
     return rows
 
@@ -431,8 +439,8 @@ def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.Dat
                "settings": sweep.recorded(),
                "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1},
                "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
-                         "skipped": [[*shape, d] for shape in sweep.shapes for d in sweep.d
-                                     if d not in sweep.sizes(shape)]},
+                         "skipped": [[*shape[:3], d] for shape in sweep.shapes for d in sweep.d
+                                     if d <= _largest_d(shape) and d not in sweep.sizes(shape)]},
                "searched": f"{len(table)} of {sum(len(sweep.sizes(s)) for s in sweep.shapes)}",
                "probes_computed": computed}
     return Capacity(table, probes, summary)
@@ -491,8 +499,8 @@ def _facts_figure(table, slope, sweep: TransformerSweep, path):
 # ----------------------------------------------------------------------------- CLI
 def _shape(text: str) -> tuple:
     values = cli.comma_list(float)(text)
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H, got {text!r}")
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H or ALPHA,BETA,H,LARGEST_D, got {text!r}")
     return values
 
 
@@ -503,7 +511,8 @@ def parser():
     cli.add_settings(m, MemorySweep, "the memories")
     t = sub.add_parser("transformer", help="facts stored against parameters across shapes (Figure 4 left)")
     t.add_argument("--shape", dest="shapes", type=_shape, action="append",
-                   help="ALPHA,BETA,H; repeat for several shapes (default 1,1,2)")
+                   help="ALPHA,BETA,H, or ALPHA,BETA,H,LARGEST_D to search that shape only up to d = "
+                        "LARGEST_D; repeat for several shapes (default 1,1,2)")
     cli.add_seed(t, "initialisation and data")
     cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
     cli.add_recorded_only(t)

@@ -285,6 +285,9 @@ def test_shape_sizes_round_down_as_the_authors_do():
         shape_model(0.25, 4, 8, 22)
     sweep = TransformerSweep(shapes=((0.25, 4.0, 8.0), (1.0, 1.0, 8.0)), d=(32, 8, 16, 22))
     assert sweep.sizes((0.25, 4.0, 8.0)) == [32] and sweep.sizes((1.0, 1.0, 8.0)) == [8, 16, 22, 32]
+    assert sweep.sizes((1.0, 1.0, 8.0, 16.0)) == [8, 16]  # a shape searched only up to its largest d
+    with pytest.raises(ValueError, match="below every --d"):
+        TransformerSweep(shapes=((1.0, 1.0, 8.0, 4.0),), d=(8, 16))
 
 
 def test_shape_search_starts_each_size_from_the_previous_sizes_answer():
@@ -310,7 +313,7 @@ def test_shape_search_starts_each_size_from_the_previous_sizes_answer():
 
 
 def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_path, capsys):
-    argv = ["transformer", "--shape", "1,1,2", "--d", "4,6", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+    argv = ["transformer", "--shape", "1,1,2,6", "--d", "4,6,8", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
             "--steps", "60", "--batch-size", "64", "--eval-every", "20", "--eval-size", "64", "--min-size", "2",
             "--max-size", "4", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
     code, out, _ = _cli(argv, capsys)
