@@ -8,3 +8,6 @@ for preset in fig5-linear fig5-softmax-gd fig5-softmax-adam; do
   .venv/bin/python -m models.train --preset "$preset" --out "ckpt/$preset" --force --quiet
   .venv/bin/python -m analyses.hallucination "ckpt/$preset" --out "results/hallucination/$preset" --quiet
 done
+# Figure 5 right at the authors' lr 0.1 needs more than 2^13 steps: the phase comes at steps ~11,600-30,000.
+.venv/bin/python -m models.train --preset fig5-softmax-gd --steps 65536 --out ckpt/fig5-softmax-gd-2e16 --force --quiet
+.venv/bin/python -m analyses.hallucination ckpt/fig5-softmax-gd-2e16 --out results/hallucination/fig5-softmax-gd-2e16 --quiet
