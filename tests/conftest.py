@@ -1,13 +1,22 @@
+import os
+
 import pytest
 import torch
 
 from models.config import RunConfig, override, preset
 from models.trainer import train
 
+# The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
+# FACTUAL_RECALL_TEST_DEVICE=cuda (bench/README.md, "On a GPU"). TF32 off, so float32 is float32.
+TEST_DEVICE = torch.device(os.environ.get("FACTUAL_RECALL_TEST_DEVICE", "cpu"))
+if TEST_DEVICE.type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
 
 def quick(run: RunConfig, **train_overrides) -> RunConfig:
-    """`run` on the CPU without progress bars, with training fields replaced."""
-    return RunConfig(run.task, run.model, override(run.train, {"device": "cpu", **train_overrides}))
+    """`run` on TEST_DEVICE, with training fields replaced."""
+    return RunConfig(run.task, run.model, override(run.train, {"device": str(TEST_DEVICE), **train_overrides}))
 
 
 @pytest.fixture(scope="session")

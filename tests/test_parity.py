@@ -8,6 +8,7 @@ from models.config import ModelConfig
 from models.forward import VocabAttention, last_position_logits
 from models.weights import init_weights, stack
 from tasks.factual_recall import FactualRecallTask
+from tests.conftest import TEST_DEVICE
 
 
 @pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "no-W_pos"])
@@ -31,13 +32,13 @@ def test_last_position_logits_match_transformer_bridge(attn_only, options, posit
         perturbed = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in w.items()}
         if not positional:  # our models: W_pos zero, so the forward skips the position tables
             perturbed["pos_embed.W_pos"].zero_()
-        models.append(perturbed)
-    batch = task.sample(256, torch.Generator().manual_seed(2))
-    ours = last_position_logits(stack(models), batch.tokens.expand(2, -1, -1), attention, positional)  # [2, B, O]
+        models.append({k: v.to(TEST_DEVICE) for k, v in perturbed.items()})
+    tokens = task.sample(256, torch.Generator().manual_seed(2)).tokens.to(TEST_DEVICE)
+    ours = last_position_logits(stack(models), tokens.expand(2, -1, -1), attention, positional)  # [2, B, O]
     for k, w in enumerate(models):
-        bridge = build_bridge(model.checkpoint_section(task), w)
+        bridge = build_bridge(model.checkpoint_section(task), w, TEST_DEVICE)
         with torch.no_grad():
-            reference = bridge(batch.tokens)[:, -1]  # [B, O]
+            reference = bridge(tokens)[:, -1]  # [B, O]
         assert reference.shape == ours[k].shape
         assert (reference - ours[k]).abs().max().item() <= 1e-5 * max(1.0, reference.abs().max().item())
 
@@ -69,7 +70,7 @@ def _full_sequence_logits(w: dict, tokens: torch.Tensor, attention: str) -> torc
     k = torch.einsum("btd,hde->bthe", x, w[A + "W_K"]) + w[A + "b_K"]
     v = torch.einsum("btd,hde->bthe", x, w[A + "W_V"]) + w[A + "b_V"]
     scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / q.shape[-1] ** 0.5  # [B, H, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     if attention == "softmax":
         pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     else:
@@ -90,20 +91,22 @@ def test_trainer_gradients_equal_autograd_of_the_full_model(attention, positiona
     task = FactualRecallTask(12, 4, 3, 10, 9)
     model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40, attention=attention)
     g = torch.Generator().manual_seed(4)
-    w = {k: (v + 0.3 * torch.randn(v.shape, generator=g)).double() for k, v in init_weights(model, task, 0).items()}
+    w = {k: (v + 0.3 * torch.randn(v.shape, generator=g)).double().to(TEST_DEVICE)
+         for k, v in init_weights(model, task, 0).items()}
     if not positional:
         w["pos_embed.W_pos"].zero_()
     batch = task.sample(128, torch.Generator().manual_seed(5))
+    tokens, answers = batch.tokens.to(TEST_DEVICE), batch.answers.to(TEST_DEVICE)
     with torch.no_grad():
-        bridge = build_bridge(model.checkpoint_section(task), {k: v.float() for k, v in w.items()})
-        torch.testing.assert_close(_full_sequence_logits(w, batch.tokens, attention).float(),
-                                   bridge(batch.tokens)[:, -1], rtol=1e-4, atol=1e-4)
+        bridge = build_bridge(model.checkpoint_section(task), {k: v.float() for k, v in w.items()}, TEST_DEVICE)
+        torch.testing.assert_close(_full_sequence_logits(w, tokens, attention).float(),
+                                   bridge(tokens)[:, -1], rtol=1e-4, atol=1e-4)
     grads = []
-    for logits_of in (lambda p: last_position_logits({k: t[None] for k, t in p.items()}, batch.tokens[None],
+    for logits_of in (lambda p: last_position_logits({k: t[None] for k, t in p.items()}, tokens[None],
                                                      attention, positional)[0],
-                      lambda p: _full_sequence_logits(p, batch.tokens, attention)):
+                      lambda p: _full_sequence_logits(p, tokens, attention)):
         params = {k: t.clone().requires_grad_() for k, t in w.items()}
-        F.cross_entropy(logits_of(params), batch.answers).backward()
+        F.cross_entropy(logits_of(params), answers).backward()
         grads.append({k: p.grad for k, p in params.items()})
     for key, reference in grads[1].items():
         ours = grads[0][key]
@@ -131,12 +134,12 @@ def _reference_attention(q, key, value, tokens, score_pos, linear):
 def test_vocab_attention_backward_equals_autograd(linear, positional, outputs):
     K, H, e, B, V, T = 2, 3, 4, 6, 7, 5
     g = torch.Generator().manual_seed(6)
-    q, key, value = (torch.randn(shape, generator=g, dtype=torch.double)
+    q, key, value = (torch.randn(shape, generator=g, dtype=torch.double).to(TEST_DEVICE)
                      for shape in ((K, H, e, B), (K, H, e, V), (K, H, e, V)))
-    score_pos = torch.randn(K, H, B, T, generator=g, dtype=torch.double) if positional else None
-    tokens = torch.randint(0, V, (K, B, T), generator=g)  # repeats: the scatter must add them up
-    d_z = torch.randn(K, H, e, B, generator=g, dtype=torch.double)
-    d_pattern = torch.randn(K, H, B, T, generator=g, dtype=torch.double)
+    score_pos = torch.randn(K, H, B, T, generator=g, dtype=torch.double).to(TEST_DEVICE) if positional else None
+    tokens = torch.randint(0, V, (K, B, T), generator=g).to(TEST_DEVICE)  # repeats: the scatter must add them up
+    d_z = torch.randn(K, H, e, B, generator=g, dtype=torch.double).to(TEST_DEVICE)
+    d_pattern = torch.randn(K, H, B, T, generator=g, dtype=torch.double).to(TEST_DEVICE)
     grads = []
     for attend in (lambda *a: VocabAttention.apply(*a[:3], tokens[:, None].expand(K, H, B, T), a[3], linear),
                    lambda *a: _reference_attention(*a[:3], tokens, a[3], linear)):
