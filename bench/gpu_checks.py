@@ -1,4 +1,4 @@
-"""The GPU checks (bench/README.md, "On a GPU"), on a machine with CUDA:
+"""The GPU checks (docs/gpu.md), on a machine with CUDA:
 
   main_job     the tiny preset trained on CUDA and on the CPU (models.train), and
                analyses.locate_facts of the CUDA checkpoint on CUDA and on the CPU: final
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode needs it before CUDA starts
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.train_throughput, run as a script
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from models.config import RunConfig, override, preset  # noqa: E402
 from models.trainer import train  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> float:

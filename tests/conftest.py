@@ -7,7 +7,7 @@ from models.config import RunConfig, override, preset
 from models.trainer import train
 
 # The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
-# FACTUAL_RECALL_TEST_DEVICE=cuda (bench/README.md, "On a GPU"). TF32 off, so float32 is float32.
+# FACTUAL_RECALL_TEST_DEVICE=cuda (docs/gpu.md). TF32 off, so float32 is float32.
 TEST_DEVICE = torch.device(os.environ.get("FACTUAL_RECALL_TEST_DEVICE", "cpu"))
 if TEST_DEVICE.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,13 @@ def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
         proc = run("analyses.locate_facts", str(tiny_ckpt), "--quiet", *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_gpu_checks_refuse_a_machine_without_cuda(tmp_path):
+    out = tmp_path / "gpu"
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_checks.py"
+    r = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert r.stderr.strip() == "bench/gpu_checks.py: this machine has no CUDA device."
+    assert not out.exists()

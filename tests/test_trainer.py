@@ -35,7 +35,8 @@ def test_k_models_equal_k_separate_runs():
     for k, (lr, seed) in enumerate(runs):
         alone = train(quick(base, lr=(lr,), seed=(seed,), steps=20, target_accuracy=2.0), progress=False)
         for key, value in alone.weights.items():  # equal up to the summation order of batched matmuls
-            torch.testing.assert_close(together.stacked[key][k], value, rtol=1e-4, atol=1e-5, msg=key)
+            torch.testing.assert_close(together.stacked[key][k], value, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, key=key, k=k: f"model {k}, {key}: {m}")
         assert abs(together.training["runs"][k]["loss"] - alone.training["final_loss"]) < 1e-5
 
 
