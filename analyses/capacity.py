@@ -316,11 +316,14 @@ class TransformerSweep:
     eval_size: int = setting(4096, "held-out prompts per evaluation (the paper: 1024)")
     min_size: int = setting(8, "S = R where the smallest d's search starts (the paper: 8)")
     max_size: int = setting(512, "largest S = R tried (the paper: 512)")
+    probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
+                             "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
     facts_per_parameter: float = setting(0.15, "facts per parameter of the paper's reference line in the figure")
 
     def __post_init__(self):
-        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1, min_size=2)
+        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1, min_size=2,
+                     probes=1)
         cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
         for shape in self.shapes:
@@ -371,7 +374,8 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     sizes it finished (a job of analyses.sweep)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
-        S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1),
+        S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1,
+                                        probes=sweep.probes),
                               lambda S, d=d: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}",
                                                   transformer_row, (shape, d, S, sweep, device)),
                               lambda row: row["accuracy"] >= TARGET)
@@ -437,7 +441,8 @@ def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.Dat
                               "facts_window": list(PAPER_FACTS_WINDOW), **per_parameter(shown)},
                "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
                "settings": sweep.recorded(),
-               "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1},
+               "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1,
+                          "probes": sweep.probes},
                "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
                          "skipped": [[*shape[:3], d] for shape in sweep.shapes for d in sweep.d
                                      if d <= _largest_d(shape) and d not in sweep.sizes(shape)]},

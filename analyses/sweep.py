@@ -3,9 +3,10 @@
 A sweep is a set of cells. A cell (`Cell(key, fn, args)`) is a pure function of its settings
 returning one JSON row: `fn(*args)`, `fn` a module-level function so that a Ray worker can
 import it. Jobs ask for cells: a grid point is a job of one cell (`one`), a binary search
-(`search`) asks for one probe at a time and needs each answer to choose the next. `run_jobs`
-drives every job at once and submits each job's next cell as soon as its previous one has
-returned, so N searches keep N workers busy. Finished cells are recorded by this process in
+(`search`) asks for one round of probes at a time (one probe, or several with `probes`) and
+needs their answers to choose the next. `run_jobs` drives every job at once and submits each
+job's next cells as soon as its previous ones have returned, so N searches of P probes keep
+N x P workers busy. Finished cells are recorded by this process in
 OUT/cells/ (`Cells`: one JSON file per cell, written atomically) and recorded cells are read
 back instead of recomputed, so a killed sweep, re-run, resumes. Each job sees its own rows in
 its own order: the results depend neither on the executor (analyses.executors) nor on the
@@ -33,7 +34,9 @@ class Cell:
     args: tuple = ()
 
 
-Job = Generator[Cell, dict, object]  # yields the cells it needs, receives their rows, returns its result
+# A job yields the cell it needs and receives its row, or yields a tuple of cells (computed at
+# once) and receives their rows as a tuple; it returns its result.
+Job = Generator[Cell | tuple[Cell, ...], dict | tuple[dict, ...], object]
 
 
 def one(cell: Cell) -> Job:
@@ -43,67 +46,93 @@ def one(cell: Cell) -> Job:
 
 # ------------------------------------------------------------------ binary search
 def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: float = 2.0,
-              rel_tol: float = 0.0) -> Generator[int, bool, int]:
+              rel_tol: float = 0.0, probes: int = 1) -> Generator[tuple[int, ...], tuple[bool, ...], int]:
     """The search for the largest integer n >= `lowest` that passes, assuming passing is
-    (nearly) monotone decreasing in n: yields the size it wants tested, receives whether it
+    (nearly) monotone decreasing in n: yields the sizes it wants tested, receives whether each
     passed, returns the answer (`lowest - 1` when even `lowest` fails).
 
     From `start`, halve until a size passes and double (`grow`) until one fails, then bisect
-    the bracket until its width is <= max(1, rel_tol * lower end). Every test is a fresh
-    question: a noisy oracle gives an answer near its threshold, not a reproducible one."""
+    the bracket until its width is <= max(1, rel_tol * lower end). With `probes` > 1 each
+    round tests up to that many sizes at once (the next halvings, the next growth steps, or
+    the bracket cut into probes + 1 parts), so one search keeps that many workers busy in
+    fewer rounds; when passing is monotone it finds the same answer. A passing size above a
+    failing one is set aside. Every test is a fresh question: a noisy oracle gives an answer
+    near its threshold, not a reproducible one."""
     if start < lowest:
         raise ValueError(f"start must be >= lowest ({lowest}), got {start}.")
     if grow <= 1:
         raise ValueError(f"grow must be > 1, got {grow}.")
+    if probes < 1:
+        raise ValueError(f"probes must be >= 1, got {probes}.")
+
+    def halvings(n):  # n, n // 2, ... down to lowest
+        sizes = [n]
+        while len(sizes) < probes and sizes[-1] > lowest:
+            sizes.append(max(lowest, sizes[-1] // 2))
+        return tuple(sizes)
+
+    def growth(lo):  # lo * grow, lo * grow^2, ... up to highest
+        sizes = []
+        while len(sizes) < probes and (highest is None or (sizes[-1] if sizes else lo) < highest):
+            n = max((sizes[-1] if sizes else lo) + 1, int((sizes[-1] if sizes else lo) * grow))
+            sizes.append(n if highest is None else min(n, highest))
+        return tuple(sizes)
+
+    def cuts(lo, hi):  # the bracket cut into probes + 1 parts
+        return tuple(sorted({lo + (hi - lo) * j // (probes + 1) for j in range(1, probes + 1)} - {lo}))
 
     def sizes():
         lo, hi = None, None  # lo passes, hi fails
         n = start
         while lo is None:  # shrink until a size passes
-            if (yield n):
-                lo = n
-            else:
-                hi = n
-                if n == lowest:
+            tried = halvings(n)
+            lo, hi = _bracket(tried, (yield tried), lo, hi)
+            if lo is None:
+                if tried[-1] == lowest:
                     return lowest - 1
-                n = max(lowest, n // 2)
+                n = max(lowest, tried[-1] // 2)
         while hi is None:  # grow until a size fails
             if highest is not None and lo >= highest:
                 return lo
-            n = max(lo + 1, int(lo * grow))
-            n = n if highest is None else min(n, highest)
-            if (yield n):
-                lo = n
-            else:
-                hi = n
+            tried = growth(lo)
+            lo, hi = _bracket(tried, (yield tried), lo, hi)
         while hi - lo > max(1, int(rel_tol * lo)):
-            mid = (lo + hi) // 2
-            if (yield mid):
-                lo = mid
-            else:
-                hi = mid
+            tried = cuts(lo, hi)
+            lo, hi = _bracket(tried, (yield tried), lo, hi)
         return lo
     return sizes()
+
+
+def _bracket(tried: tuple[int, ...], passed: tuple[bool, ...], lo: int | None, hi: int | None):
+    """The bracket after testing `tried`: hi the smallest size that failed, lo the largest
+    that passed below it."""
+    failed = [n for n, ok in zip(tried, passed) if not ok] + ([hi] if hi is not None else [])
+    hi = min(failed) if failed else None
+    below = [n for n, ok in zip(tried, passed) if ok and (hi is None or n < hi)] + ([lo] if lo is not None else [])
+    return (max(below) if below else None), hi
 
 
 def largest_passing(passes: Callable[[int], bool], start: int, **search) -> int:
     """`bisection` (same keywords) answered by calling passes(n) here, one size at a time."""
     sizes = bisection(start, **search)
     try:
-        n = next(sizes)
+        tried = next(sizes)
         while True:
-            n = sizes.send(passes(n))
+            tried = sizes.send(tuple(passes(n) for n in tried))
     except StopIteration as stop:
         return stop.value
 
 
-def search(sizes: Generator[int, bool, int], cell: Callable[[int], Cell], passed: Callable[[dict], bool]) -> Job:
+def search(sizes: Generator[tuple[int, ...], tuple[bool, ...], int], cell: Callable[[int], Cell],
+           passed: Callable[[dict], bool]) -> Job:
     """A job answering the search `sizes` with cells: size n is tested by the row of cell(n),
-    passed(row) says whether it passed; the job's result is the search's answer."""
+    passed(row) says whether it passed; the sizes of a round are asked for together. The
+    job's result is the search's answer."""
     try:
-        n = next(sizes)
+        tried = next(sizes)
         while True:
-            n = sizes.send(passed((yield cell(n))))
+            rows = yield tuple(cell(n) for n in tried)
+            tried = sizes.send(tuple(passed(row) for row in rows))
     except StopIteration as stop:
         return stop.value
 
@@ -164,27 +193,33 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
     its result is None (the tables of a sweep still running, or cut short)."""
     results: list = [None] * len(jobs)
     waiting: dict[str, list[int]] = {}  # key of a submitted cell -> the jobs waiting on it
+    asked: dict[int, tuple[Cell | tuple[Cell, ...], dict]] = {}  # job -> its request, the rows in so far
     bar = _Bar(desc, total, executor, progress)
 
-    def advance(i: int, row: dict | None) -> None:
-        """Send job i its row; follow it through recorded cells until it waits on a computed
-        one or returns."""
+    def advance(i: int, reply) -> None:
+        """Send job i its row(s); follow it through recorded cells until it waits on computed
+        ones or returns."""
         while True:
             try:
-                cell = jobs[i].send(row)
+                request = jobs[i].send(reply)
             except StopIteration as stop:
                 results[i] = stop.value
                 return
-            row = cells.recorded(cell.key)
-            if row is None and not compute:
+            rows = {}
+            for cell in _cells(request):
+                row = cells.recorded(cell.key)
+                if row is not None:
+                    rows[cell.key] = row
+                    bar.done(computed=False)
+                elif compute:
+                    if cell.key not in waiting:
+                        executor.submit(cell)
+                        waiting[cell.key] = []
+                    waiting[cell.key].append(i)
+            if len(rows) < len(_cells(request)):
+                asked[i] = (request, rows)
                 return
-            if row is None:
-                if cell.key not in waiting:
-                    executor.submit(cell)
-                    waiting[cell.key] = []
-                waiting[cell.key].append(i)
-                return
-            bar.done(computed=False)
+            reply = _reply(request, rows)
 
     with bar:
         for i in range(len(jobs)):
@@ -195,9 +230,22 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
             row = cells.record(cell.key, row)
             bar.done(computed=True)
             for i in waiting.pop(cell.key):
-                advance(i, row)
+                request, rows = asked[i]
+                rows[cell.key] = row
+                if len(rows) == len(_cells(request)):
+                    del asked[i]
+                    advance(i, _reply(request, rows))
             bar.show()
     return results
+
+
+def _cells(request: Cell | tuple[Cell, ...]) -> tuple[Cell, ...]:
+    return request if isinstance(request, tuple) else (request,)
+
+
+def _reply(request: Cell | tuple[Cell, ...], rows: dict[str, dict]):
+    """A job's answer: the row of the cell it asked for, or the rows of its tuple, in order."""
+    return tuple(rows[c.key] for c in request) if isinstance(request, tuple) else rows[request.key]
 
 
 class _Bar:

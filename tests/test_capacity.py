@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from analyses.executors import LocalExecutor
-from analyses.sweep import Cell, Cells, largest_passing, one, run_jobs
+from analyses.sweep import Cell, Cells, bisection, largest_passing, one, run_jobs
 from models.memories import (
     MemoryConfig,
     fit,
@@ -35,6 +35,27 @@ def test_binary_search_finds_monotone_threshold(threshold, start):
         return n <= threshold
     assert largest_passing(passes, start) == threshold
     assert len(calls) <= 2 * (abs(threshold.bit_length() - start.bit_length()) + threshold.bit_length()) + 4
+
+
+@pytest.mark.parametrize("probes", [2, 3, 5])
+def test_a_search_of_several_probes_finds_the_same_threshold_in_fewer_rounds(probes):
+    for threshold in (1, 2, 7, 30, 100, 1000, 12345):
+        for start in (1, 5, 64, 5000):
+            rounds = {}
+            for p in (1, probes):
+                sizes, count = bisection(start, probes=p), 0
+                try:
+                    tried = next(sizes)
+                    while True:
+                        assert len(tried) <= p and len(set(tried)) == len(tried)
+                        count += 1
+                        tried = sizes.send(tuple(n <= threshold for n in tried))
+                except StopIteration as stop:
+                    assert stop.value == threshold, (threshold, start, p)
+                rounds[p] = count
+            assert rounds[probes] <= rounds[1]
+    assert largest_passing(lambda n: n <= 30, 8, highest=50, probes=probes) == 30
+    assert largest_passing(lambda n: False, 8, lowest=2, probes=probes) == 1
 
 
 def test_binary_search_when_nothing_passes_and_with_a_ceiling():
@@ -74,6 +95,8 @@ def test_binary_search_refuses_bad_arguments():
         largest_passing(lambda n: True, 0)
     with pytest.raises(ValueError):
         largest_passing(lambda n: True, 4, grow=1.0)
+    with pytest.raises(ValueError):
+        largest_passing(lambda n: True, 4, probes=0)
 
 
 # ------------------------------------------------------------------ resumable cells
@@ -290,26 +313,30 @@ def test_shape_sizes_round_down_as_the_authors_do():
         TransformerSweep(shapes=((1.0, 1.0, 8.0, 4.0),), d=(8, 16))
 
 
-def test_shape_search_starts_each_size_from_the_previous_sizes_answer():
-    """The authors' warm start: d in increasing order, each search from the last S*."""
+@pytest.mark.parametrize("probes", [1, 3])
+def test_shape_search_starts_each_size_from_the_previous_sizes_answer(probes):
+    """The authors' warm start: d in increasing order, each search from the last S*; with
+    several probes a round asks for that many sizes at once."""
     from analyses.capacity import TransformerSweep, shape_capacity
 
     capacity = {8: 11, 16: 30, 32: 600}  # S* of a noiseless oracle, the last above max_size
-    sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512)
-    found, asked = {}, []
+    sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512, probes=probes)
+    found, asked, rounds = {}, [], []
     job = shape_capacity((1.0, 1.0, 2.0), sweep, "cpu", found)
     try:
-        cell = next(job)
+        request = next(job)
         while True:
-            shape, d, S = cell.args[:3]
-            asked.append((d, S))
-            cell = job.send({"accuracy": 1.0 if S <= capacity[d] else 0.5})
+            rounds.append(len(request))
+            sizes = [cell.args[1:3] for cell in request]  # (d, S)
+            asked.extend(sizes)
+            request = job.send(tuple({"accuracy": 1.0 if S <= capacity[d] else 0.5} for d, S in sizes))
     except StopIteration as stop:
         assert stop.value is found
     firsts = [next(S for d_, S in asked if d_ == d) for d in (8, 16, 32)]
     assert firsts[0] == 8 and firsts[1] == found[8] and firsts[2] == found[16]
     assert 10 <= found[8] <= 11 and 27 <= found[16] <= 30 and found[32] == 512
     assert max(S for _, S in asked) == 512 and len(asked) == len(set(asked))
+    assert max(rounds) == probes
 
 
 def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_path, capsys):

@@ -63,6 +63,20 @@ def test_searches_run_concurrently_and_results_do_not_depend_on_finish_order(tmp
     assert all(t == tables[0] for t in tables)
 
 
+@pytest.mark.parametrize("probes", [2, 3])
+def test_a_search_of_several_probes_keeps_that_many_workers_busy_and_finds_the_same_answer(tmp_path, probes):
+    thresholds = [3, 17, 40, 90, 200]
+    jobs = [search(bisection(8, probes=probes), lambda n, t=t: Cell(f"t{t}_n{n}", threshold_row, (t, n)),
+                   lambda r: r["passes"]) for t in thresholds]
+    executor = Shuffled(probes)
+    cells = Cells(tmp_path, {"sweep": "thresholds"})
+    assert run_jobs(jobs, cells, executor, progress=False) == thresholds
+    assert executor.most == probes * len(thresholds)  # every search had `probes` cells in flight at once
+    resumed = run_jobs([search(bisection(8, probes=probes), lambda n, t=t: Cell(f"t{t}_n{n}", threshold_row, (t, n)),
+                               lambda r: r["passes"]) for t in thresholds], cells, Refuses(), progress=False)
+    assert resumed == thresholds  # a re-run reads every round back from the recorded cells
+
+
 class Refuses:
     """An executor that must not be asked for anything."""
 
