@@ -72,10 +72,11 @@ def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: 
         return tuple(sizes)
 
     def growth(lo):  # lo * grow, lo * grow^2, ... up to highest
-        sizes = []
-        while len(sizes) < probes and (highest is None or (sizes[-1] if sizes else lo) < highest):
-            n = max((sizes[-1] if sizes else lo) + 1, int((sizes[-1] if sizes else lo) * grow))
-            sizes.append(n if highest is None else min(n, highest))
+        sizes, n = [], lo
+        while len(sizes) < probes and (highest is None or n < highest):
+            n = max(n + 1, int(n * grow))
+            n = n if highest is None else min(n, highest)
+            sizes.append(n)
         return tuple(sizes)
 
     def cuts(lo, hi):  # the bracket cut into probes + 1 parts

@@ -58,6 +58,18 @@ def test_a_search_of_several_probes_finds_the_same_threshold_in_fewer_rounds(pro
     assert largest_passing(lambda n: False, 8, lowest=2, probes=probes) == 1
 
 
+@pytest.mark.parametrize("threshold, asked", [(21, [8, 12, 18, 27, 22, 20]), (5, [8, 4, 6, 5])])
+def test_one_probe_per_round_keeps_the_sizes_recorded_sweeps_asked_for(threshold, asked):
+    """Figure 4 left's search (from 8, x1.5, to 10%): a resumed sweep must ask for the same sizes."""
+    sizes, seen = bisection(8, lowest=2, highest=512, grow=1.5, rel_tol=0.1), []
+    with pytest.raises(StopIteration):
+        tried = next(sizes)
+        while True:
+            seen.extend(tried)
+            tried = sizes.send(tuple(n <= threshold for n in tried))
+    assert seen == asked
+
+
 def test_binary_search_when_nothing_passes_and_with_a_ceiling():
     assert largest_passing(lambda n: False, 8, lowest=2) == 1
     assert largest_passing(lambda n: True, 8, highest=50) == 50
