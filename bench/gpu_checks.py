@@ -98,16 +98,17 @@ def determinism(steps: int = 1000, presets: tuple[str, ...] = ("tiny", "paper-tr
         for mode in ("default", "deterministic"):
             torch.use_deterministic_algorithms(mode == "deterministic")
             weights, seconds = [], []
-            for _ in range(2):
-                start = time.perf_counter()
-                result = train(_fixed_steps(name, "cuda", steps), progress=False)
-                seconds.append(round(time.perf_counter() - start, 2))
-                weights.append(result.weights)
+            try:
+                for _ in range(2):
+                    start = time.perf_counter()
+                    weights.append(train(_fixed_steps(name, "cuda", steps), progress=False).weights)
+                    seconds.append(round(time.perf_counter() - start, 2))
+            finally:
+                torch.use_deterministic_algorithms(False)
             diff = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
             report[f"{name}/{mode}"] = {
                 "bit_identical": all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]),
                 "max_abs_weight_difference": diff, "seconds": seconds}
-        torch.use_deterministic_algorithms(False)
     return report
 
 
@@ -116,11 +117,14 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="folder for the checkpoints and gpu_checks.json")
     p.add_argument("--only", default="main_job,host_syncs,determinism", help="comma list of checks to run")
     args = p.parse_args()
+    checks = {"main_job": lambda: main_job(args.out), "host_syncs": host_syncs, "determinism": determinism}
+    unknown = set(args.only.split(",")) - set(checks)
+    if unknown:
+        p.error(f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(checks)}.")
     if not torch.cuda.is_available():
         sys.exit("bench/gpu_checks.py: this machine has no CUDA device.")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    checks = {"main_job": lambda: main_job(args.out), "host_syncs": host_syncs, "determinism": determinism}
     for name in args.only.split(","):
         report[name] = checks[name]()
         print(json.dumps({name: report[name]}, indent=1), flush=True)
