@@ -31,17 +31,20 @@ def main() -> None:
             ckpt = Path(tmp) / "paper-tradeoff"
             subprocess.run([sys.executable, "-m", "models.train", "--preset", "paper-tradeoff", "--out", str(ckpt),
                             "--quiet"], check=True)
-        seconds = []
+        seconds, analysis_seconds = [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--out", str(Path(tmp) / "out"),
                             "--device", args.device, "--quiet"], check=True, stdout=subprocess.DEVNULL)
             seconds.append(time.perf_counter() - start)
-        summary = json.loads((Path(tmp) / "out" / "summary.json").read_text())
+            summary = json.loads((Path(tmp) / "out" / "summary.json").read_text())
+            analysis_seconds.append(summary["seconds"])
     print(f"facts {summary['n_facts']}  contexts {summary['settings']['contexts']}  "
           f"device {summary['settings']['device']}")
     print(f"locate_facts wall seconds: min {min(seconds):.1f}  median {statistics.median(seconds):.1f}  "
-          f"max {max(seconds):.1f}  (analysis alone, median run: {summary['seconds']:.1f} s)")
+          f"max {max(seconds):.1f}")
+    print(f"the analysis alone (summary.json): min {min(analysis_seconds):.1f}  "
+          f"median {statistics.median(analysis_seconds):.1f}  max {max(analysis_seconds):.1f}")
     print(f"locate_facts_seconds {statistics.median(seconds):.1f}")
 
 
