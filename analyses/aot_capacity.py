@@ -276,7 +276,7 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
               ("d_head", "d_head", f"d_h (H = {settings.fixed_heads}, d = {settings.d_model})", axes[0, 1]),
               ("d_model", "d_model", f"d (H = {settings.fixed_heads}, d_h = {settings.d_head})", axes[0, 2])]
     for sweep, x, label, ax in panels:
-        if not (capacity.sweep == sweep).any():
+        if capacity.loc[capacity.sweep == sweep, x].nunique() < 2:  # a single point is no sweep
             ax.set_visible(False)
             continue
         for layout, f in fits.items():
