@@ -389,6 +389,10 @@ def tables(trained: Trained, sweep: AotSweep) -> AotCapacity:
     runs = runs_frame(task, sweep.sweep_models(), trained.association, list(sweep.seeds))
     capacity = capacity_frame(runs)
     fits = {layout: layout_fits(capacity[capacity.head_layout == layout], task, sweep) for layout in sweep.layouts}
+    if runs.seed.nunique() > 1:  # each seed fitted alone: the spread behind the means' fits
+        for layout in sweep.layouts:
+            fits[layout]["by_seed"] = {str(seed): headline(layout_fits(capacity_frame(rows), task, sweep))
+                                       for seed, rows in runs[runs.head_layout == layout].groupby("seed")}
     summary = {"task": repr(task), "n_sequences": task.n_sequences, "layouts": fits}
     distribution = None
     if trained.distribution is not None:
@@ -498,6 +502,19 @@ def layout_fits(capacity: pd.DataFrame, task: AssociationTask, sweep: AotSweep) 
     return fits
 
 
+def headline(fits: dict) -> dict:
+    """The scalar results of layout_fits: per-head slope (accuracy per head), the d_h exponent,
+    the slopes of Figure 2a below and above d = d_h (accuracy per dimension), the d = d_h
+    slope's exponent, the smallest margin over the lower bound (accuracy)."""
+    values = {"slope_H": fits.get("fit_H", {}).get("slope"), "per_head_slope": fits.get("per_head_slope"),
+              "fit_dh_exponent": fits.get("fit_dh_exponent"),
+              "slope_d_below_dh": fits.get("fit_d_below_dh", {}).get("slope"),
+              "slope_d_above_dh": fits.get("fit_d_above_dh", {}).get("slope"),
+              "fit_d_equal_exponent": fits.get("fit_d_equal_exponent"),
+              "min_margin_over_lower_bound": fits.get("min_margin_over_lower_bound")}
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def _matched(capacity: pd.DataFrame) -> list[dict]:
     """Attention-only vs one-head-plus-MLP accuracy at equal parameter counts."""
     aot = capacity[(capacity.sweep == "heads")].set_index("parameters").accuracy
@@ -520,6 +537,12 @@ def distribution_tables(task: DistributionTask, results: dict, d_model: int) -> 
                    "kl_by_model": {f"{layout} H={h}": float(v) for (layout, h), v in by_model.items()}}
 
 
+def _seeds_alone(fits: dict, name: str, fmt: str) -> str:
+    """"; seeds alone: v0, v1": a headline value of each seed fitted alone ("" with one seed)."""
+    values = [format(f[name], fmt) for f in fits.get("by_seed", {}).values() if name in f]
+    return f"; seeds alone: {', '.join(values)}" if values else ""
+
+
 def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
     lines = [f"task      {summary['task']}"]
     for layout, fits in summary["layouts"].items():
@@ -532,14 +555,19 @@ def report(summary: dict, capacity: pd.DataFrame, out: Path) -> str:
                              + "  ".join(f"{x}={getattr(r, x)}:{r.accuracy:.3f}" for r in rows.itertuples()))
         if "fit_H" in fits:
             lines.append(f"fit       accuracy linear in H: R^2 = {fits['fit_H_r2']:.3f}; "
-                         f"slope {fits['fit_H']['slope']:.4f} per head")
+                         f"slope {fits['fit_H']['slope']:.4f} per head" + _seeds_alone(fits, "slope_H", ".4f"))
         if "fit_dh" in fits:
             lines.append(f"fit       accuracy = a + b d_h^k: k = {fits['fit_dh_exponent']:.2f} "
-                         f"(R^2 {fits['fit_dh']['r2']:.3f})")
+                         f"(R^2 {fits['fit_dh']['r2']:.3f})" + _seeds_alone(fits, "fit_dh_exponent", ".2f"))
+        for side in ("below", "above"):
+            if f"fit_d_{side}_dh" in fits:
+                lines.append(f"fit       accuracy per unit of d {side} d_h: {fits[f'fit_d_{side}_dh']['slope']:.4f}"
+                             + _seeds_alone(fits, f"slope_d_{side}_dh", ".4f"))
         if "d_equal_slopes" in fits:
             lines.append("d = d_h   per-head slope "
                          + "  ".join(f"d={r['d']}:{r['slope']:.4f}" for r in fits["d_equal_slopes"])
-                         + (f"; ~ d^{fits['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in fits else ""))
+                         + (f"; ~ d^{fits['fit_d_equal_exponent']:.2f}" if "fit_d_equal_exponent" in fits else "")
+                         + _seeds_alone(fits, "fit_d_equal_exponent", ".2f"))
         lines.append(f"bound     above the lower bound everywhere: {fits['above_lower_bound_everywhere']} "
                      f"(smallest margin {fits['min_margin_over_lower_bound']:+.3f})")
     if "distribution" in summary:

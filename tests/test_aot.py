@@ -310,6 +310,31 @@ def test_distribution_checkpoint_kind(tmp_path):
 
 
 # --------------------------------------------------------------------------- CLI
+def test_tables_fit_each_seed_alone_beside_the_mean():
+    """With two seeds the summary carries each seed's own fits: here seed 0 gains 0.02 per head
+    and 0.05 per unit of d below d_h, seed 1 0.04 and 0.03, and the mean's fits sit between."""
+    from analyses.aot_capacity import AotSweep, Trained, tables
+    sweep = AotSweep(d_model=4, d_head=4, fixed_heads=2, heads=(1, 2, 3, 4), d_heads=(4,), d_models=(2, 3, 4),
+                     seeds=(0, 1), skip_mlp=True)
+    per_head, per_dim = {0: 0.02, 1: 0.04}, {0: 0.05, 1: 0.03}
+    results = {}
+    for models in sweep.sweep_models().values():
+        for m in models:
+            for seed in sweep.seeds:
+                accuracy = 0.1 + per_head[seed] * m.n_heads + per_dim[seed] * m.d_model
+                results[(m, seed)] = {"accuracy": accuracy, "loss": 1.0, "checkpoint": "-"}
+    fits = tables(Trained(results, None), sweep).summary["layouts"]["standard"]
+    assert fits["by_seed"]["0"]["slope_H"] == pytest.approx(0.02)
+    assert fits["by_seed"]["1"]["slope_H"] == pytest.approx(0.04)
+    assert fits["fit_H"]["slope"] == pytest.approx(0.03)
+    assert fits["by_seed"]["0"]["slope_d_below_dh"] == pytest.approx(0.05)
+    assert fits["by_seed"]["1"]["slope_d_below_dh"] == pytest.approx(0.03)
+    assert "fit_dh_exponent" not in fits["by_seed"]["0"]  # one d_h value: no d_h fit, alone or pooled
+    one_seed = tables(Trained({k: v for k, v in results.items() if k[1] == 0}, None),
+                      AotSweep(**{**sweep.__dict__, "seeds": (0,)})).summary["layouts"]["standard"]
+    assert "by_seed" not in one_seed and one_seed["fit_H"]["slope"] == pytest.approx(0.02)
+
+
 def test_aot_capacity_cli_tiny_run(tmp_path):
     out = tmp_path / "cap"
     args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",
