@@ -313,6 +313,8 @@ def test_distribution_checkpoint_kind(tmp_path):
 def test_tables_fit_each_seed_alone_beside_the_mean():
     """With two seeds the summary carries each seed's own fits: here seed 0 gains 0.02 per head
     and 0.05 per unit of d below d_h, seed 1 0.04 and 0.03, and the mean's fits sit between."""
+    from dataclasses import replace
+
     from analyses.aot_capacity import AotSweep, Trained, tables
     sweep = AotSweep(d_model=4, d_head=4, fixed_heads=2, heads=(1, 2, 3, 4), d_heads=(4,), d_models=(2, 3, 4),
                      seeds=(0, 1), skip_mlp=True)
@@ -331,7 +333,7 @@ def test_tables_fit_each_seed_alone_beside_the_mean():
     assert fits["by_seed"]["1"]["slope_d_below_dh"] == pytest.approx(0.03)
     assert "fit_dh_exponent" not in fits["by_seed"]["0"]  # one d_h value: no d_h fit, alone or pooled
     one_seed = tables(Trained({k: v for k, v in results.items() if k[1] == 0}, None),
-                      AotSweep(**{**sweep.__dict__, "seeds": (0,)})).summary["layouts"]["standard"]
+                      replace(sweep, seeds=(0,))).summary["layouts"]["standard"]
     assert "by_seed" not in one_seed and one_seed["fit_H"]["slope"] == pytest.approx(0.02)
 
 
