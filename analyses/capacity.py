@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from analyses.executors import Executor, open_executor
 from analyses.output import pyplot, save_figure, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
-from models.config import RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.config import PARAMETERISATIONS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.memories import KINDS, MemoryConfig, fit
 from models.trainer import train
 from models.weights import parameter_count
@@ -316,6 +316,10 @@ class TransformerSweep:
     eval_size: int = setting(4096, "held-out prompts per evaluation (the paper: 1024)")
     min_size: int = setting(8, "S = R where the smallest d's search starts (the paper: 8)")
     max_size: int = setting(512, "largest S = R tried (the paper: 512)")
+    parameterisation: str = setting("authors", "the model: authors (the official code's TF_one_layer) | standard "
+                                    "(TransformerLens conventions; see docs/training.md)", choices=PARAMETERISATIONS)
+    embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian for authors, sphere "
+                             "for standard) | sphere | gaussian", choices=("auto", "sphere", "gaussian"))
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
@@ -345,21 +349,30 @@ class TransformerSweep:
     def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
         """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
         the learning rates as one batched run."""
-        alpha, beta, heads = shape[:3]
         task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=self.answers, n_noise=2 * S,
                           seq_len=self.seq_len)
-        return RunConfig(task=task, model=shape_model(alpha, beta, int(heads), d),
+        return RunConfig(task=task, model=self.model(shape, d),
                          train=TrainConfig(lr=tuple(self.lr), seed=(self.seed,), steps=self.steps,
                                            batch_size=self.batch_size, eval_every=self.eval_every,
                                            eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
                                            device=device))
 
+    def model(self, shape: tuple, d: int) -> ModelConfig:
+        """The shape's model at size d, in this sweep's parameterisation and embeddings."""
+        model = shape_model(shape[0], shape[1], int(shape[2]), d, self.parameterisation)
+        return replace(model, embedding=self.embedding).resolved()
+
     def recorded(self) -> dict:
         """What every training run shares (settings.json); shapes and sizes are in the cell keys,
-        and the search bounds choose cells without changing any."""
+        and the search bounds choose cells without changing any. The model is recorded only
+        where it is not the standard one with sphere embeddings, which every sweep recorded
+        before the choice existed trained: those sweeps resume."""
+        model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
+        chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
         return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
                 "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
-                "eval_every": self.eval_every, "eval_size": self.eval_size}
+                "eval_every": self.eval_every, "eval_size": self.eval_size,
+                **({"model": chosen} if chosen != {"embedding": "sphere"} else {})}
 
 
 def _largest_d(shape: tuple) -> float:
@@ -389,12 +402,23 @@ def _section(model) -> dict:
 
 
 def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
-    """One probe: the shape at size d trained on S = R (device resolved where it runs)."""
-    result = train(sweep.run(shape, d, S, device), progress=False)
+    """One probe: the shape at size d trained on S = R (device resolved where it runs).
+    `accuracy`: the kept model's last evaluation (>= 99% exactly when some learning rate's
+    best evaluation is, since training stops there); `runs`: per learning rate, the best
+    held-out accuracy over the run and the evaluation curve, so a failing size shows whether
+    it was still rising."""
+    run = sweep.run(shape, d, S, device)
+    result = train(run, progress=False)
     t = result.training
+    steps = [row["step"] for row in result.metrics]
+    runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
+             "final_accuracy": result.metrics[-1]["models"][k]["accuracy"],
+             "curve": {"step": steps, "accuracy": [round(row["models"][k]["accuracy"], 5) for row in result.metrics]}}
+            for k, (lr, _) in enumerate(run.train.runs)]
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
-            "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
-            "seconds": t["seconds"], "parameters": parameter_count(result.model)["total"]}
+            "accuracy": t["final_accuracy"], "best_accuracy": max(r["best_accuracy"] for r in runs),
+            "lr": t["lr"], "steps_run": t["steps_run"], "seconds": t["seconds"],
+            "parameters": parameter_count(result.model)["total"], "runs": runs}
 
 
 def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executor, device: str,
@@ -408,7 +432,7 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     rows = []
     for shape in sweep.shapes:
         for d, S in found[shape].items():
-            params = parameter_count(_section(shape_model(shape[0], shape[1], int(shape[2]), d)))["total"]
+            params = parameter_count(_section(sweep.model(shape, d)))["total"]
             rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
                          "parameters": params, "facts_per_parameter": S * S / params})
     return rows
@@ -417,13 +441,25 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
 PAPER_FACTS_WINDOW = (64, 11000)  # the facts range the paper's Figure 4 left shows
 
 
+def paper_window(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows the authors' notebook plots: per shape, in increasing d, from the first size
+    storing more than 64 facts up to (not including) the first storing more than 11,000."""
+    lo, hi = PAPER_FACTS_WINDOW
+    shown = []
+    for _, g in table.sort_values("d", kind="stable").groupby("shape", sort=False):
+        above = np.flatnonzero(g["facts"].to_numpy() > lo)
+        over = np.flatnonzero(g["facts"].to_numpy() > hi)
+        if len(above):
+            shown.append(g.iloc[above[0]:over[0] if len(over) else len(g)])
+    return pd.concat(shown) if shown else table.iloc[:0]
+
+
 def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.DataFrame, computed: int) -> Capacity:
     """Facts stored against parameters: the fitted slope, overall and per shape, and facts per
     parameter against the paper's line (over the points inside the paper's window of facts)."""
     table = pd.DataFrame(rows, columns=["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter"])
     ok = table[table["facts"] > 0]
-    lo, hi = PAPER_FACTS_WINDOW
-    shown = ok[ok["facts"].between(lo, hi)]
+    shown = paper_window(ok)
 
     def slope(g):
         return fitted_slope(g["parameters"], g["facts"]) if g["parameters"].nunique() > 1 else None

@@ -99,7 +99,7 @@ def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
 
 def _settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
     """settings.json of a trade-off sweep: what every cell shares."""
-    recorded = asdict(run)
+    recorded = {**asdict(run), "model": run.model.recorded()}
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
     return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
             "patch_contexts": locating.patch_contexts, "seed_locate": locating.seed,

@@ -9,10 +9,12 @@ flag `--field-name` overrides it (see models/cli.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
+
+PARAMETERISATIONS = ("standard", "authors")
 
 
 def setting(default, help: str, **kw):
@@ -46,10 +48,17 @@ class ModelConfig:
     d_mlp: int = setting(64, "m, MLP width")
     attn_only: bool = setting(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = setting("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    embedding: str = setting("sphere", "frozen embeddings/unembeddings: sphere (random, unit norm) | gaussian "
+    parameterisation: str = setting(
+        "standard", "standard (TransformerLens conventions: the MLP reads the EOS embedding plus the attention "
+        "output, frozen zero biases, fan-in initialisation) | authors (the official code's TF_one_layer: the MLP "
+        "reads the attention output alone, a trained MLP input bias, Q, K, V entries N(0, 1/d_h), O entries "
+        "N(0, 1/d), the MLP layers' truncated LeCun normal, N(0, 1/d) embeddings)",
+        choices=PARAMETERISATIONS)
+    embedding: str = setting("auto", "frozen embeddings/unembeddings: auto (gaussian under the authors' "
+                             "parameterisation, sphere under standard) | sphere (random, unit norm) | gaussian "
                              "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
                              "answers on their own axes)",
-                             choices=("sphere", "gaussian", "onehot"))
+                             choices=("auto", "sphere", "gaussian", "onehot"))
     readout: str = setting("unembed", "unembed (the residual stream read through the frozen random answer unembedding) "
                            "| direct (the last d_vocab_out axes are the answers' own and the tokens' random embeddings "
                            "fill the first d_model - d_vocab_out: the attention's output matrix writes straight to the "
@@ -64,7 +73,36 @@ class ModelConfig:
                         choices=("normal", "constant"))
     init_scale: float = setting(1.0, "scale of the trainable weights' initialisation (see --init)")
 
+    @property
+    def authors(self) -> bool:
+        return self.parameterisation == "authors"
+
+    def resolved(self) -> ModelConfig:
+        """This config with `embedding: auto` replaced by what it means for the parameterisation."""
+        if self.embedding != "auto":
+            return self
+        return replace(self, embedding="gaussian" if self.authors else "sphere")
+
+    def recorded(self) -> dict:
+        """The fields as a sweep's settings.json records them: resolved, and `parameterisation`
+        left out when standard (the value of every sweep recorded before it existed), so those
+        sweeps resume."""
+        fields_ = asdict(self.resolved())
+        if not self.authors:
+            fields_.pop("parameterisation")
+        return fields_
+
     def validate(self) -> None:
+        if self.parameterisation not in PARAMETERISATIONS:
+            raise ValueError(f"parameterisation must be one of {', '.join(PARAMETERISATIONS)}, "
+                             f"got {self.parameterisation!r}.")
+        if self.authors:
+            departures = {"embedding": ("auto", "sphere", "gaussian"), "readout": ("unembed",),
+                          "attention_weights": ("factored",), "init": ("normal",), "attention": ("softmax",)}
+            for name, allowed in departures.items():
+                if getattr(self, name) not in allowed:
+                    raise ValueError(f"the authors' parameterisation takes {name} {' or '.join(allowed)}, "
+                                     f"got {getattr(self, name)!r}.")
         for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -75,7 +113,7 @@ class ModelConfig:
     def for_task(self, task: FactualRecallTask) -> ModelConfig:
         """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
         d_vocab_out, merged attention weights set d_head = d."""
-        model = self
+        model = self.resolved()
         if model.embedding == "onehot":
             model = replace(model, d_model=task.d_vocab + task.d_vocab_out)
         elif model.readout == "direct" and model.d_model <= task.d_vocab_out:
@@ -95,6 +133,7 @@ class ModelConfig:
             "attn_only": model.attn_only, "act_fn": "relu", "normalization_type": None,
             "n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out,
             "attention": model.attention,
+            **({"parameterisation": "authors"} if model.authors else {}),
         }
 
 
@@ -134,15 +173,17 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
 
 
-def shape_model(alpha: float, beta: float, n_heads: int, d_model: int) -> ModelConfig:
-    """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4).
-    d_h and m are rounded down, as the authors' code does (int(d*alpha/H), int(d*beta)): the
-    paper's sizes d = int(2^k), k = 3, 3.5, ..., rarely divide evenly."""
+def shape_model(alpha: float, beta: float, n_heads: int, d_model: int,
+                parameterisation: str = "authors") -> ModelConfig:
+    """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4),
+    the authors' parameterisation unless told otherwise. d_h and m are rounded down, as the
+    authors' code does (int(d*alpha/H), int(d*beta)): the paper's sizes d = int(2^k), k = 3,
+    3.5, ..., rarely divide evenly."""
     d_head, d_mlp = math.floor(alpha * d_model / n_heads), math.floor(beta * d_model)
     if d_head < 1 or d_mlp < 1:
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "
                          f"d_mlp={d_mlp} at d={d_model} (rounded down); both must be >= 1.")
-    return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp)
+    return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp, parameterisation=parameterisation)
 
 
 _PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
@@ -152,10 +193,10 @@ _FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_
 PRESETS: dict[str, RunConfig] = {
     # Small enough to reach >= 99% on a CPU in seconds; the default model.
     "tiny": RunConfig(),
-    # Figure 4 right's task with a mid-grid model (H = 8, m = 64), lr 1e-2 as the official code.
+    # Figure 4 right's task with a mid-grid model (H = 8, m = 64), the official code's model and lr 1e-2.
     "paper-tradeoff": RunConfig(
         task=_PAPER_TASK,
-        model=ModelConfig(d_model=32, n_heads=8, d_head=8, d_mlp=64),
+        model=ModelConfig(d_model=32, n_heads=8, d_head=8, d_mlp=64, parameterisation="authors"),
         train=TrainConfig(lr=(1e-2,), steps=16384, eval_every=128)),
     # The benchmark's config A.
     "config-a": RunConfig(
@@ -195,7 +236,7 @@ PRESETS: dict[str, RunConfig] = {
 
 def preset(name: str) -> RunConfig:
     """A named preset, or a shape family member `shape:ALPHA,BETA,H,D` on the paper's task
-    with the Figure 4 left learning-rate sweep."""
+    with the Figure 4 left learning-rate sweep (the authors' parameterisation)."""
     if name.startswith("shape:"):
         try:
             alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))

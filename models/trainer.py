@@ -248,7 +248,7 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
         "kept_model": kept, "runs": final, "device": str(state.device),
         "seconds": round(time.perf_counter() - state.start, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
         "trainer": "models.trainer", "trainable": sorted(state.params), "subnormals": subnormals,
-        "task_config": asdict(run.task), "model_config": asdict(run.model),
+        "task_config": asdict(run.task), "model_config": asdict(run.model.resolved()),
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in state.snapshots.items()}
     return TrainResult(state.task, run.model.checkpoint_section(state.task), kept_weights, training, state.metrics,

@@ -18,7 +18,8 @@ ATTN = "blocks.0.attn."  # key prefixes of the attention layer and the MLP
 MLP = "blocks.0.mlp."
 # Written to the residual stream at random and never trained (paper section 2).
 FROZEN = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U")
-# Biases are zero and stay zero: the paper counts 4*H*d_h*d attention and 2*m*d MLP parameters.
+# Biases are zero and stay zero (the paper counts 4*H*d_h*d attention and 2*m*d MLP parameters),
+# but for the authors' parameterisation: b_O cancels the EOS embedding (frozen), b_in is trained.
 BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
 OV = (ATTN + "W_V", ATTN + "b_V", ATTN + "W_O", ATTN + "b_O")
 
@@ -71,6 +72,8 @@ def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict
     else:
         w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
         w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()
+    if model.authors:
+        return _authors_init(w, model, task, g)
     fan_in = {ATTN + "W_K": d, ATTN + "W_O": H * dh}
     if model.attention_weights == "merged":
         # q = sqrt(d_head) x_t cancels the scores' 1/sqrt(d_head): score_j = x_j W_K x_t, so W_K
@@ -89,10 +92,35 @@ def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict
     return w
 
 
+# flax's lecun_normal: a normal truncated at two standard deviations, rescaled to variance 1/fan_in
+TRUNCATED_STD = 0.87962566103423978  # the standard deviation of N(0, 1) truncated to [-2, 2]
+
+
+def _authors_init(w: dict, model: ModelConfig, task: FactualRecallTask, g: torch.Generator) -> dict:
+    """The official code's TF_one_layer init on top of the embeddings drawn: Q, K, V entries
+    N(0, init_scale^2/d_h), O entries N(0, init_scale^2/d), the MLP's two layers flax's
+    lecun_normal (truncated, variance 1/fan_in), b_in zero (trained). b_O = -(e_EOS + p_EOS),
+    frozen, so the last position's residual after attention is the attention output alone:
+    the MLP and the unembedding read `attn @ O` as in the official code."""
+    d, dh = model.d_model, model.d_head
+    for key in ("W_Q", "W_K", "W_V"):
+        w[ATTN + key] = torch.randn(w[ATTN + key].shape, generator=g) * (model.init_scale / math.sqrt(dh))
+    w[ATTN + "W_O"] = torch.randn(w[ATTN + "W_O"].shape, generator=g) * (model.init_scale / math.sqrt(d))
+    if not model.attn_only:
+        for key, n_in in ((MLP + "W_in", d), (MLP + "W_out", model.d_mlp)):
+            std = 1 / math.sqrt(n_in) / TRUNCATED_STD
+            torch.nn.init.trunc_normal_(w[key], std=std, a=-2 * std, b=2 * std, generator=g)
+    w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
+    return w
+
+
 def trainable_keys(weights: dict, model: ModelConfig | None = None, freeze_ov: bool = False) -> list[str]:
     """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen;
-    W_Q and W_V stay fixed when the attention weights are merged)."""
+    W_Q and W_V stay fixed when the attention weights are merged), and the MLP's input bias
+    under the authors' parameterisation."""
     frozen = set(FROZEN) | set(BIASES) | (set(OV) if freeze_ov else set())
+    if model is not None and model.authors:
+        frozen.discard(MLP + "b_in")
     if model is not None and model.attention_weights == "merged":
         frozen |= {ATTN + "W_Q", ATTN + "W_V"}
     return [key for key in weights if key not in frozen]

@@ -19,6 +19,8 @@ from tests.conftest import TEST_DEVICE
     (True, {"attention": "linear", "embedding": "onehot", "attention_weights": "merged", "init": "constant"}),
     # random tokens, answers on their own axes (fig5-softmax-gd)
     (True, {"readout": "direct", "attention_weights": "merged", "init": "constant"}),
+    # the official code's model: b_O cancels the EOS embedding, a trained MLP input bias
+    (False, {"parameterisation": "authors"}),
 ])
 def test_last_position_logits_match_transformer_bridge(attn_only, options, positional):
     task = FactualRecallTask(12, 4, 3, 10, 9)
