@@ -363,11 +363,31 @@ def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["paper_line"]["facts_per_parameter"] == 0.15 and summary["sizes"]["skipped"] == []
     assert len(pd.read_csv(tmp_path / "probes.csv")) == len(list((tmp_path / "cells").glob("*.json")))
+    assert json.loads((tmp_path / "settings.json").read_text())["model"] == {"parameterisation": "authors",
+                                                                            "embedding": "gaussian"}
+    for cell in (tmp_path / "cells").glob("*.json"):  # each learning rate's best accuracy and its curve
+        row = json.loads(cell.read_text())
+        (run,) = row["runs"]
+        assert run["curve"]["step"][0] == 0 and run["curve"]["step"][-1] == row["steps_run"]
+        assert run["best_accuracy"] == pytest.approx(max(run["curve"]["accuracy"]), abs=1e-5)
+        assert row["best_accuracy"] >= row["accuracy"] - 1e-9
+        assert (row["best_accuracy"] >= 0.99) == (row["accuracy"] >= 0.99)
     for cell in (tmp_path / "cells").glob("shape1,1,2_d6_S*.json"):
         cell.unlink()
     code, out, _ = _cli([*argv, "--recorded-only"], capsys)
     assert code == 0 and "sizes searched: 1 of 2" in out and "(0 new training runs)" in out
     assert list(pd.read_csv(tmp_path / "capacity.csv")["d"]) == [4]
+
+
+def test_the_paper_window_is_the_authors_notebooks():
+    """Per shape in increasing d: from the first size above 64 facts up to, not including,
+    the first above 11,000; a later dip to 64 or fewer stays in, as in their plot."""
+    from analyses.capacity import paper_window
+
+    table = pd.DataFrame({"shape": ["a"] * 6 + ["b"] * 2, "d": [8, 11, 16, 22, 32, 45, 8, 11],
+                          "facts": [49, 81, 64, 10000, 12100, 9000, 36, 64]})
+    shown = paper_window(table.iloc[::-1])
+    assert list(zip(shown["shape"], shown["d"])) == [("a", 11), ("a", 16), ("a", 22)]
 
 
 TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
