@@ -41,7 +41,7 @@ import pandas as pd
 
 from analyses import cli
 from analyses.executors import Executor, open_executor
-from analyses.output import pyplot, save_figure, write_csv, write_summary
+from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models import load
 from models.aot_trainer import train
@@ -269,8 +269,7 @@ LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}
 def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: AotSweep, path: Path) -> None:
     """One panel per sweep (the paper's Figures 1a, 1b, 2a, 3 and, with --equal-dims, 2b),
     every head layout in its own colour, the lower bound of Corollary 2 dashed red."""
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    fig, axes = subplots(2, 3, figsize=(16, 8.5))
     chance = 1 / task.n_tokens
     panels = [("heads", "n_heads", f"H (d_h = {settings.d_head}, d = {settings.d_model})", axes[0, 0]),
               ("d_head", "d_head", f"d_h (H = {settings.fixed_heads}, d = {settings.d_model})", axes[0, 1]),
@@ -330,8 +329,7 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
 
 
 def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
+    fig, axes = subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     ax = axes[0]
     points = ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)
     fig.colorbar(points, ax=ax, label="accuracy drop when mean-ablated")

@@ -30,7 +30,7 @@ import pandas as pd
 
 from analyses import cli
 from analyses.executors import Executor, open_executor
-from analyses.output import pyplot, save_figure, write_csv, write_summary
+from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
 from models.config import PARAMETERISATIONS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
@@ -257,10 +257,9 @@ def _capacity_figure(means, table, full, slope, line, title, path):
     theory lines and the paper's line. Right: N* over the paper's line (over d^2 or m*d
     when there is none) at every size."""
     import matplotlib.ticker
-    plt = pyplot()
 
     scale_name = "d²" if full else "m·d"  # the `theory` column: the paper's x axis
-    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, right) = subplots(1, 2, figsize=(10, 4))
     groups, label = [(None, means)], "mean over seeds".format
     if not full and means["m"].nunique() > 1:  # one series per m/d on a grid of d x (m/d), else per m
         ratio = means["m"] / means["d"]
@@ -514,9 +513,8 @@ def transformer_text(result: Capacity) -> str:
 
 def _facts_figure(table, slope, sweep: TransformerSweep, path):
     import matplotlib.ticker
-    plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    fig, ax = subplots(figsize=(5.5, 4.5))
     for k, (shape, g) in enumerate(table.groupby("shape", sort=False)):
         ax.plot(g["parameters"], g["facts"], "o-", color=f"C{k}", label=f"(α, β, H) = ({shape})")
     x = np.geomspace(table["parameters"].min(), table["parameters"].max(), 50)

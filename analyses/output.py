@@ -24,17 +24,15 @@ def write_summary(path: Path, summary: dict) -> None:
     write_json(path, clean(summary))
 
 
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend: the one place that chooses it, so
-    figures are written the same way on a headless machine, in a worker, or a notebook."""
-    import matplotlib
+def subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kw):
+    """(figure, axes) of a figure that only writes files: made without pyplot, so importing or
+    calling an analysis never changes matplotlib's backend (a notebook keeps showing its own
+    figures inline)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
 
 
 def save_figure(fig, path: Path) -> None:
-    plt = pyplot()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
-    plt.close(fig)

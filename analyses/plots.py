@@ -1,14 +1,12 @@
-"""Figures of the locate_facts measurements (PNG, matplotlib's Agg backend)."""
+"""Figures of the locate_facts measurements (PNG files, drawn without pyplot)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
 
-from analyses.output import pyplot, save_figure
+from analyses.output import save_figure, subplots
 from probe.storage import LABELS
-
-plt = pyplot()
 
 COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distributed": "#55A868",
           "not_stored": "#C7C7C7"}
@@ -17,7 +15,7 @@ COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distribu
 def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
     """Stacked bars: per relation, how many of its facts carry each storage label."""
     counts = facts.groupby(["relation", "label"]).size().unstack(fill_value=0).reindex(columns=LABELS, fill_value=0)
-    fig, ax = plt.subplots(figsize=(max(5, 0.3 * len(counts) + 2), 3.5))
+    fig, ax = subplots(figsize=(max(5, 0.3 * len(counts) + 2), 3.5))
     bottom = pd.Series(0, index=counts.index)
     for label in LABELS:
         ax.bar(counts.index, counts[label], bottom=bottom, color=COLORS[label], label=label, width=0.8)
@@ -30,7 +28,7 @@ def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
 
 def head_token_heatmap(table: pd.DataFrame, path: Path) -> None:
     """Head x token heat map of the EOS query's attention on each subject and relation."""
-    fig, ax = plt.subplots(figsize=(max(5, 0.18 * table.shape[1] + 2), max(2.5, 0.35 * table.shape[0] + 1.5)))
+    fig, ax = subplots(figsize=(max(5, 0.18 * table.shape[1] + 2), max(2.5, 0.35 * table.shape[0] + 1.5)))
     image = ax.imshow(table.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
     step = max(1, table.shape[1] // 40)
     ax.set_xticks(range(0, table.shape[1], step), table.columns[::step], rotation=90, fontsize=7)
@@ -42,7 +40,7 @@ def head_token_heatmap(table: pd.DataFrame, path: Path) -> None:
 
 def margin_scatter(facts: pd.DataFrame, path: Path) -> None:
     """Per fact, the logit margin written by attention against the one written by the MLP."""
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    fig, ax = subplots(figsize=(5, 4.5))
     for label in LABELS:
         rows = facts[facts["label"] == label]
         if len(rows):
@@ -65,7 +63,7 @@ def _shade_phase(ax, summary: dict) -> None:
 def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
     """Figure 5 of the paper: loss, relation-only and subject-only loss against the step (log
     axis), the relation-only level log D drawn and the hallucination phase shaded."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = subplots(figsize=(6, 3.8))
     shown = metrics[metrics["step"] > 0]
     for column, label, color in (("loss", "loss", "black"), ("relation_only_loss", "relation-only loss", "#4C72B0"),
                                  ("subject_only_loss", "subject-only loss", "#DD8452")):
@@ -83,7 +81,7 @@ def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path) -> No
 def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
     """Shares of facts recalled by the attention path and by the MLP path alone, and the
     accuracy and hallucination rate, against the step (log axis), the phase shaded."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = subplots(figsize=(6, 3.8))
     shown = metrics[metrics["step"] > 0]
     ax.plot(shown["step"], shown["accuracy"], color="black", lw=1.5, label="accuracy")
     ax.plot(shown["step"], shown["hallucination_rate"], color="#C44E52", lw=1.5, label="hallucination rate")

@@ -27,7 +27,7 @@ import pandas as pd
 from analyses import cli
 from analyses.executors import Executor, open_executor
 from analyses.locate_facts import LocateSettings, locate
-from analyses.output import pyplot, save_figure, write_csv, write_summary
+from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models.bridge import build_bridge, resolve_device
 from models.checkpoint import load_checkpoint
@@ -181,7 +181,6 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, in both),
     H and m labelled with the attention (d d_h H) and MLP (d m) parameters, the measured 99%
     frontier, and, on the paper's Figure 4 right grid, the authors' frontier and floor."""
-    plt = pyplot()
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     score = _accuracy_column(table)
@@ -193,7 +192,7 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
                                     for k, v in PAPER_GRID.items())
     attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
     mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
+    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
     for ax, (col, title, cmap) in zip(axes, panels):
         grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
         image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
@@ -257,11 +256,10 @@ def swap_text(result: Result, out: Path) -> str:
 
 
 def _stacked_shares(table, path):
-    plt = pyplot()
 
     from analyses.plots import COLORS
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = subplots(figsize=(5, 3.5))
     bottom = np.zeros(len(table))
     for label in LABELS:
         values = table[f"share_{label}"].to_numpy(float)
@@ -362,11 +360,10 @@ def shrink_text(result: Result, out: Path) -> str:
 
 
 def _shrink_figure(curves, path):
-    plt = pyplot()
 
     from analyses.plots import COLORS
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, (component, title) in zip(axes, (("mlp", "pruning MLP neurons (smallest norm first)"),
                                              ("heads", "pruning heads (smallest OV norm first)"))):
         part = curves[(curves["component"] == component) | ((curves["component"] == "mlp") & (curves["removed"] == 0))]
