@@ -10,6 +10,7 @@ offset and the result type (TrainResult, one trained model ready to be saved).
 """
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
@@ -83,16 +84,17 @@ def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attenti
     return loss, accuracy
 
 
+@functools.cache
 def bias_corrections(betas: tuple[float, float] = ADAM_BETAS) -> torch.Tensor:
-    """Adam's bias corrections (1 - b1^t, sqrt(1 - b2^t)) for t = 1, 2, ...: a table [n, 2],
-    computed in float64 Python arithmetic and rounded once to float32 (so each step divides
-    by the numbers today's Python-float formulas gave). It stops at the first t with
-    b^t < 2^-55 for both betas, where both entries are exactly 1 in float64 and stay so:
-    later steps read its last row (t = 38,105 for the default betas)."""
+    """Adam's bias corrections (1 - b1^t, sqrt(1 - b2^t)) for t = 1, 2, ...: a table [n, 2]
+    (CPU, shared: copy it, never write to it), computed in float64 Python arithmetic and
+    rounded once to float32, as the Python-float formulas of the step were before. It stops
+    at the first t with b^t < 2^-55 for both betas, where both entries are exactly 1 in
+    float64 and stay so: later steps read its last row (t = 38,105 for the default betas)."""
     b1, b2 = betas
-    n = max(math.ceil(-55 * math.log(2) / math.log(b)) for b in betas)
-    rows = [(1 - b1 ** t, math.sqrt(1 - b2 ** t)) for t in range(1, n + 1)]
-    return torch.tensor(rows, dtype=torch.float64).float()
+    steps = range(1, max(math.ceil(-55 * math.log(2) / math.log(b)) for b in betas) + 1)
+    columns = [[1 - b1 ** t for t in steps], [math.sqrt(1 - b2 ** t) for t in steps]]
+    return torch.tensor(columns, dtype=torch.float64).T.float().contiguous()
 
 
 class Optimizer:
@@ -113,7 +115,7 @@ class Optimizer:
         if kind == "adam":
             self.m = {k: torch.zeros_like(p) for k, p in params.items()}
             self.v = {k: torch.zeros_like(p) for k, p in params.items()}
-            self.corrections = bias_corrections().to(lr.device)  # [n, 2] float32
+            self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
 
     @torch.no_grad()
     def step(self) -> None:
