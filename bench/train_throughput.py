@@ -30,13 +30,16 @@ Peak memory is measured in a fresh spawned process per variant (a few steps afte
 on CUDA torch.cuda.max_memory_allocated, on CPU (Linux) the peak RSS (VmHWM, its high-water
 mark reset through /proc/self/clear_refs) minus the RSS just before the model is built, both in
 MiB; library imports are done before and not counted.
+With --counter, ours is also timed with the counter sampler (`ours-counter`: every seed's
+batch in one call) and the median per-round ratio ours-counter / ours is printed.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
-        [--trained-steps 8192] [--trained-state DIR]
+        [--trained-steps 8192] [--trained-state DIR] [--counter]
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import multiprocessing as mp
 import re
@@ -53,7 +56,7 @@ from models.config import RunConfig, override, preset
 from models.forward import has_positions, last_position_logits
 from models.subnormals import flushed
 from models.train_state import load_state
-from models.trainer import DATA_SEED_OFFSET, Optimizer, train, train_step, training_batch
+from models.trainer import DATA_SEED_OFFSET, Optimizer, TrainingData, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 
 MEMORY_STEPS = 3
@@ -67,9 +70,10 @@ def bench_run(preset_name: str, seq_len: int | None = None) -> RunConfig:
 
 
 def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
-              trained: dict | None = None):
+              trained: dict | None = None, sampler: str = "generator"):
     """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1), from
-    fresh weights or, given `trained` (a saved training state of one model), K copies of it."""
+    fresh weights or, given `trained` (a saved training state of one model), K copies of it;
+    the data from `sampler` (models.trainer.TrainingData)."""
     run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
@@ -77,19 +81,21 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
     weights = {key: t.to(device) for key, t in weights.items()}
     params = {key: weights[key].requires_grad_() for key in trainable_keys(weights, run.model)}
     optimizer = Optimizer(params, torch.full((k,), lr, device=device), "adam")
-    generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for _, s in runs}
+    data = TrainingData(task, runs, batch, device, sampler)
     if trained is not None:
         with torch.no_grad():
             for key, p in params.items():
                 p.copy_(trained["weights"][key].expand_as(p))
                 optimizer.m[key].copy_(trained["m"][key].expand_as(p))
                 optimizer.v[key].copy_(trained["v"][key].expand_as(p))
-        optimizer.t = trained["t"]
-        generators[0].set_state(trained["rng"])
+        optimizer.t.fill_(trained["t"])
+        if data.generators:
+            data.generators[0].set_state(trained["rng"])
     positional = has_positions(weights)  # as models.trainer.train: decided once
+    steps = itertools.count(trained["t"] if trained is not None else 0)
 
     def step():
-        tokens, answers = training_batch(task, generators, runs, batch)  # [K, B, T], [K, B]
+        tokens, answers = data.batch(next(steps))  # [K, B, T], [K, B]
         train_step(weights, optimizer, tokens, answers, run.model.attention, positional)
     return step
 
@@ -133,7 +139,8 @@ def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len:
 
 
 VARIANTS = {"ours": make_ours, "tl": make_tl}
-FLUSHED = {"ours": True, "tl": False, "ours-trained": True, "ours-trained-kept": False, "tl-trained": False}
+FLUSHED = {"ours": True, "ours-counter": True, "tl": False, "ours-trained": True, "ours-trained-kept": False,
+           "tl-trained": False}
 
 
 def trained_state(preset_name: str, steps: int, folder: Path, device: torch.device) -> dict:
@@ -253,6 +260,8 @@ def main() -> None:
     parser.add_argument("--round-seconds", type=float, default=1.0, help="least seconds timed per round")
     parser.add_argument("--k", type=int, default=1, help="models stacked in our trainer")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--counter", action="store_true",
+                        help="also time ours with the counter sampler (variant ours-counter)")
     parser.add_argument("--memory-seq-lens", type=lambda t: [int(x) for x in t.split(",")], default=[32, 256],
                         help="sequence lengths T at which to measure our peak memory (default 32,256)")
     parser.add_argument("--trained-steps", type=int, default=8192,
@@ -267,6 +276,8 @@ def main() -> None:
         parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
 
     steps = {name: make(args.preset, args.batch, args.k, device) for name, make in VARIANTS.items()}
+    if args.counter:
+        steps["ours-counter"] = make_ours(args.preset, args.batch, args.k, device, sampler="counter")
     if args.trained_steps:
         folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
             f"{args.preset}-{args.trained_steps}-{device.type}"
@@ -339,6 +350,9 @@ def main() -> None:
         per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k)
         print(f"speedup_vs_transformerlens_trained {median:.1f}  "
               f"(per round: {', '.join(f'{r:.1f}' for r in per_round)})")
+    if args.counter:
+        per_round, median = median_ratio(rates["ours-counter"], rates["ours"])
+        print(f"ours_counter_over_generator {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
     ratios, median = median_ratio(rates["ours"], rates["tl"], args.k)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + ", ".join(f"{r:.1f}" for r in ratios))
     print(f"speedup_vs_transformerlens {median:.1f}")

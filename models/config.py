@@ -15,6 +15,7 @@ from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
 
 PARAMETERISATIONS = ("standard", "authors")
+SAMPLERS = ("generator", "counter")
 
 
 def setting(default, help: str, **kw):
@@ -150,6 +151,9 @@ class TrainConfig:
     snapshots_per_octave: int = setting(2, "log-spaced weight snapshots per doubling of the step (0: none)")
     freeze_ov: bool = setting(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
     device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+    sampler: str = setting("generator", "training data: generator (one torch.Generator per seed, drawn in turn) | "
+                           "counter (a hash of seed, step, row and column: every seed's batch in one call, the "
+                           "same alone or stacked, on a CPU or a GPU)", choices=SAMPLERS)
 
     @property
     def runs(self) -> list[tuple[float, int]]:
@@ -164,6 +168,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.snapshots_per_octave < 0:
             raise ValueError("snapshots_per_octave must be >= 0.")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}.")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Resumable training state, saved with each snapshot: every model's trainable weights,
-Adam's moments and step count, the data generators' RNG states and the metrics so far.
+Adam's moments and step count, the data generators' RNG states (none with the counter
+sampler, whose stream is a function of the step) and the metrics so far.
 
 CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
-CKPT/train_state/step_XXXXXXXX.json         step, adam_t, metrics; written last, so a state
+CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, metrics; written last, so a state
                                              is complete exactly when its JSON exists
 Both are written atomically; a kill at any moment leaves every named file whole.
 """
@@ -24,14 +25,16 @@ def state_dir(ckpt: str | Path) -> Path:
     return Path(ckpt) / "train_state"
 
 
-def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict]) -> None:
+def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict],
+               sampler: str) -> None:
     tensors = {f"weights.{k}": p.detach() for k, p in params.items()}
     if optimizer.kind == "adam":
         tensors.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
         tensors.update({f"adam.v.{k}": v for k, v in optimizer.v.items()})
     tensors.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
     write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
-    write_json(folder / f"step_{step:08d}.json", {"step": step, "adam_t": optimizer.t, "metrics": metrics})
+    write_json(folder / f"step_{step:08d}.json",
+               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "metrics": metrics})
 
 
 def remove_partial(folder: Path) -> None:
@@ -57,15 +60,20 @@ def load_state(folder: Path, step: int) -> tuple[dict, dict]:
     return tensors, info
 
 
-def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict) -> tuple[int, list[dict]]:
-    """Put a saved state back into live params, optimizer and generators; returns (step, metrics)."""
+def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict,
+            sampler: str) -> tuple[int, list[dict]]:
+    """Put a saved state back into live params, optimizer and generators (in place); returns
+    (step, metrics). The counter sampler has no generators: its stream resumes from the step."""
+    saved = info.get("sampler", "generator")  # states written before the counter sampler existed
+    if saved != sampler:
+        raise CheckpointError(f"the training state was saved by the {saved!r} sampler, not {sampler!r}.")
     with torch.no_grad():
         for k, p in params.items():
             p.copy_(tensors[f"weights.{k}"])
             if optimizer.kind == "adam":
                 optimizer.m[k].copy_(tensors[f"adam.m.{k}"])
                 optimizer.v[k].copy_(tensors[f"adam.v.{k}"])
-    optimizer.t = info["adam_t"]
+    optimizer.t.fill_(info["adam_t"])
     for seed, g in generators.items():
         g.set_state(tensors[f"rng.{seed}"])
     return info["step"], info["metrics"]

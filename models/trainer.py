@@ -10,6 +10,7 @@ offset and the result type (TrainResult, one trained model ready to be saved).
 """
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
@@ -83,19 +84,45 @@ def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attenti
     return loss, accuracy
 
 
+@functools.cache
+def bias_corrections(betas: tuple[float, float] = ADAM_BETAS) -> torch.Tensor:
+    """Adam's bias corrections (1 - b1^t, sqrt(1 - b2^t)) for t = 1, 2, ...: a table [n, 2]
+    (CPU, shared: copy it, never write to it), computed in float64 Python arithmetic and
+    rounded once to float32, as the Python-float formulas of the step were before. It stops
+    at the first t with b^t < 2^-55 for both betas, where both entries are exactly 1 in
+    float64 and stay so: later steps read its last row (t = 38,105 for the default betas)."""
+    b1, b2 = betas
+    steps = range(1, max(math.ceil(-55 * math.log(2) / math.log(b)) for b in betas) + 1)
+    columns = [[1 - b1 ** t for t in steps], [math.sqrt(1 - b2 ** t) for t in steps]]
+    return torch.tensor(columns, dtype=torch.float64).T.float().contiguous()
+
+
 class Optimizer:
-    """Adam or plain gradient descent with one learning rate per model ([K])."""
+    """Adam or plain gradient descent with one learning rate per model ([K]).
+
+    Ready for CUDA-graph capture: every piece of state is a device tensor updated in place
+    (the step count `t` [1] int64, the moments, the learning rates), the bias corrections are
+    read from a table on the device at index t, and a step reads nothing back to the host.
+    Gradients are consumed and released (`p.grad = None`, set_to_none): the next backward
+    writes fresh ones instead of accumulating. Under a capture of the whole step (backward
+    included) that rebinding happens once, while capturing; each replay's backward writes
+    the gradients into the same graph-pool memory the captured update reads."""
 
     def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
-        self.params, self.kind, self.t = params, kind, 0
+        self.params, self.kind = params, kind
+        self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
         self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
         if kind == "adam":
             self.m = {k: torch.zeros_like(p) for k, p in params.items()}
             self.v = {k: torch.zeros_like(p) for k, p in params.items()}
+            self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
 
     @torch.no_grad()
     def step(self) -> None:
-        self.t += 1
+        self.t.add_(1)
+        if self.kind == "adam":
+            row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
+            first, second = row[:, 0], row[:, 1]  # [1] each: 1 - b1^t, sqrt(1 - b2^t)
         b1, b2 = ADAM_BETAS
         for key, p in self.params.items():
             g, p.grad = p.grad, None  # the next backward starts from zero
@@ -104,8 +131,8 @@ class Optimizer:
                 continue
             self.m[key].lerp_(g, 1 - b1)
             self.v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (self.v[key].sqrt() / math.sqrt(1 - b2 ** self.t)).add_(ADAM_EPS)
-            p.sub_(self.lr[key] / (1 - b1 ** self.t) * self.m[key] / denom)
+            denom = (self.v[key].sqrt() / second).add_(ADAM_EPS)
+            p.sub_(self.lr[key] / first * self.m[key] / denom)
 
 
 class TrainingDiverged(ValueError):
@@ -145,7 +172,7 @@ class _Training:
     params: dict[str, torch.Tensor]  # the trainable ones among them
     positional: bool  # W_pos is non-zero (it is frozen: decided once, no per-step host sync)
     optimizer: Optimizer
-    generators: dict[int, torch.Generator]  # one data stream per seed
+    data: TrainingData  # every model's data stream
     held_out: Batch
     schedule: set[int]  # snapshot steps
     step: int  # steps taken
@@ -164,8 +191,7 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model, cfg.freeze_ov)}
     positional = has_positions(weights)
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
-    seeds = sorted({seed for _, seed in runs})
-    generators = {s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
+    data = TrainingData(task, runs, cfg.batch_size, device, cfg.sampler)
     held_out = task.eval_set(cfg.eval_size, EVAL_SEED, device)
     schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
 
@@ -174,10 +200,11 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
     if state_folder:
         remove_partial(state_folder)
     if saved:
-        step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, generators)
+        step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, data.generators,
+                                cfg.sampler)
         snapshots = saved_snapshots(state_folder, params)
     start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
-    return _Training(run, task, device, weights, params, positional, optimizer, generators, held_out, schedule,
+    return _Training(run, task, device, weights, params, positional, optimizer, data, held_out, schedule,
                      step, metrics, snapshots, start)
 
 
@@ -196,7 +223,7 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
             bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
             if state.step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
                 break
-        tokens, answers = training_batch(state.task, state.generators, runs, cfg.batch_size)
+        tokens, answers = state.data.batch(state.step)
         train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional)
         state.step += 1
         bar.update(1)
@@ -211,7 +238,8 @@ def _snapshot(state: _Training, state_folder: Path | None) -> None:
     _check_finite(state.params, state.run.train.runs, state.step, state.snapshots)
     state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
     if state_folder:
-        save_state(state_folder, state.step, state.params, state.optimizer, state.generators, state.metrics)
+        save_state(state_folder, state.step, state.params, state.optimizer, state.data.generators, state.metrics,
+                   state.run.train.sampler)
 
 
 def _evaluate(state: _Training, logger) -> dict:
@@ -289,6 +317,36 @@ def training_batch(task, generators, runs, batch_size):
     tokens = torch.stack([batches[s].tokens for _, s in runs])
     answers = torch.stack([batches[s].answers for _, s in runs])
     return tokens, answers
+
+
+class TrainingData:
+    """Every model's fresh batch at each step: tokens [K, B, T] and answers [K, B], one batch
+    per seed, shared by that seed's models. The `generator` sampler draws each seed's batch
+    from its own torch.Generator in turn (their RNG states are the stream's state); `counter`
+    draws all seeds' batches in one FactualRecallTask.sample_counter call, each a function
+    of its seed and the step alone (the step is the stream's state)."""
+
+    def __init__(self, task: FactualRecallTask, runs: list[tuple[float, int]], batch_size: int,
+                 device: torch.device, sampler: str):
+        seeds = sorted({seed for _, seed in runs})
+        self.task, self.runs, self.batch_size, self.counter = task, runs, batch_size, sampler == "counter"
+        self.generators = {} if self.counter else {
+            s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
+        self.seeds = torch.tensor([s + DATA_SEED_OFFSET for s in seeds], device=device)  # [U] data seeds
+        rows = [seeds.index(s) for _, s in runs]
+        self.rows = None if rows == list(range(len(runs))) else torch.tensor(rows, device=device)  # [K] into [U]
+
+    def batch(self, step: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of step `step` (steps taken so far; the generator sampler ignores it)."""
+        if not self.counter:
+            return training_batch(self.task, self.generators, self.runs, self.batch_size)
+        batch = self.task.sample_counter(self.batch_size, self.seeds, step)  # [U, B, T], [U, B]
+        if self.rows is None:
+            return batch.tokens, batch.answers
+        if len(self.seeds) == 1:  # a view, as training_batch gives
+            K = len(self.runs)
+            return batch.tokens.expand(K, -1, -1), batch.answers.expand(K, -1)
+        return batch.tokens[self.rows], batch.answers[self.rows]
 
 
 def _wandb(project: str, run: RunConfig, preset_name: str | None):

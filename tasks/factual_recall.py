@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from tasks import counter
+
 
 @dataclass(frozen=True)
 class Batch:
-    """One batch of prompts and their targets, all on one device."""
+    """One batch of prompts and their targets, all on one device (with a leading model axis
+    [K, ...] on every field when drawn by sample_counter)."""
 
     tokens: torch.Tensor  # [batch, T] input ids, EOS last
     subjects: torch.Tensor  # [batch] subject index s in 0..S-1
@@ -28,7 +31,7 @@ class Batch:
     relation_pos: torch.Tensor  # [batch] position of the relation token
 
     def __len__(self) -> int:
-        return self.tokens.shape[0]
+        return self.tokens.shape[-2]
 
 
 def zipf_probs(n: int, alpha: float) -> torch.Tensor:
@@ -77,6 +80,8 @@ class FactualRecallTask:
         self.facts = self._make_facts(facts, fact_seed)  # [S, R] answer ids (CPU)
         self.subject_probs = zipf_probs(S, self.subject_zipf)  # [S]
         self.relation_probs = zipf_probs(R, self.relation_zipf)  # [R]
+        self.subject_ticks = counter.thresholds(self.subject_probs)  # [S] inverse CDF, units of 2^-32
+        self.relation_ticks = counter.thresholds(self.relation_probs)  # [R]
         self._device_tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     # ----------------------------------------------------------------- vocabulary
@@ -138,7 +143,7 @@ class FactualRecallTask:
         an ordered pair of distinct positions among the first T-1, uniform noise, EOS."""
         device = generator.device
         S, R, N, T = self.n_subjects, self.n_relations, self.n_noise, self.seq_len
-        facts, p_s, p_r = self._tables(device)
+        facts, p_s, p_r = self._tables(device)[:3]
         B = batch_size
         subjects = self._draw(p_s, self.subject_zipf == 0, B, generator)  # [B]
         relations = self._draw(p_r, self.relation_zipf == 0, B, generator)  # [B]
@@ -153,6 +158,27 @@ class FactualRecallTask:
         tokens[rows, subject_pos] = subjects
         tokens[rows, relation_pos] = S + relations
         tokens[:, -1] = self.eos
+        return Batch(tokens, subjects, relations, facts[subjects, relations], subject_pos, relation_pos)
+
+    def sample_counter(self, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor) -> Batch:
+        """The prompts of every seed [K] (int64) at `step`, fields [K, batch, ...], in a fixed
+        number of torch calls: `sample`'s distribution from counter-based values
+        (tasks/counter.py), so each seed's batch depends on its seed and the step alone, the
+        same in any stack and on any device. Per prompt: T-1 noise values, then one each for
+        the subject, the relation and the two positions; (s, r) by inverse CDF."""
+        S, R, N, T = self.n_subjects, self.n_relations, self.n_noise, self.seq_len
+        facts, _, _, subject_ticks, relation_ticks = self._tables(seeds.device)
+        values = counter.bits(seeds, step, batch_size * (T + 3)).view(len(seeds), batch_size, T + 3)  # [K, B, T+3]
+        noise, picks = values.split([T - 1, 4], -1)  # [K, B, T-1], [K, B, 4]
+        subjects = counter.inverse_cdf(picks[..., 0].contiguous(), subject_ticks)  # [K, B]
+        relations = counter.inverse_cdf(picks[..., 1].contiguous(), relation_ticks)  # [K, B]
+        subject_pos = counter.below(picks[..., 2], T - 1)  # [K, B]
+        relation_pos = counter.below(picks[..., 3], T - 2)  # [K, B]
+        relation_pos += (relation_pos >= subject_pos).long()  # distinct from subject_pos
+        eos = torch.full_like(subjects, self.eos)[..., None]  # [K, B, 1]
+        tokens = torch.cat([counter.below(noise, N) + (S + R), eos], -1)  # [K, B, T]
+        tokens.scatter_(-1, subject_pos[..., None], subjects[..., None])
+        tokens.scatter_(-1, relation_pos[..., None], (S + relations)[..., None])
         return Batch(tokens, subjects, relations, facts[subjects, relations], subject_pos, relation_pos)
 
     def eval_set(self, n: int, seed: int = 1234, device: str | torch.device = "cpu") -> Batch:
@@ -233,11 +259,11 @@ class FactualRecallTask:
                              f"answer block {r * D}..{(r + 1) * D - 1}.")
         return table
 
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Facts and sampling probabilities on `device`, copied there once."""
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Facts, sampling probabilities and inverse-CDF tables on `device`, copied there once."""
         if device not in self._device_tables:
-            self._device_tables[device] = tuple(
-                t.to(device) for t in (self.facts, self.subject_probs, self.relation_probs))
+            self._device_tables[device] = tuple(t.to(device) for t in (
+                self.facts, self.subject_probs, self.relation_probs, self.subject_ticks, self.relation_ticks))
         return self._device_tables[device]
 
     @staticmethod

@@ -28,8 +28,10 @@ def cli(*args, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path):
-    run = quick(preset("tiny"), steps=120, target_accuracy=2.0, snapshots_per_octave=4, lr=(1e-2, 3e-3))
+@pytest.mark.parametrize("sampler", ["generator", "counter"])
+def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path, sampler):
+    run = quick(preset("tiny"), steps=120, target_accuracy=2.0, snapshots_per_octave=4, lr=(1e-2, 3e-3),
+                seed=(0, 1), sampler=sampler)
     full = train(run, progress=False, state_folder=tmp_path / "full")
     steps = complete_steps(tmp_path / "full")
     cut = steps[len(steps) // 2]
@@ -43,6 +45,9 @@ def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path):
         assert torch.equal(full.stacked[key], resumed.stacked[key]), key
     assert [r["models"] for r in full.metrics] == [r["models"] for r in resumed.metrics]
     assert sorted(full.snapshots) == sorted(resumed.snapshots)
+    other = "generator" if sampler == "counter" else "counter"
+    with pytest.raises(CheckpointError, match=f"saved by the '{sampler}' sampler, not '{other}'"):
+        train(quick(run, sampler=other), progress=False, state_folder=tmp_path / "cut")
 
 
 def _check_readable(ckpt: Path) -> None:

@@ -1,4 +1,6 @@
 """The batched trainer: reaches the target, is bit-reproducible, K models = K runs."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,7 +8,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.config import preset
 from models.forward import has_positions, last_position_logits
-from models.trainer import Optimizer, snapshot_schedule, train, train_step, training_batch
+from models.trainer import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    Optimizer,
+    TrainingData,
+    bias_corrections,
+    snapshot_schedule,
+    train,
+    train_step,
+)
 from models.weights import init_weights, stack, trainable_keys
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick
@@ -27,13 +38,17 @@ def test_one_seed_gives_identical_weights():
     assert not torch.equal(a.weights["blocks.0.attn.W_Q"], c.weights["blocks.0.attn.W_Q"])
 
 
-def test_k_models_equal_k_separate_runs():
+@pytest.mark.parametrize("sampler", ["generator", "counter"])
+def test_k_models_equal_k_separate_runs(sampler):
     base = preset("tiny")
-    together = train(quick(base, lr=(1e-2, 3e-3), seed=(0, 1), steps=20, target_accuracy=2.0), progress=False)
+    together = train(quick(base, lr=(1e-2, 3e-3), seed=(0, 1), steps=20, target_accuracy=2.0, sampler=sampler),
+                     progress=False)
     runs = [(lr, seed) for seed in (0, 1) for lr in (1e-2, 3e-3)]
     assert [(r["lr"], r["seed"]) for r in together.training["runs"]] == runs
+    assert together.training["sampler"] == sampler
     for k, (lr, seed) in enumerate(runs):
-        alone = train(quick(base, lr=(lr,), seed=(seed,), steps=20, target_accuracy=2.0), progress=False)
+        alone = train(quick(base, lr=(lr,), seed=(seed,), steps=20, target_accuracy=2.0, sampler=sampler),
+                      progress=False)
         for key, value in alone.weights.items():  # equal up to the summation order of batched matmuls
             torch.testing.assert_close(together.stacked[key][k], value, rtol=1e-4, atol=1e-5,
                                        msg=lambda m, key=key, k=k: f"model {k}, {key}: {m}")
@@ -107,6 +122,72 @@ def test_adam_matches_torch_adam_for_each_model():
     assert not torch.allclose(ours["a"][0], alone[1][0])  # the two learning rates differ
 
 
+def python_float_adam(params: dict, m: dict, v: dict, lr: torch.Tensor, t: int, grads: dict) -> None:
+    """One Adam step as the trainer computed it before its step count moved to the device:
+    the bias corrections in Python floats (float64), each tensor in place."""
+    b1, b2 = ADAM_BETAS
+    for key, p in params.items():
+        g, lr_k = grads[key], lr.view(-1, *([1] * (p.dim() - 1)))
+        m[key].lerp_(g, 1 - b1)
+        v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v[key].sqrt() / math.sqrt(1 - b2 ** t)).add_(ADAM_EPS)
+        p.sub_(lr_k / (1 - b1 ** t) * m[key] / denom)
+
+
+@pytest.mark.parametrize("first_step", [1, 38_100])  # from the start, and across the end of the table
+def test_adam_is_bit_identical_to_the_python_float_formulas(first_step):
+    gen = torch.Generator().manual_seed(0)
+    lr = torch.tensor([1e-2, 3e-4])
+    ours = {"a": torch.randn(2, 3, 4, generator=gen), "b": torch.randn(2, 5, generator=gen)}
+    reference = {k: p.clone() for k, p in ours.items()}
+    m, v = ({k: torch.zeros_like(p) for k, p in ours.items()} for _ in range(2))
+    opt = Optimizer(ours, lr, "adam")
+    opt.t.fill_(first_step - 1)
+    for t in range(first_step, first_step + 50):
+        grads = {k: torch.randn(p.shape, generator=gen) for k, p in ours.items()}
+        for key, p in ours.items():
+            p.grad = grads[key].clone()
+        opt.step()
+        python_float_adam(reference, m, v, lr, t, grads)
+    assert int(opt.t) == first_step + 49
+    for key in ours:
+        assert torch.equal(ours[key], reference[key]) and torch.equal(opt.m[key], m[key]), key
+
+
+def test_bias_correction_table_ends_where_both_corrections_are_one():
+    table = bias_corrections()  # [n, 2] float32
+    b1, b2 = ADAM_BETAS
+    assert table[0].tolist() == [torch.tensor(1 - b1).item(), torch.tensor(math.sqrt(1 - b2)).item()]
+    assert table[-1].tolist() == [1.0, 1.0] and 1 - b1 ** 10 ** 6 == 1 - b2 ** 10 ** 6 == 1.0
+    assert len(table) == 38_105
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_step_updates_device_tensors_in_place(optimizer):
+    """What a CUDA graph would replay: the step rebinds no attribute and moves no tensor;
+    its only per-step state, the step count, is a tensor counted up in place."""
+    gen = torch.Generator().manual_seed(0)
+    params = {"a": torch.randn(2, 3, 4, generator=gen), "b": torch.randn(2, 5, generator=gen)}
+    opt = Optimizer(params, torch.tensor([1e-2, 3e-4]), optimizer)
+
+    def tensors():
+        found = {name: value for name, value in vars(opt).items() if isinstance(value, torch.Tensor)}
+        found.update({f"{name}.{key}": t for name, value in vars(opt).items() if isinstance(value, dict)
+                      for key, t in value.items()})
+        return {name: (t, t.data_ptr()) for name, t in found.items()}
+
+    before, attributes = tensors(), dict(vars(opt))
+    for _ in range(3):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    after = tensors()
+    assert after.keys() == before.keys() and {"t", "params.a", "lr.b"} <= after.keys()
+    assert all(after[name][0] is t and after[name][1] == ptr for name, (t, ptr) in before.items())
+    assert all(vars(opt)[name] is value for name, value in attributes.items())
+    assert int(opt.t) == 3
+
+
 class _HostSyncs(TorchDispatchMode):
     """Records the ops that make the host wait for a GPU: reading a value (.item(), bool(),
     float()) or a shape that depends on values (nonzero, masked_select, unique)."""
@@ -123,8 +204,9 @@ class _HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("sampler", ["generator", "counter"])
 @pytest.mark.parametrize("variant", ["uniform", "zipf, two seeds, positions"])
-def test_training_step_never_waits_for_the_device(variant):
+def test_training_step_never_waits_for_the_device(variant, sampler):
     """The hot loop (a fresh batch, forward, backward, Adam) reads no value back to the host,
     so on a GPU steps queue without a synchronisation; checked on the CPU by the ops it runs."""
     run = preset("tiny")
@@ -141,11 +223,11 @@ def test_training_step_never_waits_for_the_device(variant):
         weights["pos_embed.W_pos"] = 0.1 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights)}
     opt = Optimizer(params, torch.tensor([lr for lr, _ in runs]), "adam")
-    generators = {s: torch.Generator().manual_seed(s) for s in seeds}
+    data = TrainingData(task, runs, 32, torch.device("cpu"), sampler)
     positional = has_positions(weights)  # once per run, outside the loop
     with _HostSyncs() as syncs:
-        for _ in range(2):
-            tokens, answers = training_batch(task, generators, runs, 32)
+        for step in range(2):
+            tokens, answers = data.batch(opt.t if sampler == "counter" else step)  # the device's step count
             loss = train_step(weights, opt, tokens, answers, positional=positional)
     assert syncs.calls == []
     with _HostSyncs() as syncs:  # the recorder does see a read-back

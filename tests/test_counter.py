@@ -1,0 +1,135 @@
+"""The counter sampler: each seed's batch depends on its seed and step alone, all seeds are
+drawn in a fixed number of torch calls, and the prompts follow the task's distribution."""
+import random
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.trainer import TrainingData
+from tasks import counter
+from tasks.factual_recall import FactualRecallTask
+from tests.conftest import TEST_DEVICE
+
+
+def mix32_reference(x: int) -> int:
+    """mix32 in Python's unbounded integers, wrapped to 32 bits as uint32 arithmetic does."""
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & 0xFFFFFFFF
+    return x ^ (x >> 15)
+
+
+def test_mix32_is_exact_uint32_arithmetic_in_int64():
+    rng = random.Random(0)
+    values = [0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1] + [rng.randrange(2 ** 32) for _ in range(1000)]
+    mixed = counter.mix32(torch.tensor(values))
+    assert mixed.tolist() == [mix32_reference(v) for v in values]
+    assert len(set(mixed.tolist())) == len(set(values))  # a bijection
+
+
+def test_a_seed_draws_the_same_batch_alone_and_in_a_stack():
+    task = FactualRecallTask(10, 5, 3, 7, 9, subject_zipf=0.8)
+    stack = torch.tensor([5, 2 ** 40 + 3, 0, 3, 7, 1, 2, 9])  # [8] data seeds, one beyond 32 bits
+    for step in (0, 1, 1000):
+        together = task.sample_counter(64, stack, step)
+        for k, seed in enumerate(stack.tolist()):
+            alone = task.sample_counter(64, torch.tensor([seed]), step)
+            for name in ("tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos"):
+                assert torch.equal(getattr(together, name)[k], getattr(alone, name)[0]), (step, seed, name)
+    steps = [task.sample_counter(64, stack, step).tokens for step in (0, 1)]
+    assert not torch.equal(steps[0], steps[1])  # a fresh batch every step
+    assert not torch.equal(steps[0][0], steps[0][3])  # and for every seed
+    assert not torch.equal(steps[0][2], steps[0][1])  # seeds 2^40 + 3 and 3 are two seeds
+
+
+def test_the_test_device_draws_what_the_cpu_draws():
+    task = FactualRecallTask(10, 5, 3, 7, 9, subject_zipf=1.1, relation_zipf=0.5)
+    seeds = torch.tensor([0, 1, 123456789])
+    cpu = task.sample_counter(256, seeds, 17)
+    device = task.sample_counter(256, seeds.to(TEST_DEVICE), torch.tensor([17], device=TEST_DEVICE))
+    assert torch.equal(device.tokens.cpu(), cpu.tokens) and torch.equal(device.answers.cpu(), cpu.answers)
+
+
+def test_a_model_gets_its_own_seeds_batch_in_any_stack():
+    """TrainingData with the counter sampler: a model's batch is its seed's, whatever else trains."""
+    task = FactualRecallTask(16, 4, 4, 16, 12)
+    runs = [(1e-2, 3), (3e-3, 3), (1e-2, 0), (3e-3, 0), (1e-2, 7)]  # seed-major, seeds not sorted
+    together = TrainingData(task, runs, 32, torch.device("cpu"), "counter")
+    shared = TrainingData(task, runs[:2], 32, torch.device("cpu"), "counter")  # one seed, two models
+    for step in (0, 5):
+        tokens, answers = together.batch(step)  # [5, 32, 12], [5, 32]
+        for k, run in enumerate(runs):
+            alone_tokens, alone_answers = TrainingData(task, [run], 32, torch.device("cpu"), "counter").batch(step)
+            assert torch.equal(tokens[k], alone_tokens[0]) and torch.equal(answers[k], alone_answers[0])
+        assert torch.equal(shared.batch(step)[0], tokens[:2])
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the torch operations run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("subject_zipf", [0.0, 1.1])
+def test_k_seeds_take_as_many_torch_calls_as_one(subject_zipf):
+    task = FactualRecallTask(16, 4, 4, 16, 12, subject_zipf=subject_zipf)
+
+    def ops(k: int, sampler: str) -> int:
+        data = TrainingData(task, [(1e-2, s) for s in range(k)], 32, torch.device("cpu"), sampler)
+        with _Ops() as recorder:
+            data.batch(3)
+        return recorder.count
+
+    assert ops(8, "counter") == ops(1, "counter")
+    assert ops(8, "generator") > 7 * ops(1, "generator")  # the count sees per-seed sampling
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson's statistic of observed counts against expected probabilities."""
+    counts = expected * observed.sum()
+    return float(((observed - counts) ** 2 / counts).sum())
+
+
+def assert_fits(observed: torch.Tensor, expected: torch.Tensor) -> None:
+    """The counts fit the probabilities: chi-square within its mean + 5 standard deviations."""
+    dof = len(expected) - 1
+    assert chi_square(observed.double(), expected.double()) < dof + 5 * (2 * dof) ** 0.5
+
+
+@pytest.mark.parametrize("zipf", [(0.0, 0.0), (1.1, 0.5)])
+def test_counter_prompts_follow_the_tasks_distribution(zipf):
+    S, R, D, N, T = 8, 4, 3, 6, 7
+    task = FactualRecallTask(S, R, D, N, T, subject_zipf=zipf[0], relation_zipf=zipf[1], fact_seed=2)
+    b = task.sample_counter(50_000, torch.tensor([0, 1, 2, 3]), 11)
+    tokens, n = b.tokens.flatten(0, 1), 4 * 50_000  # [n, T]
+    subjects, relations = b.subjects.flatten(), b.relations.flatten()
+    subject_pos, relation_pos = b.subject_pos.flatten(), b.relation_pos.flatten()
+    rows = torch.arange(n)
+    assert (subject_pos != relation_pos).all() and (subject_pos < T - 1).all() and (relation_pos < T - 1).all()
+    assert (tokens[rows, subject_pos] == subjects).all() and (tokens[rows, relation_pos] == S + relations).all()
+    assert ((tokens < S).sum(1) == 1).all() and (((tokens >= S) & (tokens < S + R)).sum(1) == 1).all()
+    assert (tokens[:, -1] == task.eos).all() and (tokens[:, :-1] != task.eos).all()
+    assert (b.answers.flatten() == task.facts[subjects, relations]).all()
+    # (s, r) independent with the task's frequencies; the ordered position pair uniform; noise uniform
+    joint = task.subject_probs.double()[:, None] * task.relation_probs.double()[None, :]  # [S, R]
+    assert_fits(torch.bincount(subjects * R + relations, minlength=S * R), joint.flatten())
+    pairs = torch.bincount(subject_pos * (T - 1) + relation_pos, minlength=(T - 1) ** 2).view(T - 1, T - 1)
+    off_diagonal = ~torch.eye(T - 1, dtype=torch.bool)
+    assert_fits(pairs[off_diagonal], torch.full(((T - 1) * (T - 2),), 1 / ((T - 1) * (T - 2))))
+    noise = tokens[tokens >= S + R][tokens[tokens >= S + R] < task.eos]
+    assert_fits(torch.bincount(noise - S - R, minlength=N), torch.full((N,), 1 / N))
+
+
+def test_shortest_prompts_use_both_positions():
+    task = FactualRecallTask(3, 2, 2, 0, 3)  # T = 3: subject and relation fill both positions, no noise
+    b = task.sample_counter(1000, torch.tensor([0]), 0)
+    assert (b.subject_pos + b.relation_pos == 1).all() and (b.tokens[..., -1] == task.eos).all()
+    assert set(b.subject_pos.flatten().tolist()) == {0, 1}
