@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analyses.capacity import TransformerSweep, transformer_row  # noqa: E402
 
 AUTHORS_SEED = 64  # run.run's own RNG(64)
-AUTHORS_LRS = (1e-2, 3e-3, 1e-3)  # tried in turn until one passes
 
 
 def ours(shape, d, S, seed, parameterisation) -> dict:
@@ -37,7 +36,7 @@ def ours(shape, d, S, seed, parameterisation) -> dict:
 def theirs(args, shape, d, S, seed) -> dict:
     alpha, beta, H = shape
     tries = {}
-    for lr in AUTHORS_LRS:
+    for lr in args.authors_lrs:
         cmd = [args.authors_python, str(Path(__file__).with_name("authors_code.py")), args.authors_dir,
                str(int(H)), str(int(d * alpha / H)), str(d), str(int(d * beta)), str(S), str(lr), str(seed)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
@@ -53,6 +52,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--authors-python", required=True, help="python of the side environment holding jax, flax, optax")
     p.add_argument("--authors-dir", required=True, help="a checkout of the authors' factual-recall-iclr")
+    p.add_argument("--authors-lrs", type=lambda t: [float(x) for x in t.split(",")], default=[1e-2, 3e-3, 1e-3],
+                   help="learning rates of the authors' runs, tried in turn until one passes (default 0.01,0.003,0.001)")
     p.add_argument("--shape", default="1,1,8", help="ALPHA,BETA,H (default 1,1,8)")
     p.add_argument("--d", type=int, required=True)
     p.add_argument("--sizes", required=True, help="S = R values, comma list")
