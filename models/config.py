@@ -164,6 +164,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.snapshots_per_octave < 0:
             raise ValueError("snapshots_per_octave must be >= 0.")
+        if math.isnan(self.target_accuracy):
+            raise ValueError("target_accuracy must be a number (> 1: never stop early), got nan.")
 
 
 @dataclass(frozen=True)
