@@ -86,6 +86,9 @@ class AotSweep:
     def __post_init__(self):
         cli.at_least(self, stack=1)
         cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
+        self.task()  # a bad task is refused here, before anything is written
+        if self.distribution_heads:
+            self.distribution_task()
         for models in self.sweep_models().values():
             for m in models:
                 m.validate()
