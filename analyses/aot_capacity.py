@@ -86,6 +86,9 @@ class AotSweep:
     def __post_init__(self):
         cli.at_least(self, stack=1)
         cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
+        self.task()  # a bad task is refused here, before anything is written
+        if self.distribution_heads:
+            self.distribution_task()
         for models in self.sweep_models().values():
             for m in models:
                 m.validate()
@@ -447,7 +450,8 @@ def main(argv=None) -> int:
     cfg.validate()
     executor = cli.executor(args)
     out = cli.out_dir(args, "results/aot_capacity")
-    cells = Cells(out, {"analysis": "aot_capacity"})  # every setting is in the cell keys: a sweep can grow
+    # every setting is in the cell keys (a sweep can grow) but the torch threads
+    cells = Cells(out, {"analysis": "aot_capacity"}, executor.torch_threads)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
 

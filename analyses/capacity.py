@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     progress = not args.quiet
     if args.command == "memory":
         sweep = cli.settings(args, MemorySweep)
-        cells = Cells(args.out, sweep.recorded())
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads)
         rows = search_memories(sweep, cells, executor, args.device, progress)
         cfg = sweep.memories()[0]
         result = memory_tables(rows, cfg, pd.DataFrame(cells.rows()),
@@ -579,7 +579,7 @@ def main(argv=None) -> int:
         print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
     else:
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
-        cells = Cells(args.out, sweep.recorded())
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)

@@ -1,6 +1,7 @@
 """Where a sweep's cells run (analyses.sweep): `local`, one after another in this process,
-or `ray`, every cell a Ray task on a local Ray instance (one worker per core, each one torch
-thread) or on an existing cluster (`--ray-address`). Ray is an optional extra
+or `ray`, every cell a Ray task on a local Ray instance (one worker per core) or on an
+existing cluster (`--ray-address`). On either, a cell computes with `--torch-threads` torch
+threads (default 1), so its row does not depend on the executor. Ray is an optional extra
 (`pip install -e '.[ray]'`) and is imported only when asked for.
 
 An executor has submit(cell), finished() -> (cell, row) for one submitted cell that has
@@ -34,8 +35,12 @@ class Executor:
                 "default: start a local Ray instance with one worker per core"})
     gpus_per_cell: float | None = field(default=None, metadata={
         "help": "with --executor ray on CUDA: the GPU share each cell asks for (0.25: four cells per GPU)"})
+    torch_threads: int = field(default=1, metadata={
+        "help": "torch threads each cell computes with, on either executor (recorded with the sweep)"})
 
     def __post_init__(self):
+        if isinstance(self.torch_threads, bool) or not isinstance(self.torch_threads, int) or self.torch_threads < 1:
+            raise ValueError(f"--torch-threads must be an integer >= 1, got {self.torch_threads!r}.")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown --executor {self.executor!r}: choose local or ray.")
         if self.executor == "local":
@@ -75,7 +80,7 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 def open_executor(settings: Executor):
     """The executor `settings` ask for; a Ray instance this started is shut down on leaving."""
     if settings.executor == "local":
-        yield LocalExecutor()
+        yield LocalExecutor(settings.torch_threads)
         return
     import ray
 
@@ -85,7 +90,7 @@ def open_executor(settings: Executor):
     try:
         if settings.gpus_per_cell is not None and not ray.cluster_resources().get("GPU"):
             raise ValueError("--gpus-per-cell: the Ray cluster has no GPU.")
-        yield RayExecutor(settings.gpus_per_cell or 0)
+        yield RayExecutor(settings.gpus_per_cell or 0, settings.torch_threads)
     finally:
         if started:
             ray.shutdown()
@@ -108,10 +113,12 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 class LocalExecutor:
-    """Cells run in this process, in the order they were submitted."""
+    """Cells run in this process, in the order they were submitted, each with `threads`
+    torch threads (the process's own count is restored after each)."""
 
-    def __init__(self):
+    def __init__(self, threads: int = 1):
         self.queue: deque[Cell] = deque()
+        self.threads = threads
 
     @property
     def running(self) -> int:
@@ -122,17 +129,19 @@ class LocalExecutor:
 
     def finished(self) -> tuple[Cell, dict]:
         cell = self.queue.popleft()
-        return cell, cell.fn(*cell.args)
+        with torch_threads(self.threads):
+            return cell, cell.fn(*cell.args)
 
 
 class RayExecutor:
-    """Every cell a Ray task asking for one CPU (and `gpus` of a GPU); a cell whose worker
-    dies is re-run by Ray (RETRIES times); one that raises stops the sweep with its error."""
+    """Every cell a Ray task asking for one CPU (and `gpus` of a GPU), computing with
+    `threads` torch threads; a cell whose worker dies is re-run by Ray (RETRIES times); one
+    that raises stops the sweep with its error."""
 
-    def __init__(self, gpus: float = 0.0):
+    def __init__(self, gpus: float = 0.0, threads: int = 1):
         import ray
 
-        self.ray = ray
+        self.ray, self.threads = ray, threads
         self.task = ray.remote(_run_cell).options(num_cpus=1, num_gpus=gpus, max_retries=RETRIES)
         self.slots = int(ray.cluster_resources().get("CPU", 1))
         if gpus:
@@ -144,7 +153,7 @@ class RayExecutor:
         return min(self.slots, len(self.in_flight))
 
     def submit(self, cell: Cell) -> None:
-        self.in_flight[self.task.remote(cell.fn, cell.args)] = cell
+        self.in_flight[self.task.remote(cell.fn, cell.args, self.threads)] = cell
 
     def finished(self) -> tuple[Cell, dict]:
         (ref,), _ = self.ray.wait(list(self.in_flight), num_returns=1)
@@ -157,9 +166,20 @@ class RayExecutor:
             raise
 
 
-def _run_cell(fn, args: tuple) -> dict:
-    """A cell on a Ray worker: one torch thread (a worker per core)."""
+def _run_cell(fn, args: tuple, threads: int) -> dict:
+    """A cell on a Ray worker, with `threads` torch threads."""
+    with torch_threads(threads):
+        return fn(*args)
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch computes with `n` threads inside; the count before is restored on leaving."""
     import torch
 
-    torch.set_num_threads(1)
-    return fn(*args)
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -161,10 +161,11 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     ckpt = Path(ckpt)
     model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
+    given = parse_facts(facts, task) if facts else None  # refused before anything is written
     folder = located_results(ckpt, model, task, fresh, progress)
     dynamics = hallucination_results(ckpt, device, fresh, progress)
     located = pd.read_csv(folder / "facts.csv")
-    chosen = parse_facts(facts, task) if facts else facts_to_show(located)
+    chosen = given or facts_to_show(located)
     labels = {(int(f.subject), int(f.relation)): f.label for f in located.itertuples()}
     prompts, table = visualize(model, task, chosen, seed)
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '

@@ -141,12 +141,15 @@ def search(sizes: Generator[tuple[int, ...], tuple[bool, ...], int], cell: Calla
 # ------------------------------------------------------------------ recorded cells
 class Cells:
     """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json
-    holds the settings shared by every cell. A directory holding another sweep (other
-    settings) is refused when this is built, before anything is written."""
+    holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
+    computes with, when it is not 1 (settings.json written before it was a setting lacks it,
+    and reads as 1). A directory holding another sweep (other settings) is refused when this
+    is built, before anything is written."""
 
-    def __init__(self, out: Path, settings: dict):
+    def __init__(self, out: Path, settings: dict, torch_threads: int = 1):
         self.out, self.dir = Path(out), Path(out) / "cells"
-        self.settings = json.loads(json.dumps(settings))
+        threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
+        self.settings = json.loads(json.dumps({**settings, **threads}))
         path = self.out / "settings.json"
         if path.is_file():
             try:
@@ -154,8 +157,8 @@ class Cells:
             except json.JSONDecodeError:
                 recorded = None
             if recorded != self.settings:
-                raise ValueError(f"{out} holds a sweep with other settings ({path}); "
-                                 "choose another --out, or delete it to start over.")
+                raise ValueError(f"{out} holds a sweep with other settings ({path}{_differing(recorded, self.settings)}"
+                                 "); choose another --out, or delete it to start over.")
         self.computed = 0  # cells recorded (not read back) by this process
 
     def path(self, key: str) -> Path:
@@ -182,6 +185,14 @@ class Cells:
     def rows(self) -> list[dict]:
         """Every recorded row, in file-name order."""
         return [json.loads(p.read_text()) for p in sorted(self.dir.glob("*.json"))]
+
+
+def _differing(recorded, settings: dict) -> str:
+    """', differing: a, b' for the top-level settings that differ ('' when none can be named)."""
+    if not isinstance(recorded, dict):
+        return ""
+    names = sorted(k for k in {**recorded, **settings} if recorded.get(k, "absent") != settings.get(k, "absent"))
+    return f"; differing: {', '.join(names)}" if names else ""
 
 
 # ------------------------------------------------------------------ the engine

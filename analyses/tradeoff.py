@@ -410,13 +410,14 @@ def main(argv=None) -> int:
     if args.command == "grid":
         grid = cli.settings(args, Grid)
         grid.models(run)  # every cell's model is refused before anything runs
-        cells = Cells(out, _settings("grid", run, locating, {"heads": list(grid.heads), "widths": list(grid.widths)}))
+        cells = Cells(out, _settings("grid", run, locating, {"heads": list(grid.heads), "widths": list(grid.widths)}),
+                      executor.torch_threads)
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)
         print(grid_text(result, out))
     elif args.command == "swap":
-        cells = Cells(out, _settings("swap", run, locating, {"variants": list(VARIANTS)}))
+        cells = Cells(out, _settings("swap", run, locating, {"variants": list(VARIANTS)}), executor.torch_threads)
         result = swap_tables(swap_rows(run, locating, cells, executor, progress), run, cells.computed)
         write_swap(result, out)
         print(swap_text(result, out))
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
         shrink = cli.settings(args, Shrink)
         model = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
         extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps}
-        cells = Cells(out, _settings("shrink", run, locating, extra))
+        cells = Cells(out, _settings("shrink", run, locating, extra), executor.torch_threads)
         result = shrink_tables(shrink_rows(model, shrink, run, locating, cells, executor, progress), model[2],
                                cells.computed)
         write_shrink(result, out)

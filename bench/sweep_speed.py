@@ -2,8 +2,9 @@
 
 Runs `python -m analyses.tradeoff grid` (in this process, each time into a fresh temporary
 --out) on --heads x --widths of the paper-tradeoff task with a step cap (--steps), first with
-the local executor (one cell after another, torch's default threads), then on a local Ray
-instance of --workers workers (one torch thread each). Ray is started and its workers warmed
+the local executor (one cell after another), then on a local Ray instance of --workers
+workers; every cell of both computes with --torch-threads torch threads (default 1), so the
+two tables are compared at equal thread counts. Ray is started and its workers warmed
 (torch imported) before the clock starts; its start-up time is printed apart. Each wall time
 covers the whole command (cells, CSV, figure). Then the per-cell overhead of each executor:
 --empty cells that do nothing, one after another (each submitted when the previous one has
@@ -31,7 +32,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
-import torch  # noqa: E402
 
 from analyses import tradeoff  # noqa: E402
 from analyses.executors import LocalExecutor, RayExecutor, start_ray  # noqa: E402
@@ -79,19 +79,21 @@ def main() -> None:
     p.add_argument("--heads", default="2,4,8,16", help="H values of the grid (default 2,4,8,16)")
     p.add_argument("--widths", default="16,64", help="m values of the grid (default 16,64)")
     p.add_argument("--steps", type=int, default=200, help="training steps per cell (default 200)")
-    p.add_argument("--workers", type=int, default=2, help="Ray workers, one torch thread each (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="Ray workers (default 2)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads of every cell (default 1)")
     p.add_argument("--empty", type=int, default=50, help="empty cells timed per executor (default 50)")
     args, grid_flags = p.parse_known_args()
     warnings.simplefilter("ignore", pd.errors.PerformanceWarning)  # pandas' advice to locate_facts, once per cell
     argv = ["grid", "--heads", args.heads, "--widths", args.widths, "--steps", str(args.steps),
-            "--target-accuracy", "2", "--device", "cpu", "--quiet", *grid_flags]  # every cell runs all its steps
+            "--target-accuracy", "2", "--device", "cpu", "--torch-threads", str(args.torch_threads), "--quiet",
+            *grid_flags]  # every cell runs all its steps
     n_cells = len(args.heads.split(",")) * len(args.widths.split(","))
     print(f"grid: {n_cells} cells of the paper-tradeoff task (H in {args.heads}, m in {args.widths}), "
           f"{args.steps} steps each{' ' + ' '.join(grid_flags) if grid_flags else ''}; {os.cpu_count()} cores")
 
     local, local_table = grid_seconds(argv)
     print(f"local: {local:.1f} s = {n_cells / local * 3600:.0f} cells/h "
-          f"(this process, {torch.get_num_threads()} torch threads)")
+          f"(this process, {args.torch_threads} torch thread(s) per cell)")
 
     start = time.perf_counter()
     start_ray(num_cpus=args.workers)
@@ -103,7 +105,8 @@ def main() -> None:
     startup = time.perf_counter() - start
     ray_seconds, ray_table = grid_seconds([*argv, "--executor", "ray"])
     print(f"ray: {ray_seconds:.1f} s = {n_cells / ray_seconds * 3600:.0f} cells/h "
-          f"({args.workers} workers x 1 torch thread; start-up and warm-up {startup:.1f} s, not counted)")
+          f"({args.workers} workers x {args.torch_threads} torch thread(s); start-up and warm-up {startup:.1f} s, "
+          "not counted)")
     print(f"same table: {ray_table.equals(local_table)}")
     print(f"ray_over_local {local / ray_seconds:.2f}")
 

@@ -179,7 +179,7 @@ def _check_model_section(path: Path, model: dict) -> None:
 
 def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
     """The tensors a model needs from one safetensors file, checked against the config's
-    shapes, as float32 on the CPU. Unknown tensors are dropped."""
+    shapes and finite, as float32 on the CPU. Unknown tensors are dropped."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing.")
@@ -197,6 +197,8 @@ def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: tensor {key} has shape {list(t.shape)}, expected {list(shape)}.")
         if not t.is_floating_point():
             raise CheckpointError(f"{path}: tensor {key} has dtype {t.dtype}, expected a float type.")
+        if not torch.isfinite(t).all():
+            raise CheckpointError(f"{path}: tensor {key} holds non-finite values (NaN or infinity).")
         weights[key] = t.float()
     return weights
 

@@ -170,6 +170,8 @@ class TrainConfig:
             raise ValueError("snapshots_per_octave must be >= 0.")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}.")
+        if math.isnan(self.target_accuracy):
+            raise ValueError("target_accuracy must be a number (> 1: never stop early), got nan.")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from models.bridge import resolve_device
-from models.checkpoint import write_json
+from models.checkpoint import load_checkpoint, write_json
 from models.cli import add_config_flags, given, prepare_out, run_cli
 from models.config import PRESETS, ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
 from models.train_state import state_dir
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
         out = args.resume
         if (out / "config.json").is_file():
+            load_checkpoint(out)  # a damaged checkpoint is refused (CheckpointError), not called complete
             print(f"{out} is a complete checkpoint; nothing to resume.")
             return 0
         run, preset_name = read_run(out)

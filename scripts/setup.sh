@@ -19,5 +19,5 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
-    >/dev/null 2>&1 || echo "setup: could not install chromium; tests/test_browser.py will be skipped" >&2
+    >/dev/null 2>&1 || echo "setup: could not install chromium; tests/test_browser.py will be skipped (failed where CI is set)" >&2
 fi

@@ -21,7 +21,7 @@ from models.cli import run_cli
 from probe.phases import PhaseRule
 
 NAMED = {"locate_facts", "hallucination", "capacity", "tradeoff", "aot_capacity", "visualize", "report"}
-SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell")
+SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell", "--torch-threads")
 
 
 def entry_points() -> dict:
@@ -91,10 +91,16 @@ def refusal(module, argv, capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("bad", [["--device", "tpu"], ["--out", "FILE/sub"], ["--executor", "dask"]])
-def test_a_bad_shared_value_is_the_same_one_line_everywhere(bad, tmp_path, capsys):
+@pytest.mark.parametrize("bad, message", [
+    (["--device", "tpu"], "error: argument --device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    (["--out", "FILE/sub"], "error: argument --out: FILE exists and is not a directory"),
+    (["--executor", "dask"], "error: unknown --executor 'dask': choose local or ray."),
+    (["--torch-threads", "0"], "error: --torch-threads must be an integer >= 1, got 0."),
+])
+def test_a_bad_shared_value_is_the_same_one_line_everywhere(bad, message, tmp_path, capsys):
     blocker = tmp_path / "FILE"
     blocker.write_text("x")
+    message = message.replace("FILE", str(blocker))
     bad = [str(blocker / "sub") if b == "FILE/sub" else b for b in bad]
     modules = entry_points()
     errors = {}
@@ -105,9 +111,9 @@ def test_a_bad_shared_value_is_the_same_one_line_everywhere(bad, tmp_path, capsy
         positional = [str(tmp_path / "absent")] if checkpoint(p) is not None else []
         out = [] if bad[0] == "--out" else ["--out", tmp_path / "out"]
         errors[" ".join([name, *argv])] = refusal(modules[name], [*argv, *positional, *out, *bad], capsys)
-    assert len(errors) >= (len(COMMANDS) if bad[0] != "--executor" else 6), errors
-    assert len(set(errors.values())) == 1, errors  # the very same line from every analysis
-    assert bad[0] in next(iter(errors.values())) and not (tmp_path / "out").exists()
+    assert len(errors) >= (len(COMMANDS) if bad[0] in ("--device", "--out") else 6), errors
+    assert set(errors.values()) == {message + "\n"}, errors  # the very same line from every analysis
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------ settings
@@ -152,6 +158,7 @@ INVALID = [
     (Executor, {"executor": "dask"}, "--executor"),
     (Executor, {"ray_address": "127.0.0.1:1"}, "--ray-address"),
     (Executor, {"gpus_per_cell": 0.5}, "--gpus-per-cell"),
+    (Executor, {"torch_threads": 0}, "--torch-threads"),
 ]
 
 

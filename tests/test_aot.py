@@ -379,3 +379,15 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "head_layout must be one of" in bad.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--n-tokens", "1"], "n_tokens must be an integer >= 2"),
+    (["--n-tokens", "50", "--context", "6"], "sequences is more than"),
+])
+def test_aot_capacity_refuses_a_bad_task_before_creating_out(tmp_path, flags, message):
+    from analyses.aot_capacity import main
+
+    with pytest.raises(ValueError, match=message):
+        main(["--out", str(tmp_path / "x"), "--quiet", *flags])
+    assert not (tmp_path / "x").exists()

@@ -3,9 +3,12 @@ driven by Playwright), offline: every circuitsvis canvas gets painted, no page o
 error, no request beyond file://. The CDN version of the same view must fail this check.
 
 Skipped, saying why, when /usr/bin/chromium or the playwright package is missing
-(scripts/setup.sh installs Chromium with apt-get when it can)."""
+(scripts/setup.sh installs Chromium with apt-get when it can); failed instead where the
+environment variable CI is set (`bash .ci/run` runs with CI=true), so CI never passes
+without a browser."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -90,16 +93,23 @@ def render(context, path: Path, timeout: float = 20.0) -> Rendered:
                     images.count(False))
 
 
+def unavailable(reason: str):
+    """No browser: a skip saying why on a developer's machine, a failure under CI."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"{reason}; CI is set, and CI must run the browser tests")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    """A headless Chromium with a fresh profile, or a skip saying why there is none."""
+    """A headless Chromium with a fresh profile, or `unavailable` saying why there is none."""
     if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (scripts/setup.sh does, as root, "
+        unavailable(f"{CHROMIUM} not found: install Debian's chromium (scripts/setup.sh does, as root, "
                     "when apt-get is available) to run the browser tests")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("the playwright package is not installed (pip install -e '.[test]')")
+        unavailable("the playwright package is not installed (pip install -e '.[test]')")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM),
@@ -155,3 +165,11 @@ def test_unclosed_circuitsvis_divs_lose_views(browser, model_task, tmp_path):
     (tmp_path / "raw.html").write_text(visualize.page("raw", "\n".join(v.local_src for v in views)))
     raw = render(browser, tmp_path / "raw.html", timeout=3)
     assert raw.views == 2 and raw.painted < 2 and not raw.ok
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_browser_fails_under_ci_and_is_skipped_elsewhere(monkeypatch, ci, outcome):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises((pytest.fail.Exception, pytest.skip.Exception)) as raised:
+        unavailable("chromium not found")
+    assert raised.type is outcome and "chromium not found" in str(raised.value)

@@ -81,6 +81,10 @@ BAD = {
                        "lacks the tensor blocks.0.attn.W_O"),
     "mis-shaped tensor": (lambda p: _edit_weights(p, lambda t: t.__setitem__("unembed.W_U", torch.zeros(3, 3))),
                           "tensor unembed.W_U has shape [3, 3], expected"),
+    "NaN weight": (lambda p: _edit_weights(p, lambda t: t["blocks.0.mlp.W_in"].view(-1).__setitem__(5, float("nan"))),
+                   "tensor blocks.0.mlp.W_in holds non-finite values"),
+    "infinite weight": (lambda p: _edit_weights(p, lambda t: t["embed.W_E"].view(-1).__setitem__(0, float("-inf"))),
+                        "tensor embed.W_E holds non-finite values"),
 }
 
 

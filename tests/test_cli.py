@@ -25,6 +25,7 @@ def test_train_help_documents_every_flag():
     (["--seq-len", "2"], "seq_len must be an integer >= 3"),
     (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),
     (["--preset", "shape:0.25,1,8,16"], "d_head"),
+    (["--target-accuracy", "nan"], "target_accuracy must be a number"),
 ])
 def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
     proc = run("models.train", "--out", str(tmp_path / "ckpt"), "--quiet", *args)
@@ -67,7 +68,7 @@ def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for args, message in [(["--contexts", "1"], "--contexts must be >= 2"),
-                          (["--out", str(blocker / "sub")], "error:"),
+                          (["--out", str(blocker / "sub")], f"{blocker} exists and is not a directory"),
                           (["--step", "12345"], "step_00012345.safetensors: missing")]:
         proc = run("analyses.locate_facts", str(tiny_ckpt), "--quiet", *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 
 from models import CheckpointError, load
 from models.config import ModelConfig
@@ -123,22 +124,32 @@ def test_random_safetensors_corruptions(data, tiny_ckpt, tmp_path_factory):
     _expect_clean_refusal_or_load(ckpt)
 
 
-@pytest.mark.parametrize("corrupt", ["config", "weights"])
-def test_every_cli_refuses_a_corrupted_checkpoint_with_exit_2(tiny_ckpt, tmp_path, corrupt):
+def _corrupt(ckpt, part):
+    """Damage one part of a finished checkpoint: config.json, model.safetensors (its bytes,
+    or one weight made NaN), or the run.json of a run with no config.json yet (an interrupted one)."""
+    if part == "config":
+        (ckpt / "config.json").write_text('{"format": "factual-recall-ckpt", "format_version": 1, "model": 3}')
+    elif part == "weights":
+        (ckpt / "model.safetensors").write_bytes(b"\xff" * 64)
+    elif part == "nan":
+        weights = load_file(ckpt / "model.safetensors")
+        weights["blocks.0.attn.W_O"][0, 0, 0] = float("nan")
+        save_file(weights, ckpt / "model.safetensors")
+    else:
+        (ckpt / "config.json").unlink()
+        (ckpt / "run.json").write_text("{broken")
+
+
+@pytest.mark.parametrize("command", [["analyses.locate_facts"], ["models.train", "--resume"]],
+                         ids=["locate", "resume"])
+@pytest.mark.parametrize("part", ["config", "weights", "nan", "run"])
+def test_every_cli_refuses_a_corrupted_checkpoint_with_exit_2(tiny_ckpt, tmp_path, command, part):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt, ckpt)
-    if corrupt == "config":
-        (ckpt / "config.json").write_text('{"format": "factual-recall-ckpt", "format_version": 1, "model": 3}')
-    else:
-        (ckpt / "model.safetensors").write_bytes(b"\xff" * 64)
+    _corrupt(ckpt, part)
     before = _snapshot(ckpt)
-    for command in (["analyses.locate_facts", str(ckpt)], ["models.train", "--resume", str(ckpt)]):
-        proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
-        if command[0] == "models.train":  # a finished checkpoint has nothing to resume; a damaged run.json is refused
-            (ckpt / "config.json").unlink(missing_ok=True)
-            (ckpt / "run.json").write_text("{broken")
-            proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
-            before = _snapshot(ckpt)
-        assert proc.returncode == 2, (command, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", *command, str(ckpt)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert str(ckpt) in proc.stderr
     assert _snapshot(ckpt) == before

@@ -1,6 +1,7 @@
 """The sweep engine: concurrent searches, order-independent results, the local and Ray
-executors give the same rows, a killed worker's cell is retried and recorded once, a killed
-driver resumes, bad executor settings are refused in one line."""
+executors give the same rows (each cell with the sweep's torch threads), a killed worker's
+cell is retried and recorded once, a killed driver resumes, bad executor settings and a
+resume with other torch threads are refused in one line."""
 import json
 import os
 import random
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.sweep import Cell, Cells, bisection, largest_passing, one, run_jobs, search
 
@@ -126,6 +128,7 @@ def _tradeoff(argv, capsys):
     (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "no Ray cluster answers there"),
     (["--executor", "ray", "--gpus-per-cell", "0.25"], "needs CUDA"),
     (["--gpus-per-cell", "0.25"], "--gpus-per-cell needs --executor ray"),
+    (["--torch-threads", "0"], "--torch-threads must be an integer >= 1, got 0"),
 ])
 def test_bad_executor_settings_refused_in_one_line_before_anything_runs(tmp_path, capsys, flags, message):
     if "ray" in flags:
@@ -144,6 +147,16 @@ def test_an_out_holding_another_sweep_is_refused_in_one_line(tmp_path, capsys):
     code, _, err = _tradeoff([*GRID, "--out", str(tmp_path)], capsys)
     assert code == 2 and "other settings" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_torch_threads_are_recorded_when_not_1_and_a_resume_must_keep_them(tmp_path):
+    Cells(tmp_path / "default", {"sweep": "s"}).record("a", {"x": 1})
+    assert json.loads((tmp_path / "default" / "settings.json").read_text()) == {"sweep": "s"}  # as before the setting
+    Cells(tmp_path / "two", {"sweep": "s"}, torch_threads=2).record("a", {"x": 1})
+    assert json.loads((tmp_path / "two" / "settings.json").read_text()) == {"sweep": "s", "torch_threads": 2}
+    for out, threads in (("default", 2), ("two", 1)):
+        with pytest.raises(ValueError, match="differing: torch_threads"):
+            Cells(tmp_path / out, {"sweep": "s"}, torch_threads=threads)
 
 
 # ------------------------------------------------------------------ Ray
@@ -185,6 +198,36 @@ def test_recorded_only_tables_the_cells_so_far(local_grid_out, local_grid, tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cells"] == "3 of 4" and summary["cells_computed"] == 0 and "(0 new cells)" in stdout
     assert (out / "grid.png").is_file() and not (out / "cells" / "H2_m32.json").exists()
+
+
+def test_a_resume_with_other_torch_threads_is_refused_in_one_line(local_grid_out, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(local_grid_out, out)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    code, _, err = _tradeoff([*GRID, "--torch-threads", "2", "--out", str(out)], capsys)
+    assert code == 2 and "differing: torch_threads" in err and err.count("\n") == 1, err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+def threads_row(i: int) -> dict:
+    """A cell that says how many torch threads it computed with, and a sum that threads could round."""
+    g = torch.Generator().manual_seed(i)
+    a, b = torch.randn(256, 2048, generator=g), torch.randn(2048, 256, generator=g)
+    return {"i": i, "threads": torch.get_num_threads(), "sum": float((a @ b).sum())}
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_each_cell_computes_with_the_sweep_s_torch_threads_on_either_executor(ray_cluster, tmp_path, threads):
+    from analyses.executors import Executor, open_executor
+
+    rows = {}
+    for kind in ("local", "ray"):
+        settings = Executor(executor=kind, **({} if threads is None else {"torch_threads": threads}))
+        with open_executor(settings) as executor:
+            rows[kind] = run_jobs([one(Cell(f"c{i}", threads_row, (i,))) for i in range(4)],
+                                  Cells(tmp_path / kind, {}), executor, progress=False)
+    assert rows["local"] == rows["ray"]
+    assert {row["threads"] for row in rows["local"]} == {threads or 1}
 
 
 def test_ray_rows_equal_local_rows(ray_cluster, local_grid, tmp_path, capsys):

@@ -65,6 +65,15 @@ def test_visualize_bad_input_one_line(ckpt, tmp_path, args, message, capsys):
     assert not (tmp_path / "views").exists()
 
 
+@pytest.mark.parametrize("facts, message", [("3-1", "SUBJECT:RELATION"), ("99:0", "outside the task")])
+def test_report_refuses_bad_facts_before_writing_anything(tiny_ckpt, tmp_path, facts, message, capsys):
+    ckpt = Path(shutil.copytree(tiny_ckpt, tmp_path / "tiny"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    err = refused(report.main, [ckpt, "--facts", facts, "--device", "cpu", "--quiet"], capsys)
+    assert message in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no analysis/ in the checkpoint
+
+
 def test_missing_checkpoint_one_line(tmp_path, capsys):
     proc = run("report", tmp_path / "absent")  # through the real entry point once
     assert proc.returncode == 2 and "no such directory" in proc.stderr
