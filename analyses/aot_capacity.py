@@ -40,11 +40,11 @@ import numpy as np
 import pandas as pd
 
 from analyses import cli
-from analyses.executors import Executor, open_executor
+from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
 from models import load
-from models.aot_trainer import train
+from models.aot_trainer import train_aot
 from models.cli import add_config_flags, given
 from models.config import AoTModelConfig, AoTTrainConfig, setting
 from probe.head_roles import head_roles, key_token_table, sequences_run
@@ -207,7 +207,7 @@ def train_stack(task: SequenceTask, stack: list[tuple[AoTModelConfig, int]], cfg
     """One cell: the (model, seed) runs of `stack` trained together, each saved as a checkpoint
     under out/checkpoints/; their records (accuracy, loss, checkpoint path relative to out)."""
     records = []
-    for (model, seed), trained in zip(stack, train(task, stack, cfg, progress=False)):
+    for (model, seed), trained in zip(stack, train_aot(task, stack, cfg, progress=False)):
         key = _run_key(task, model, seed, cfg)
         ckpt = out / "checkpoints" / task.kind / f"{model.name}_seed{seed}_{key[:6]}"
         trained.save(ckpt)
@@ -369,7 +369,7 @@ class AotCapacity:
     summary: dict
 
 
-def train_sweeps(sweep: AotSweep, cfg: AoTTrainConfig, out: Path, cells: Cells, executor: Executor,
+def train_sweeps(sweep: AotSweep, cfg: AoTTrainConfig, out: Path, cells: Cells, executor: ExecutorSettings,
                  progress: bool = True) -> Trained:
     """Train every model of every sweep, each seed (the stacks recorded in out/cells/, the
     models saved in out/checkpoints/)."""

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import cli
-from analyses.executors import Executor, open_executor
+from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models.bridge import resolve_device
@@ -116,7 +116,7 @@ class MemorySweep:
             k in ("n_outputs", "eval_every") and v == getattr(MemoryConfig, k))}}
 
 
-def search_memories(sweep: MemorySweep, cells: Cells, executor: Executor, device: str,
+def search_memories(sweep: MemorySweep, cells: Cells, executor: ExecutorSettings, device: str,
                     progress: bool = True) -> list[dict]:
     """N* of every memory size and seed, one row each (the probes are recorded in `cells`)."""
     searches = [(cfg, seed) for cfg in sweep.memories() for seed in range(sweep.seeds)]
@@ -396,10 +396,6 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     return found
 
 
-def _section(model) -> dict:
-    return {"d_model": model.d_model, "n_heads": model.n_heads, "d_head": model.d_head, "d_mlp": model.d_mlp}
-
-
 def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
     """One probe: the shape at size d trained on S = R (device resolved where it runs).
     `accuracy`: the kept model's last evaluation (>= 99% exactly when some learning rate's
@@ -417,10 +413,10 @@ def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
             "accuracy": t["final_accuracy"], "best_accuracy": max(r["best_accuracy"] for r in runs),
             "lr": t["lr"], "steps_run": t["steps_run"], "seconds": t["seconds"],
-            "parameters": parameter_count(result.model)["total"], "runs": runs}
+            "parameters": parameter_count(result.section)["total"], "runs": runs}
 
 
-def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executor, device: str,
+def search_transformers(sweep: TransformerSweep, cells: Cells, executor: ExecutorSettings, device: str,
                         progress: bool = True, compute: bool = True) -> list[dict]:
     """S* = R* of every shape and size, one row each (the runs are recorded in `cells`).
     compute=False: from the recorded runs only, the sizes whose search they complete."""
@@ -431,7 +427,8 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     rows = []
     for shape in sweep.shapes:
         for d, S in found[shape].items():
-            params = parameter_count(_section(sweep.model(shape, d)))["total"]
+            run = sweep.run(shape, d, S, device)
+            params = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
             rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
                          "parameters": params, "facts_per_parameter": S * S / params})
     return rows

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyses.executors import Executor
+from analyses.executors import ExecutorSettings
 from models.bridge import resolve_device
-from models.cli import Parser, add_config_flags, comma_list, given, run_cli
+from models.cli import Parser, add_config_flags, comma_list, given, parser, run_cli
 
 __all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run_cli",
            "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
@@ -24,11 +24,6 @@ DEVICE_HELP = "auto (CUDA when present) | cpu | cuda | cuda:N"
 QUIET_HELP = "no progress bars"
 STEP_HELP = "read the snapshot of this training step instead of the final weights"
 SWEEP_OUT_HELP = "output directory (resumable: a re-run skips the cells recorded there)"
-
-
-def parser(prog: str, description: str) -> Parser:
-    """An analysis' parser: one-line refusals, the module docstring as its description."""
-    return Parser(prog=prog, description=description)
 
 
 def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True, quiet: bool = True,
@@ -116,7 +111,7 @@ def add_quiet(p: argparse.ArgumentParser) -> None:
 
 def add_sweep(p: argparse.ArgumentParser) -> None:
     """--executor, --ray-address, --gpus-per-cell: where a sweep's cells run."""
-    add_config_flags(p, Executor, "where the cells run", default_label="default")
+    add_config_flags(p, ExecutorSettings, "where the cells run", default_label="default")
 
 
 def add_recorded_only(p: argparse.ArgumentParser) -> None:
@@ -126,9 +121,9 @@ def add_recorded_only(p: argparse.ArgumentParser) -> None:
                         "(a sweep still running, or cut short); the other flags must be the sweep's own")
 
 
-def executor(args: argparse.Namespace) -> Executor:
-    """The sweep flags as an Executor (refused, ValueError, if this machine cannot run it)."""
-    return Executor(**given(args, Executor))
+def executor(args: argparse.Namespace) -> ExecutorSettings:
+    """The sweep flags as an ExecutorSettings (refused, ValueError, if this machine cannot run it)."""
+    return ExecutorSettings(**given(args, ExecutorSettings))
 
 
 # ------------------------------------------------------------------ settings

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout the workers import th
 
 
 @dataclass(frozen=True)
-class Executor:
+class ExecutorSettings:
     """Where a sweep's cells run (the flags --executor, --ray-address, --gpus-per-cell).
     Settings this machine cannot run are refused (ValueError) when it is built, before
     anything runs or is written."""
@@ -77,7 +77,7 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 @contextmanager
-def open_executor(settings: Executor):
+def open_executor(settings: ExecutorSettings):
     """The executor `settings` ask for; a Ray instance this started is shut down on leaving."""
     if settings.executor == "local":
         yield LocalExecutor(settings.torch_threads)

@@ -88,7 +88,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
                               "--snapshots-per-octave N (N >= 1) to write them.")
     first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
     task = first.task
-    model = build_bridge(first.model, first.weights, resolve_device(device))
+    model = build_bridge(first.section, first.weights, resolve_device(device))
     held_out = task.eval_set(eval_size, seed, model_device(model))
     with_storage = set(log_spaced(steps, storage_points))
     rows = []

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import cli
-from analyses.executors import Executor, open_executor
+from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings, locate
 from analyses.output import save_figure, subplots, write_csv, write_summary
 from analyses.sweep import Cell, Cells, one, run_jobs
@@ -86,10 +86,10 @@ def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
     """Train `run` (its learning rates batched), keep the best, locate its facts."""
     result = train(run, progress=False)
     t = result.training
-    model = build_bridge(result.model, result.weights, resolve_device(run.train.device))
+    model = build_bridge(result.section, result.weights, resolve_device(run.train.device))
     row = storage_row(model, result.task, locating)
     row.pop("_facts")
-    counts = parameter_count(result.model)
+    counts = parameter_count(result.section)
     return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
             "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
             "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
@@ -125,13 +125,13 @@ class Grid:
         return models
 
 
-def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: Executor,
+def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: ExecutorSettings,
               progress: bool = True, compute: bool = True) -> list[dict]:
     """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
     the recorded cells only)."""
     jobs = [one(Cell(f"H{h}_m{m}", train_and_locate, (RunConfig(run.task, model, run.train), locating)))
             for (h, m), model in grid.models(run).items()]
-    with open_executor(executor if compute else Executor()) as running:
+    with open_executor(executor if compute else ExecutorSettings()) as running:
         rows = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(jobs), progress=progress,
                         compute=compute)
     return [row for row in rows if row is not None]
@@ -227,7 +227,7 @@ VARIANTS = {"both_free": ({}, {}), "attn_only": ({"attn_only": True}, {}),  # na
             "freeze_ov": ({}, {"freeze_ov": True})}
 
 
-def swap_rows(run: RunConfig, locating: LocateSettings, cells: Cells, executor: Executor,
+def swap_rows(run: RunConfig, locating: LocateSettings, cells: Cells, executor: ExecutorSettings,
               progress: bool = True) -> list[dict]:
     """One row per variant: accuracy and the shares of the storage labels."""
     jobs = [one(Cell(name, train_and_locate,
@@ -289,9 +289,9 @@ def trained_model(ckpt: str | None, out: Path, run: RunConfig, progress: bool = 
     if not ckpt and not (path / "config.json").is_file():
         train(run, progress=progress).save(path)
     checkpoint = load_checkpoint(path, kind="factual_recall")
-    if checkpoint.model.get("attn_only"):
+    if checkpoint.section.attn_only:
         raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
-    return checkpoint.model, checkpoint.weights, checkpoint.task
+    return checkpoint.section, checkpoint.weights, checkpoint.task
 
 
 def pruning_steps(n: int, steps: int) -> list[int]:
@@ -312,14 +312,14 @@ def pruned_storage_row(section, weights, task, component: str, order: list, k: i
             "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
 
 
-def shrink_rows(model: tuple, shrink: Shrink, run: RunConfig, locating: LocateSettings, cells: Cells,
-                executor: Executor, progress: bool = True) -> list[dict]:
-    """One row per pruning step of `model` (section, weights, task): every fact's accuracy and
-    label with the first k MLP neurons (or heads) of the pruning order removed."""
-    section, weights, task = model
+def shrink_rows(trained: tuple, shrink: Shrink, run: RunConfig, locating: LocateSettings, cells: Cells,
+                executor: ExecutorSettings, progress: bool = True) -> list[dict]:
+    """One row per pruning step of the `trained` model (section, weights, task): every fact's
+    accuracy and label with the first k MLP neurons (or heads) of the pruning order removed."""
+    section, weights, task = trained
     orders = {"mlp": prune_order(neuron_norms(weights)), "heads": prune_order(head_norms(weights))}
-    plan = [("mlp", k) for k in pruning_steps(section["d_mlp"], shrink.mlp_steps)] + \
-           [("heads", k) for k in pruning_steps(section["n_heads"], section["n_heads"])[1:]]
+    plan = [("mlp", k) for k in pruning_steps(section.d_mlp, shrink.mlp_steps)] + \
+           [("heads", k) for k in pruning_steps(section.n_heads, section.n_heads)[1:]]
     jobs = [one(Cell(f"{c}_{k}", pruned_storage_row,
                      (section, weights, task, c, orders[c], k, locating, run.train.device))) for c, k in plan]
     with open_executor(executor) as running:
@@ -423,10 +423,10 @@ def main(argv=None) -> int:
         print(swap_text(result, out))
     else:
         shrink = cli.settings(args, Shrink)
-        model = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
+        trained = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
         extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps}
         cells = Cells(out, _settings("shrink", run, locating, extra), executor.torch_threads)
-        result = shrink_tables(shrink_rows(model, shrink, run, locating, cells, executor, progress), model[2],
+        result = shrink_tables(shrink_rows(trained, shrink, run, locating, cells, executor, progress), trained[2],
                                cells.computed)
         write_shrink(result, out)
         print(shrink_text(result, out))

@@ -2,6 +2,8 @@
 al., the `aot_` files), one file per job:
 
   config.py                        what a model is: frozen configs (+ the factual-recall presets)
+  section.py                       what a checkpoint says a model is: the config.json `model`
+                                   section (ModelSection), which shapes, counts and the bridge read
   weights.py, aot_weights.py       its weights: shapes, initialisation (the dana head layout and
                                    its TransformerLens form), stacks of K models
   forward.py, aot_forward.py       the trainers' fast forwards, each pinned to the TransformerLens
@@ -14,7 +16,8 @@ al., the `aot_` files), one file per job:
 from models.bridge import build_bridge, load, resolve_device
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_config
 from models.config import AoTModelConfig, AoTTrainConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig, preset
+from models.section import ModelSection
 
 __all__ = ["build_bridge", "load", "resolve_device", "Checkpoint", "CheckpointError", "load_checkpoint",
            "read_config", "AoTModelConfig", "AoTTrainConfig", "ModelConfig", "RunConfig", "TaskConfig",
-           "TrainConfig", "preset"]
+           "TrainConfig", "preset", "ModelSection"]

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models.aot_forward import population_logits
-from models.aot_weights import Stack, init_weights, stack_models
+from models.aot_weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
 from models.config import AoTModelConfig, AoTTrainConfig
 from models.trainer import DATA_SEED_OFFSET, Optimizer, TrainResult
@@ -43,18 +43,18 @@ def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
         return task.scores(population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn))
 
 
-def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
+def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
           progress: bool = True, desc: str = "training") -> list[TrainResult]:
     """Train the K (model, seed) `runs` together on `task`; every model's final scores and
     weights, in the order of `runs`. The training section holds `final_accuracy` and
     `final_loss` (on all T_0 sequences) and `batch_accuracy` (the mean accuracy of the last
     BATCH_ACCURACY_STEPS training batches, the authors' score)."""
     cfg.validate()
-    for model, _ in runs:
-        model.validate()
+    for model_cfg, _ in runs:
+        model_cfg.validate()
     device = resolve_device(cfg.device)
-    sections = [model.checkpoint_section(task) for model, _ in runs]
-    stack = stack_models([init_weights(model, task, seed) for model, seed in runs], sections).to(device)
+    sections = [model_cfg.checkpoint_section(task) for model_cfg, _ in runs]
+    stack = stack_models([init_aot_weights(model_cfg, task, seed) for model_cfg, seed in runs], sections).to(device)
     params = {k: stack.weights[k].requires_grad_() for k in stack.trainable()}
     optimizer = Optimizer(params, torch.full((len(runs),), cfg.lr, device=device), "adam")
     seeds = sorted({seed for _, seed in runs})
@@ -72,8 +72,8 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
         loss, acc = result["loss"].tolist(), result["accuracy"].tolist()
         bad = [k for k, v in enumerate(loss) if not math.isfinite(v)]
         if bad:
-            model, seed = runs[bad[0]]
-            raise ValueError(f"step {step}: model {model.name} seed {seed} diverged (non-finite loss); "
+            model_cfg, seed = runs[bad[0]]
+            raise ValueError(f"step {step}: model {model_cfg.name} seed {seed} diverged (non-finite loss); "
                              "lower the learning rate.")
         for k in range(len(runs)):
             curves[k].append({"step": step, "loss": loss[k], "accuracy": acc[k],
@@ -106,6 +106,6 @@ def train(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTr
     return [TrainResult(task, sections[k], stack.checkpoint(k, weights),
                         {**training, "seed": seed, "final_accuracy": curves[k][-1]["accuracy"],
                          "final_loss": curves[k][-1]["loss"], "batch_accuracy": batch_accuracy[k],
-                         "head_layout": model.head_layout, "parameters": model.parameters(task)},
+                         "head_layout": model_cfg.head_layout, "parameters": model_cfg.parameters(task)},
                         curves[k])
-            for k, (model, seed) in enumerate(runs)]
+            for k, (model_cfg, seed) in enumerate(runs)]

@@ -28,58 +28,58 @@ model).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from einops import einsum
 
 from models.config import AoTModelConfig
+from models.section import ModelSection
 from models.weights import ATTN, BIASES, MLP, shapes
 from tasks.association import SequenceTask
 
 FROZEN_BIASES = BIASES + ("unembed.b_U",)  # the standard layout's biases, all zero and never trained
 
 
-def init_weights(model: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str, torch.Tensor]:
+def init_aot_weights(cfg: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str, torch.Tensor]:
     """One model's initial weights in its layout's trainable parametrisation (CPU, float32,
     true shapes). standard: N(0, 1) token and positional embeddings (as torch.nn.Embedding),
     N(0, 1/fan_in) matrices, zero biases (HookedTransformer keys). dana: `init_dana`."""
-    if model.dana:
-        return init_dana(model, task, seed)
-    section = model.checkpoint_section(task)
+    if cfg.dana:
+        return init_dana(cfg, task, seed)
     g = torch.Generator().manual_seed(seed)
-    w = {key: torch.zeros(shape) for key, shape in shapes(section).items()}
-    d, H, dh = model.d_model, model.n_heads, model.d_head
+    w = {key: torch.zeros(shape) for key, shape in shapes(cfg.checkpoint_section(task)).items()}
+    d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     fan_in = {"embed.W_E": 1, "pos_embed.W_pos": 1, ATTN + "W_Q": d, ATTN + "W_K": d, ATTN + "W_V": d,
               ATTN + "W_O": H * dh, "unembed.W_U": d}
-    if not model.attn_only:
-        fan_in.update({MLP + "W_in": d, MLP + "W_out": model.d_mlp})
+    if not cfg.attn_only:
+        fan_in.update({MLP + "W_in": d, MLP + "W_out": cfg.d_mlp})
     for key, n_in in fan_in.items():
         w[key] = torch.randn(w[key].shape, generator=g) / math.sqrt(n_in)
     return w
 
 
 # --------------------------------------------------------------------------- the dana layout
-def dana_shapes(section: dict) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of the dana layout's own parameters, for a config.json model section;
-    every map is written x @ W (input rows, output columns), as TransformerLens does."""
-    d, H, dh = section["d_embed"], section["n_heads"], section["d_head"]
-    out = {"dana.W_E": (section["d_vocab"], d), "dana.W_pos": (section["n_ctx"], dh), "dana.W_C": (d, dh),
+def dana_shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the dana layout's own parameters, for a model section; every map is
+    written x @ W (input rows, output columns), as TransformerLens does."""
+    d, H, dh = section.d_embed, section.n_heads, section.d_head
+    out = {"dana.W_E": (section.d_vocab, d), "dana.W_pos": (section.n_ctx, dh), "dana.W_C": (d, dh),
            "dana.W_Q": (H, dh, dh), "dana.W_K": (H, dh, dh), "dana.W_V": (H, dh, dh),
            "dana.b_Q": (H, dh), "dana.b_K": (H, dh), "dana.b_V": (H, dh),
-           "dana.W_O": (H, dh, dh), "dana.b_O": (H, dh), "dana.W_D": (dh, d), "dana.W_U": (d, section["d_vocab_out"])}
-    if not section.get("attn_only", False):
-        out.update({"dana.W_in": (d, section["d_mlp"]), "dana.W_out": (section["d_mlp"], d)})
+           "dana.W_O": (H, dh, dh), "dana.b_O": (H, dh), "dana.W_D": (dh, d), "dana.W_U": (d, section.d_vocab_out)}
+    if not section.attn_only:
+        out.update({"dana.W_in": (d, section.d_mlp), "dana.W_out": (section.d_mlp, d)})
     return out
 
 
-def layout_shapes(section: dict) -> dict[str, tuple[int, ...]]:
+def layout_shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the trainable parametrisation of a model section's head layout."""
-    return dana_shapes(section) if section.get("head_layout") == "dana" else shapes(section)
+    return dana_shapes(section) if section.dana else shapes(section)
 
 
-def init_dana(model: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str, torch.Tensor]:
+def init_dana(cfg: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str, torch.Tensor]:
     """PyTorch's default initialisations of the authors' modules: nn.Embedding N(0, 1) token
     and positional embeddings; nn.Linear U(+-1/sqrt(fan_in)) compression, decompression,
     unembedding and MLP weights (no biases; the MLP's stay zero as in the standard layout);
@@ -87,9 +87,9 @@ def init_dana(model: AoTModelConfig, task: SequenceTask, seed: int) -> dict[str,
     the packed [3 d_h, d_h] in_proj, U(+-sqrt(6 / (4 d_h))), output map U(+-1/sqrt(d_h)),
     all four biases zero (and trained)."""
     g = torch.Generator().manual_seed(seed)
-    dh = model.d_head
+    dh = cfg.d_head
     w = {}
-    for key, shape in dana_shapes(model.checkpoint_section(task)).items():
+    for key, shape in dana_shapes(cfg.checkpoint_section(task)).items():
         if key in ("dana.W_E", "dana.W_pos"):
             w[key] = torch.randn(shape, generator=g)
         elif key.startswith("dana.b_"):
@@ -183,19 +183,21 @@ class Stack:
                      self.score_scale.to(device), self.shapes, self.act_fn, self.head_layout)
 
 
-def stack_models(models: list[dict[str, torch.Tensor]], sections: list[dict]) -> Stack:
-    """Pad K models' weights (in their layout's parametrisation, with their config.json model
-    sections) into one Stack."""
-    acts = {s["act_fn"] for s in sections if not s.get("attn_only")}
+def stack_models(models: list[dict[str, torch.Tensor]], sections: list[ModelSection]) -> Stack:
+    """Pad K models' weights (in their layout's parametrisation, with their model sections)
+    into one Stack."""
+    acts = {s.act_fn for s in sections if not s.attn_only}
     if len(acts) > 1:
         raise ValueError(f"one stack needs one MLP non-linearity, got {sorted(acts)}.")
-    layouts = {s.get("head_layout", "standard") for s in sections}
+    layouts = {s.head_layout for s in sections}
     if len(layouts) > 1:
         raise ValueError(f"one stack needs one head layout, got {sorted(layouts)}.")
     model_shapes = [layout_shapes(s) for s in sections]
-    widths = [s.get("d_mlp") or 0 for s in sections]
-    sizes = {k: max(s[k] for s in sections) for k in ("d_model", "d_embed", "n_heads", "d_head") if k in sections[0]}
-    biggest = layout_shapes({**sections[0], **sizes, "attn_only": max(widths) == 0, "d_mlp": max(widths)})
+    width = max(s.mlp_width for s in sections)
+    sizes = {k: max(getattr(s, k) for s in sections) for k in ("d_model", "n_heads", "d_head")}
+    if sections[0].dana:
+        sizes["d_embed"] = max(s.d_embed for s in sections)
+    biggest = layout_shapes(replace(sections[0], **sizes, attn_only=width == 0, d_mlp=width or None))
     dtype = next(iter(models[0].values())).dtype
     weights = {key: torch.zeros(len(models), *shape, dtype=dtype) for key, shape in biggest.items()}
     masks = {key: torch.zeros(len(models), *shape, dtype=dtype) for key, shape in biggest.items()}
@@ -204,5 +206,5 @@ def stack_models(models: list[dict[str, torch.Tensor]], sections: list[dict]) ->
             index = (k, *(slice(0, n) for n in shape))
             weights[key][index] = w[key]
             masks[key][index] = 1.0
-    scale = torch.tensor([1 / math.sqrt(s["d_head"]) for s in sections], dtype=dtype)
+    scale = torch.tensor([1 / math.sqrt(s.d_head) for s in sections], dtype=dtype)
     return Stack(weights, masks, scale, model_shapes, acts.pop() if acts else "gelu", layouts.pop())

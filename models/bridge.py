@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import load_checkpoint
+from models.section import ModelSection
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -36,37 +37,33 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-def bridge_config(model: dict):
-    """TransformerBridgeConfig from a config.json `model` section (`attention` left out)."""
+def bridge_config(section: ModelSection):
+    """TransformerBridgeConfig from a model section (`attention` left out)."""
     from transformer_lens.config import TransformerBridgeConfig
 
     return TransformerBridgeConfig(
-        n_layers=1, d_model=model["d_model"], n_heads=model["n_heads"], d_head=model["d_head"],
-        d_mlp=None if model.get("attn_only") else model["d_mlp"], d_vocab=model["d_vocab"],
-        d_vocab_out=model["d_vocab_out"], n_ctx=model["n_ctx"], act_fn=model.get("act_fn", "relu"),
-        normalization_type=None, attn_only=bool(model.get("attn_only", False)),
+        n_layers=1, d_model=section.d_model, n_heads=section.n_heads, d_head=section.d_head,
+        d_mlp=None if section.attn_only else section.d_mlp, d_vocab=section.d_vocab,
+        d_vocab_out=section.d_vocab_out, n_ctx=section.n_ctx, act_fn=section.act_fn,
+        normalization_type=None, attn_only=section.attn_only,
         init_weights=False, positional_embedding_type="standard")
 
 
-def build_bridge(model: dict, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu"):
+def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu"):
     """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.model_bridge import TransformerBridge
 
-    attention = model.get("attention", "softmax")
-    if attention not in ("softmax", "linear"):
-        raise CheckpointError(f"unknown attention {attention!r}; expected softmax or linear.")
-    cfg = bridge_config(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bridge = TransformerBridge.boot_native(cfg, device=torch.device(device))
-    load_weights(bridge, weights)
-    bridge.eval()
-    for p in bridge.parameters():
+        model = TransformerBridge.boot_native(bridge_config(section), device=torch.device(device))
+    load_weights(model, weights)
+    model.eval()
+    for p in model.parameters():
         p.requires_grad_(False)
-    if attention == "linear":
-        _make_attention_linear(bridge)
-    return bridge
+    if section.attention == "linear":
+        _make_attention_linear(model)
+    return model
 
 
 def load_weights(bridge, weights: dict[str, torch.Tensor]) -> None:
@@ -107,4 +104,4 @@ def load(ckpt: str | Path, device: str = "auto", step: int | None = None, kind: 
     or snapshot `step`), ready for run_with_cache / run_with_hooks. With `kind` (a tool that
     reads one kind only), a checkpoint of another kind is refused with a CheckpointError."""
     checkpoint = load_checkpoint(ckpt, step, kind)
-    return build_bridge(checkpoint.model, checkpoint.weights, resolve_device(device)), checkpoint.task
+    return build_bridge(checkpoint.section, checkpoint.weights, resolve_device(device)), checkpoint.task

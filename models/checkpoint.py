@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.config import AoTModelConfig
+from models.section import ModelSection
 from models.weights import shapes
 from tasks import TASKS, Task, task_kind
 from tasks.association import SequenceTask
@@ -29,8 +29,6 @@ from tasks.factual_recall import FactualRecallTask
 FORMAT = "factual-recall-ckpt"
 FORMAT_VERSION = 1
 SNAPSHOT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
-MODEL_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out",
-                "act_fn", "normalization_type")
 
 
 class CheckpointError(ValueError):
@@ -41,16 +39,13 @@ class CheckpointError(ValueError):
 class Checkpoint:
     path: Path
     config: dict  # the whole config.json
+    section: ModelSection  # its model section
     task: Task
     weights: dict[str, torch.Tensor]  # HookedTransformer-format keys, float32, CPU
 
     @property
-    def model(self) -> dict:
-        return self.config["model"]
-
-    @property
     def attention(self) -> str:
-        return self.model.get("attention", "softmax")
+        return self.section.attention
 
 
 # --------------------------------------------------------------------------- reading
@@ -112,72 +107,47 @@ def _read_config(ckpt: Path, kind: str | None) -> tuple[dict, Task]:
     return config, _sequence_task(path, config["model"], config["task"])
 
 
-def _factual_recall_task(path: Path, model: dict, task_cfg: dict) -> FactualRecallTask:
+def _model_section(path: Path, data: dict) -> ModelSection:
+    try:
+        return ModelSection.from_json(data)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _factual_recall_task(path: Path, data: dict, task_cfg: dict) -> FactualRecallTask:
     """The factual-recall task of a checkpoint, its model section checked against it."""
-    _check_model_section(path, model)
+    section = _model_section(path, data)
     try:
         task = FactualRecallTask.from_config(task_cfg)
     except ValueError as e:
         raise CheckpointError(f"{path}: task: {e}") from None
-    if task_cfg["seq_len"] != model["n_ctx"]:
-        raise CheckpointError(f"{path}: task.seq_len {task_cfg['seq_len']} differs from model.n_ctx {model['n_ctx']}.")
-    if model["d_vocab"] != task.d_vocab:
-        raise CheckpointError(f"{path}: model.d_vocab {model['d_vocab']} differs from S + R + N + 1 = {task.d_vocab}.")
-    if model["d_vocab_out"] != task.d_vocab_out:
-        raise CheckpointError(f"{path}: model.d_vocab_out {model['d_vocab_out']} differs from "
+    if task_cfg["seq_len"] != section.n_ctx:
+        raise CheckpointError(f"{path}: task.seq_len {task_cfg['seq_len']} differs from model.n_ctx {section.n_ctx}.")
+    if section.d_vocab != task.d_vocab:
+        raise CheckpointError(f"{path}: model.d_vocab {section.d_vocab} differs from S + R + N + 1 = {task.d_vocab}.")
+    if section.d_vocab_out != task.d_vocab_out:
+        raise CheckpointError(f"{path}: model.d_vocab_out {section.d_vocab_out} differs from "
                               f"R * D = {task.d_vocab_out}.")
     return task
 
 
-def _sequence_task(path: Path, model: dict, task_cfg: dict) -> SequenceTask:
+def _sequence_task(path: Path, data: dict, task_cfg: dict) -> SequenceTask:
     """The association or distribution task of an attention-only checkpoint, its model section checked."""
     try:
         task = TASKS[task_kind(task_cfg)].from_config(task_cfg)
-        layout = model.get("head_layout", "standard")
-        d = model["d_embed"] if layout == "dana" else model["d_model"]
-        AoTModelConfig(d, model["n_heads"], model["d_head"], model.get("d_mlp") or 0,
-                       model.get("act_fn", "gelu"), layout).validate()
-        if layout == "dana" and model["d_model"] != d + model["d_head"]:
-            raise ValueError(f"a dana-layout model has d_model = d_embed + d_head, got {model['d_model']} "
-                             f"with d_embed {d} and d_head {model['d_head']}.")
     except ValueError as e:
         raise CheckpointError(f"{path}: {str(e).splitlines()[0]}") from None
-    except (KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: malformed model or task section ({type(e).__name__}: {e}).") from None
-    expected = {"n_layers": 1, "normalization_type": None, "n_ctx": task.seq_len, "d_vocab": task.d_vocab,
-                "d_vocab_out": task.d_vocab_out}
+    section = _model_section(path, data)
+    expected = {"n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out}
     for key, value in expected.items():
-        if model.get(key, "absent") != value:
-            raise CheckpointError(f"{path}: model.{key} is {model.get(key, 'absent')!r}, "
-                                  f"expected {value!r} for {task}.")
-    if model.get("attention", "softmax") != "softmax":
+        if getattr(section, key) != value:
+            raise CheckpointError(f"{path}: model.{key} is {getattr(section, key)!r}, expected {value!r} for {task}.")
+    if section.attention != "softmax":
         raise CheckpointError(f"{path}: only softmax attention is supported for {task.kind} checkpoints.")
     return task
 
 
-def _check_model_section(path: Path, model: dict) -> None:
-    missing = [k for k in MODEL_FIELDS if k not in model]
-    if missing:
-        raise CheckpointError(f"{path}: model section lacks {', '.join(missing)}.")
-    for k in ("d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out"):
-        if isinstance(model[k], bool) or not isinstance(model[k], int) or model[k] < 1:
-            raise CheckpointError(f"{path}: model.{k} must be a positive integer, got {model[k]!r}.")
-    if model["n_layers"] != 1:
-        raise CheckpointError(f"{path}: model.n_layers is {model['n_layers']!r}; only one-layer models are supported.")
-    if model["normalization_type"] is not None:
-        raise CheckpointError(f"{path}: model.normalization_type must be null (no layer norm), "
-                              f"got {model['normalization_type']!r}.")
-    if model["act_fn"] != "relu":
-        raise CheckpointError(f"{path}: model.act_fn must be 'relu', got {model['act_fn']!r}.")
-    if model.get("attention", "softmax") not in ("softmax", "linear"):
-        raise CheckpointError(f"{path}: model.attention must be 'softmax' or 'linear', got {model['attention']!r}.")
-    if not model.get("attn_only", False):
-        m = model.get("d_mlp")
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise CheckpointError(f"{path}: model.d_mlp must be a positive integer unless attn_only, got {m!r}.")
-
-
-def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path, section: ModelSection) -> dict[str, torch.Tensor]:
     """The tensors a model needs from one safetensors file, checked against the config's
     shapes and finite, as float32 on the CPU. Unknown tensors are dropped."""
     path = Path(path)
@@ -189,7 +159,7 @@ def read_weights(path: str | Path, model: dict) -> dict[str, torch.Tensor]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{path}: not a valid safetensors file ({reason}).") from None
     weights = {}
-    for key, shape in shapes(model).items():
+    for key, shape in shapes(section).items():
         if key not in tensors:
             raise CheckpointError(f"{path}: lacks the tensor {key}.")
         t = tensors[key]
@@ -209,7 +179,8 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
     config, task = read_config(ckpt, kind)
     ckpt = Path(ckpt)
     file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
-    return Checkpoint(ckpt, config, task, read_weights(file, config["model"]))
+    section = ModelSection.from_json(config["model"])  # checked by read_config
+    return Checkpoint(ckpt, config, section, task, read_weights(file, section))
 
 
 def snapshot_path(ckpt: str | Path, step: int) -> Path:
@@ -272,7 +243,7 @@ def write_weights(path: str | Path, weights: dict[str, torch.Tensor], cast: bool
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
 
 
-def write_checkpoint(ckpt: str | Path, model: dict, task: Task, training: dict,
+def write_checkpoint(ckpt: str | Path, section: ModelSection, task: Task, training: dict,
                      weights: dict[str, torch.Tensor], metrics: list[dict] = (),
                      snapshots: dict[int, dict[str, torch.Tensor]] | None = None) -> Path:
     """Write a whole checkpoint directory; config.json goes last, so a directory with a
@@ -283,5 +254,5 @@ def write_checkpoint(ckpt: str | Path, model: dict, task: Task, training: dict,
     write_weights(ckpt / "model.safetensors", weights)
     write_text(ckpt / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in metrics))
     write_json(ckpt / "config.json", {"format": FORMAT, "format_version": FORMAT_VERSION,
-                                      "model": model, "task": task.to_config(), "training": training})
+                                      "model": section.to_json(), "task": task.to_config(), "training": training})
     return ckpt

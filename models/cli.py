@@ -25,6 +25,11 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def parser(prog: str, description: str) -> Parser:
+    """A command's parser: one-line refusals, the module docstring as its description."""
+    return Parser(prog=prog, description=description)
+
+
 def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str, *, exclude: tuple[str, ...] = (),
                      default_label: str = "preset default here", base=None) -> None:
     """One `--field-name` flag per dataclass field but those in `exclude`; default None means

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from models.section import HEAD_LAYOUTS, ModelSection
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
 
@@ -114,28 +115,23 @@ class ModelConfig:
     def for_task(self, task: FactualRecallTask) -> ModelConfig:
         """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
         d_vocab_out, merged attention weights set d_head = d."""
-        model = self.resolved()
-        if model.embedding == "onehot":
-            model = replace(model, d_model=task.d_vocab + task.d_vocab_out)
-        elif model.readout == "direct" and model.d_model <= task.d_vocab_out:
+        cfg = self.resolved()
+        if cfg.embedding == "onehot":
+            cfg = replace(cfg, d_model=task.d_vocab + task.d_vocab_out)
+        elif cfg.readout == "direct" and cfg.d_model <= task.d_vocab_out:
             raise ValueError(f"readout 'direct' keeps the last d_vocab_out = {task.d_vocab_out} axes for the answers; "
-                             f"d_model must exceed it, got {model.d_model}.")
-        if model.attention_weights == "merged":
-            model = replace(model, d_head=model.d_model)
-        return model
+                             f"d_model must exceed it, got {cfg.d_model}.")
+        if cfg.attention_weights == "merged":
+            cfg = replace(cfg, d_head=cfg.d_model)
+        return cfg
 
-    def checkpoint_section(self, task: FactualRecallTask) -> dict:
-        """The `model` section of config.json (TransformerLens field names)."""
-        model = self.for_task(task)
-        model.validate()
-        return {
-            "n_layers": 1, "d_model": model.d_model, "n_heads": model.n_heads,
-            "d_head": model.d_head, "d_mlp": None if model.attn_only else model.d_mlp,
-            "attn_only": model.attn_only, "act_fn": "relu", "normalization_type": None,
-            "n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out,
-            "attention": model.attention,
-            **({"parameterisation": "authors"} if model.authors else {}),
-        }
+    def checkpoint_section(self, task: FactualRecallTask) -> ModelSection:
+        """The `model` section of config.json for `task`, validated."""
+        cfg = self.for_task(task)
+        cfg.validate()
+        return ModelSection(cfg.d_model, cfg.n_heads, cfg.d_head, None if cfg.attn_only else cfg.d_mlp,
+                            cfg.attn_only, "relu", task.seq_len, task.d_vocab, task.d_vocab_out,
+                            cfg.attention, cfg.parameterisation)
 
 
 @dataclass(frozen=True)
@@ -266,7 +262,6 @@ def override(config, values: dict):
 
 
 # --------------------------------------------------------------------------- attention-only memorisation
-HEAD_LAYOUTS = ("standard", "dana")
 
 
 @dataclass(frozen=True)
@@ -302,18 +297,14 @@ class AoTModelConfig:
         if self.head_layout not in HEAD_LAYOUTS:
             raise ValueError(f"head_layout must be one of {', '.join(HEAD_LAYOUTS)}, got {self.head_layout!r}.")
 
-    def checkpoint_section(self, task: SequenceTask) -> dict:
-        """The `model` section of config.json (TransformerLens field names). The dana layout
-        is saved as its TransformerLens form: d_model = d + d_h, `d_embed` = d."""
+    def checkpoint_section(self, task: SequenceTask) -> ModelSection:
+        """The `model` section of config.json for `task`. The dana layout is saved as its
+        TransformerLens form: d_model = d + d_h, `d_embed` = d."""
         self.validate()
-        section = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
-                   "d_mlp": None if self.attn_only else self.d_mlp, "attn_only": self.attn_only,
-                   "act_fn": self.act_fn, "normalization_type": None, "n_ctx": task.seq_len,
-                   "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out, "attention": "softmax",
-                   "positional_embedding": "trainable"}
-        if self.dana:
-            section.update({"d_model": self.d_model + self.d_head, "head_layout": "dana", "d_embed": self.d_model})
-        return section
+        return ModelSection(self.d_model + self.d_head if self.dana else self.d_model, self.n_heads, self.d_head,
+                            None if self.attn_only else self.d_mlp, self.attn_only, self.act_fn, task.seq_len,
+                            task.d_vocab, task.d_vocab_out, positional_embedding="trainable",
+                            head_layout=self.head_layout, d_embed=self.d_model if self.dana else None)
 
     def parameters(self, task: SequenceTask) -> int:
         """Trainable parameters. standard: d(S + 2N) embeddings, 4 H d_h d attention, 2 m d

@@ -19,14 +19,13 @@ both or neither keeps it (the models the storage rule is validated on).
 """
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import torch
 
 from models.checkpoint import write_checkpoint
-from models.cli import add_config_flags, given, prepare_out, run_cli
+from models.cli import add_config_flags, given, parser, prepare_out, run_cli
 from models.config import ModelConfig, TaskConfig, override
 from models.forward import last_position_logits
 from models.trainer import EVAL_SEED
@@ -55,16 +54,16 @@ def head_groups(task: FactualRecallTask, n_heads: int) -> list[list[int]]:
 STORES = ("attention", "mlp", "both", "none")  # where a construction keeps one fact
 
 
-def build(kind: str, task: FactualRecallTask, model: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+def build(kind: str, task: FactualRecallTask, cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Weights of the Theorem 3 (`attention`) or Theorem 4 (`mlp`) construction on the
     standard frozen random embeddings of `seed`."""
     if kind not in ("attention", "mlp"):
         raise ValueError(f"kind must be 'attention' or 'mlp', got {kind!r}.")
     plan = [[kind] * task.n_relations for _ in range(task.n_subjects)]
-    return build_storage(task, model, plan, relation_logit=ANSWER_LOGIT if kind == "attention" else 0.0, seed=seed)
+    return build_storage(task, cfg, plan, relation_logit=ANSWER_LOGIT if kind == "attention" else 0.0, seed=seed)
 
 
-def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[str]],
+def build_storage(task: FactualRecallTask, cfg: ModelConfig, plan: list[list[str]],
                   attention_logit: float = ANSWER_LOGIT, mlp_logit: float = ANSWER_LOGIT,
                   relation_logit: float | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
     """A model whose storage is known fact by fact: plan[s][r] in STORES says where fact
@@ -83,7 +82,7 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
 
     Tokens are read through the dual basis of the embeddings and answer directions
     together, so readings are exact and blind to the answer writes (needs d >= V + R*D)."""
-    d, H, dh = model.d_model, model.n_heads, model.d_head
+    d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     if d < task.d_vocab + task.d_vocab_out:
         raise ValueError(f"the constructions need d_model >= d_vocab + R*D = {task.d_vocab + task.d_vocab_out}, "
                          f"got {d}.")
@@ -95,10 +94,10 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
     if len(plan) != task.n_subjects or any(len(row) != task.n_relations for row in plan) or unknown:
         raise ValueError(f"plan must be [S={task.n_subjects}][R={task.n_relations}] entries of {STORES}.")
     in_mlp = [(s, r) for s in range(task.n_subjects) for r in range(task.n_relations) if plan[s][r] in ("mlp", "both")]
-    if in_mlp and (model.attn_only or model.d_mlp < len(in_mlp)):
+    if in_mlp and (cfg.attn_only or cfg.d_mlp < len(in_mlp)):
         raise ValueError(f"the plan keeps {len(in_mlp)} facts in the MLP: it needs an MLP with d_mlp >= {len(in_mlp)}.")
     relation_logit = max(attention_logit, mlp_logit) if relation_logit is None else relation_logit
-    w = init_weights(model, task, seed)
+    w = init_weights(cfg, task, seed)
     E, W_U = w["embed.W_E"], w["unembed.W_U"]  # [V, d], [d, O]
     # [d, V]: e_z . reader[:, z'] = 1{z = z'}, u_a . reader = 0
     reader = torch.linalg.pinv(torch.cat([E, W_U.T]))[:, :task.d_vocab]
@@ -113,8 +112,8 @@ def build_storage(task: FactualRecallTask, model: ModelConfig, plan: list[list[s
         for slot, z in enumerate(group):
             w[ATTN + "W_V"][h, :, slot] = reader[:, z]  # slot holds 1 when z is attended
             answers = _attention_answers(task, plan, z, attention_logit, relation_logit)  # [O]
-            w[ATTN + "W_O"][h, slot] = answers @ writer + (copy[z] if not model.attn_only else 0.0)
-    if not model.attn_only:
+            w[ATTN + "W_O"][h, slot] = answers @ writer + (copy[z] if not cfg.attn_only else 0.0)
+    if not cfg.attn_only:
         _associative_memory(w, task, in_mlp, reader, writer * mlp_logit)
     return w
 
@@ -162,8 +161,7 @@ CONSTRUCTION_MODEL = ModelConfig(d_model=48, n_heads=4, d_head=4, d_mlp=32)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m models.constructions", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python -m models.constructions", __doc__)
     p.add_argument("--kind", required=True, choices=("attention", "mlp"),
                    help="attention: Theorem 3 (facts in the OV circuit); mlp: Theorem 4 (facts in the MLP)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
@@ -173,15 +171,15 @@ def main(argv=None) -> int:
     add_config_flags(p, ModelConfig, "model", default_label="default", base=CONSTRUCTION_MODEL)
     args = p.parse_args(argv)
     task = override(CONSTRUCTION_TASK, given(args, TaskConfig)).build()
-    model = override(CONSTRUCTION_MODEL, {"attn_only": args.kind == "attention", **given(args, ModelConfig)})
-    weights = build(args.kind, task, model, args.seed)
+    cfg = override(CONSTRUCTION_MODEL, {"attn_only": args.kind == "attention", **given(args, ModelConfig)})
+    weights = build(args.kind, task, cfg, args.seed)
     acc = accuracy(weights, task)
     training = {"construction": "theorem3" if args.kind == "attention" else "theorem4", "storage": args.kind,
                 "seed": args.seed, "final_accuracy": acc, "attention_logit": ATTENTION_LOGIT,
                 "answer_logit": ANSWER_LOGIT}
-    write_checkpoint(prepare_out(args.out, args.force), model.checkpoint_section(task), task, training, weights)
-    print(f"{args.kind} construction ({training['construction']}): {task}, d={model.d_model} H={model.n_heads} "
-          f"d_h={model.d_head} m={None if model.attn_only else model.d_mlp}; held-out accuracy {acc:.4f}; "
+    write_checkpoint(prepare_out(args.out, args.force), cfg.checkpoint_section(task), task, training, weights)
+    print(f"{args.kind} construction ({training['construction']}): {task}, d={cfg.d_model} H={cfg.n_heads} "
+          f"d_h={cfg.d_head} m={None if cfg.attn_only else cfg.d_mlp}; held-out accuracy {acc:.4f}; "
           f"wrote {args.out}/")
     return 0
 

@@ -13,17 +13,15 @@ from pathlib import Path
 
 from models.bridge import resolve_device
 from models.checkpoint import load_checkpoint, write_json
-from models.cli import add_config_flags, given, prepare_out, run_cli
+from models.cli import Parser, add_config_flags, given, parser, prepare_out, run_cli
 from models.config import PRESETS, ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m models.train", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def train_parser() -> Parser:
+    p = parser("python -m models.train", __doc__)
     p.add_argument("--preset", default="tiny",
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
@@ -48,11 +46,12 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 def summary(result, out: Path) -> str:
     t, task = result.training, result.task
-    counts = parameter_count(result.model)
+    section = result.section
+    counts = parameter_count(section)
     lines = [
         f"task      {task}  ({task.n_facts} facts)",
-        f"model     d={result.model['d_model']} H={result.model['n_heads']} d_h={result.model['d_head']} "
-        f"m={result.model['d_mlp']} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
+        f"model     d={section.d_model} H={section.n_heads} d_h={section.d_head} "
+        f"m={section.d_mlp} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
         f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
     ]
     if len(t["runs"]) > 1:
@@ -80,7 +79,7 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = train_parser().parse_args(argv)
     if args.resume:
         overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in given(args, cls)]
         if overrides or args.out or args.force:

@@ -25,6 +25,7 @@ from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
 from models.forward import has_positions, last_position_logits
+from models.section import ModelSection
 from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
@@ -42,7 +43,7 @@ class TrainResult:
     config.json model and training sections, weights, curve and snapshots."""
 
     task: Task
-    model: dict  # the config.json model section
+    section: ModelSection  # the config.json model section
     weights: dict[str, torch.Tensor]  # the model's checkpoint dict (HookedTransformer keys), CPU
     training: dict  # the config.json training section (final_accuracy, final_loss, seed, ...)
     metrics: list[dict]  # metrics.jsonl: one row per evaluation
@@ -60,7 +61,7 @@ class TrainResult:
         return self.training["final_loss"]
 
     def save(self, out: str | Path) -> Path:
-        return write_checkpoint(out, self.model, self.task, self.training, self.weights,
+        return write_checkpoint(out, self.section, self.task, self.training, self.weights,
                                 self.metrics, self.snapshots)
 
 

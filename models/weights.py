@@ -12,6 +12,7 @@ import math
 import torch
 
 from models.config import ModelConfig
+from models.section import ModelSection
 from tasks.factual_recall import FactualRecallTask
 
 ATTN = "blocks.0.attn."  # key prefixes of the attention layer and the MLP
@@ -24,10 +25,10 @@ BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", 
 OV = (ATTN + "W_V", ATTN + "b_V", ATTN + "W_O", ATTN + "b_O")
 
 
-def shapes(model_section: dict) -> dict[str, tuple[int, ...]]:
-    """Checkpoint key -> shape for a config.json `model` section."""
-    d, H, dh = model_section["d_model"], model_section["n_heads"], model_section["d_head"]
-    V, O, T = model_section["d_vocab"], model_section["d_vocab_out"], model_section["n_ctx"]
+def shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape for a model section."""
+    d, H, dh = section.d_model, section.n_heads, section.d_head
+    V, O, T = section.d_vocab, section.d_vocab_out, section.n_ctx
     out = {
         "embed.W_E": (V, d), "pos_embed.W_pos": (T, d),
         ATTN + "W_Q": (H, d, dh), ATTN + "W_K": (H, d, dh), ATTN + "W_V": (H, d, dh),
@@ -35,8 +36,8 @@ def shapes(model_section: dict) -> dict[str, tuple[int, ...]]:
         ATTN + "W_O": (H, dh, d), ATTN + "b_O": (d,),
         "unembed.W_U": (d, O), "unembed.b_U": (O,),
     }
-    if not model_section.get("attn_only", False):
-        m = model_section["d_mlp"]
+    if not section.attn_only:
+        m = section.d_mlp
         out.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
     return out
 
@@ -51,44 +52,43 @@ def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> 
     raise ValueError(f"embedding must be 'sphere' or 'gaussian', got {kind!r}.")
 
 
-def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
+def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[str, torch.Tensor]:
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
     one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
     trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
     fix W_Q and W_V."""
-    model = model.for_task(task)
-    section = model.checkpoint_section(task)
+    cfg = cfg.for_task(task)
     g = torch.Generator().manual_seed(seed)
-    d, H, dh = model.d_model, model.n_heads, model.d_head
-    w = {key: torch.zeros(shape) for key, shape in shapes(section).items()}
-    if model.embedding == "onehot":
+    d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    w = {key: torch.zeros(shape) for key, shape in shapes(cfg.checkpoint_section(task)).items()}
+    if cfg.embedding == "onehot":
         V, O = task.d_vocab, task.d_vocab_out
         w["embed.W_E"] = torch.eye(V, d)  # token z on axis z
         w["unembed.W_U"] = torch.eye(d, V + O)[:, V:].contiguous()  # answer a read from axis V + a
-    elif model.readout == "direct":  # tokens on the first d - O axes, answer a read from axis d - O + a
+    elif cfg.readout == "direct":  # tokens on the first d - O axes, answer a read from axis d - O + a
         O = task.d_vocab_out
-        w["embed.W_E"][:, :d - O] = random_directions(task.d_vocab, d - O, model.embedding, g)
+        w["embed.W_E"][:, :d - O] = random_directions(task.d_vocab, d - O, cfg.embedding, g)
         w["unembed.W_U"] = torch.eye(d)[:, d - O:].contiguous()
     else:
-        w["embed.W_E"] = random_directions(task.d_vocab, d, model.embedding, g)
-        w["unembed.W_U"] = random_directions(task.d_vocab_out, d, model.embedding, g).T.contiguous()
-    if model.authors:
-        return _authors_init(w, model, task, g)
+        w["embed.W_E"] = random_directions(task.d_vocab, d, cfg.embedding, g)
+        w["unembed.W_U"] = random_directions(task.d_vocab_out, d, cfg.embedding, g).T.contiguous()
+    if cfg.authors:
+        return _authors_init(w, cfg, task, g)
     fan_in = {ATTN + "W_K": d, ATTN + "W_O": H * dh}
-    if model.attention_weights == "merged":
+    if cfg.attention_weights == "merged":
         # q = sqrt(d_head) x_t cancels the scores' 1/sqrt(d_head): score_j = x_j W_K x_t, so W_K
         # is the paper's key-query matrix (transposed); v = x, so W_O is its output-value matrix.
         w[ATTN + "W_Q"] = math.sqrt(dh) * torch.eye(d).expand(H, d, d).clone()
         w[ATTN + "W_V"] = torch.eye(d).expand(H, d, d).clone()
     else:
         fan_in.update({ATTN + "W_Q": d, ATTN + "W_V": d})
-    if not model.attn_only:
-        fan_in.update({MLP + "W_in": d, MLP + "W_out": model.d_mlp})
+    if not cfg.attn_only:
+        fan_in.update({MLP + "W_in": d, MLP + "W_out": cfg.d_mlp})
     for key, n_in in fan_in.items():
-        if model.init == "constant":
-            w[key] = torch.full(w[key].shape, model.init_scale)
+        if cfg.init == "constant":
+            w[key] = torch.full(w[key].shape, cfg.init_scale)
         else:
-            w[key] = torch.randn(w[key].shape, generator=g) * (model.init_scale / math.sqrt(n_in))
+            w[key] = torch.randn(w[key].shape, generator=g) * (cfg.init_scale / math.sqrt(n_in))
     return w
 
 
@@ -96,32 +96,32 @@ def init_weights(model: ModelConfig, task: FactualRecallTask, seed: int) -> dict
 TRUNCATED_STD = 0.87962566103423978  # the standard deviation of N(0, 1) truncated to [-2, 2]
 
 
-def _authors_init(w: dict, model: ModelConfig, task: FactualRecallTask, g: torch.Generator) -> dict:
+def _authors_init(w: dict, cfg: ModelConfig, task: FactualRecallTask, g: torch.Generator) -> dict:
     """The official code's TF_one_layer init on top of the embeddings drawn: Q, K, V entries
     N(0, init_scale^2/d_h), O entries N(0, init_scale^2/d), the MLP's two layers flax's
     lecun_normal (truncated, variance 1/fan_in), b_in zero (trained). b_O = -(e_EOS + p_EOS),
     frozen, so the last position's residual after attention is the attention output alone:
     the MLP and the unembedding read `attn @ O` as in the official code."""
-    d, dh = model.d_model, model.d_head
+    d, dh = cfg.d_model, cfg.d_head
     for key in ("W_Q", "W_K", "W_V"):
-        w[ATTN + key] = torch.randn(w[ATTN + key].shape, generator=g) * (model.init_scale / math.sqrt(dh))
-    w[ATTN + "W_O"] = torch.randn(w[ATTN + "W_O"].shape, generator=g) * (model.init_scale / math.sqrt(d))
-    if not model.attn_only:
-        for key, n_in in ((MLP + "W_in", d), (MLP + "W_out", model.d_mlp)):
+        w[ATTN + key] = torch.randn(w[ATTN + key].shape, generator=g) * (cfg.init_scale / math.sqrt(dh))
+    w[ATTN + "W_O"] = torch.randn(w[ATTN + "W_O"].shape, generator=g) * (cfg.init_scale / math.sqrt(d))
+    if not cfg.attn_only:
+        for key, n_in in ((MLP + "W_in", d), (MLP + "W_out", cfg.d_mlp)):
             std = 1 / math.sqrt(n_in) / TRUNCATED_STD
             torch.nn.init.trunc_normal_(w[key], std=std, a=-2 * std, b=2 * std, generator=g)
     w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
     return w
 
 
-def trainable_keys(weights: dict, model: ModelConfig | None = None, freeze_ov: bool = False) -> list[str]:
+def trainable_keys(weights: dict, cfg: ModelConfig | None = None, freeze_ov: bool = False) -> list[str]:
     """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen;
     W_Q and W_V stay fixed when the attention weights are merged), and the MLP's input bias
     under the authors' parameterisation."""
     frozen = set(FROZEN) | set(BIASES) | (set(OV) if freeze_ov else set())
-    if model is not None and model.authors:
+    if cfg is not None and cfg.authors:
         frozen.discard(MLP + "b_in")
-    if model is not None and model.attention_weights == "merged":
+    if cfg is not None and cfg.attention_weights == "merged":
         frozen |= {ATTN + "W_Q", ATTN + "W_V"}
     return [key for key in weights if key not in frozen]
 
@@ -136,8 +136,8 @@ def model_weights(weights: dict[str, torch.Tensor], k: int) -> dict[str, torch.T
     return {key: t[k].detach().to("cpu").contiguous() for key, t in weights.items()}
 
 
-def parameter_count(model_section: dict) -> dict[str, int]:
+def parameter_count(section: ModelSection) -> dict[str, int]:
     """The paper's counts: attention 4*H*d_h*d, MLP 2*m*d (0 when attention-only)."""
-    d, H, dh = model_section["d_model"], model_section["n_heads"], model_section["d_head"]
-    mlp = 0 if model_section.get("attn_only") else 2 * model_section["d_mlp"] * d
-    return {"attention": 4 * H * dh * d, "mlp": mlp, "total": 4 * H * dh * d + mlp}
+    attention = 4 * section.n_heads * section.d_head * section.d_model
+    mlp = 2 * section.mlp_width * section.d_model
+    return {"attention": attention, "mlp": mlp, "total": attention + mlp}

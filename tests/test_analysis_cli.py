@@ -12,7 +12,7 @@ import analyses
 from analyses import cli
 from analyses.aot_capacity import AotSweep
 from analyses.capacity import MemorySweep, TransformerSweep
-from analyses.executors import Executor
+from analyses.executors import ExecutorSettings
 from analyses.hallucination import HallucinationSettings
 from analyses.locate_facts import LocateSettings
 from analyses.tradeoff import Grid, Shrink
@@ -155,10 +155,10 @@ INVALID = [
     (AotSweep, {"head_layout": ("standard", "paper")}, "head_layout"),
     (AotSweep, {"d_model": 0}, "d_model"),
     (AotSweep, {"d_heads": (0,)}, "d_head"),
-    (Executor, {"executor": "dask"}, "--executor"),
-    (Executor, {"ray_address": "127.0.0.1:1"}, "--ray-address"),
-    (Executor, {"gpus_per_cell": 0.5}, "--gpus-per-cell"),
-    (Executor, {"torch_threads": 0}, "--torch-threads"),
+    (ExecutorSettings, {"executor": "dask"}, "--executor"),
+    (ExecutorSettings, {"ray_address": "127.0.0.1:1"}, "--ray-address"),
+    (ExecutorSettings, {"gpus_per_cell": 0.5}, "--gpus-per-cell"),
+    (ExecutorSettings, {"torch_threads": 0}, "--torch-threads"),
 ]
 
 

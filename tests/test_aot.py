@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from models import CheckpointError, load
 from models.aot_forward import population_logits
-from models.aot_trainer import train
-from models.aot_weights import init_weights, stack_models, to_transformer_lens
+from models.aot_trainer import train_aot
+from models.aot_weights import init_aot_weights, stack_models, to_transformer_lens
 from models.bridge import build_bridge
 from models.config import AoTModelConfig, AoTTrainConfig
 from probe.head_roles import head_roles
@@ -116,7 +116,8 @@ def test_padded_stack_matches_transformer_bridge(context):
     g = torch.Generator().manual_seed(1)
     models, sections = [], [m.checkpoint_section(task) for m in MODELS]
     for k, m in enumerate(MODELS):  # perturb every tensor, biases included, so every term is tested
-        models.append({key: v + 0.3 * torch.randn(v.shape, generator=g) for key, v in init_weights(m, task, k).items()})
+        models.append({key: v + 0.3 * torch.randn(v.shape, generator=g)
+                       for key, v in init_aot_weights(m, task, k).items()})
     stack = stack_models(models, sections)
     ours = population_logits(stack.effective(), context, stack.score_scale, stack.act_fn)  # [3, T_0, N]
     for k, (w, section) in enumerate(zip(models, sections)):
@@ -129,8 +130,8 @@ def test_padded_stack_matches_transformer_bridge(context):
 def test_stacked_training_equals_separate_runs_and_batch_loss():
     task = AssociationTask(n_tokens=6, context=2)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=5, epochs=2, eval_every=5, **CPU)
-    together = train(task, [(MODELS[0], 0), (MODELS[2], 1), (MODELS[1], 0)], cfg, progress=False)
-    alone = train(task, [(MODELS[2], 1)], cfg, progress=False)[0]
+    together = train_aot(task, [(MODELS[0], 0), (MODELS[2], 1), (MODELS[1], 0)], cfg, progress=False)
+    alone = train_aot(task, [(MODELS[2], 1)], cfg, progress=False)[0]
     for key, value in alone.weights.items():
         assert torch.allclose(together[1].weights[key], value, atol=1e-5), key
     assert abs(together[1].accuracy - alone.accuracy) < 1e-6
@@ -143,7 +144,7 @@ def test_count_weighted_population_loss_equals_the_batch_loss():
     """The trainer's loss (population logits weighted by batch counts) is the batch's mean loss."""
     task = AssociationTask(n_tokens=6, context=2)
     model = MODELS[2]
-    w = init_weights(model, task, 0)
+    w = init_aot_weights(model, task, 0)
     index = task.sample_index(100, torch.Generator().manual_seed(5))
     stack = stack_models([w], [model.checkpoint_section(task)])
     losses = task.sequence_losses(population_logits(stack.effective(), 2, stack.score_scale, stack.act_fn))[0]
@@ -157,7 +158,7 @@ def test_parameter_count_matches_the_paper():
     task = AssociationTask(50, 2)
     aot, mlp = AoTModelConfig(10, 20, 10), AoTModelConfig(10, 1, 10, d_mlp=2 * 19 * 10)
     assert aot.parameters(task) == 10 * (2 + 2 * 50 + 4 * 10 * 20) == mlp.parameters(task)
-    weights = init_weights(aot, task, 0)
+    weights = init_aot_weights(aot, task, 0)
     trainable = sum(t.numel() for k, t in weights.items() if ".b_" not in k and not k.endswith("b_U"))
     assert trainable == aot.parameters(task)
 
@@ -199,7 +200,7 @@ def perturbed(model: AoTModelConfig, task, seed: int, dtype=torch.float32) -> di
     """Initial weights + noise on every tensor (biases included), so every term is tested."""
     g = torch.Generator().manual_seed(100 + seed)
     return {k: (v + 0.3 * torch.randn(v.shape, generator=g)).to(dtype)
-            for k, v in init_weights(model, task, seed).items()}
+            for k, v in init_aot_weights(model, task, seed).items()}
 
 
 @pytest.mark.parametrize("context", [2, 3])
@@ -213,7 +214,7 @@ def test_dana_layout_equals_its_transformer_lens_form(context):
     for model, w in zip(DANA, models):
         section = model.checkpoint_section(task)
         tl = to_transformer_lens(w)
-        assert section["d_model"] == model.d_model + model.d_head and tl["embed.W_E"].shape[-1] == section["d_model"]
+        assert section.d_model == model.d_model + model.d_head and tl["embed.W_E"].shape[-1] == section.d_model
         with torch.no_grad():
             bridge = build_bridge(section, tl)(tokens)  # [T_0, S, N]
         assert (bridge - dana_reference(w, tokens)).abs().max().item() <= 1e-5
@@ -230,9 +231,9 @@ def test_dana_layout_trains_and_saves_its_transformer_lens_form(tmp_path):
     task = AssociationTask(n_tokens=6, context=2)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=3, eval_every=10, **CPU)
     model = DANA[0]
-    trained = train(task, [(model, 0), (DANA[2], 1)], cfg, progress=False)[0]
+    trained = train_aot(task, [(model, 0), (DANA[2], 1)], cfg, progress=False)[0]
     assert trained.weights[ATTN_B_Q].abs().sum() > 0 and 0 < trained.training["batch_accuracy"] <= 1
-    assert model.parameters(task) == sum(t.numel() for t in init_weights(model, task, 0).values())
+    assert model.parameters(task) == sum(t.numel() for t in init_aot_weights(model, task, 0).values())
     ckpt = trained.save(tmp_path / "dana")
     config = json.loads((ckpt / "config.json").read_text())
     assert config["model"]["head_layout"] == "dana" and config["model"]["d_embed"] == model.d_model
@@ -250,7 +251,7 @@ ATTN_B_Q = "blocks.0.attn.b_Q"
 def association_ckpt(tmp_path_factory):
     task = AssociationTask(n_tokens=8, context=2)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=128, batches=50, epochs=4, eval_every=50, **CPU)
-    trained = train(task, [(AoTModelConfig(8, 4, 4), 0)], cfg, progress=False)[0]
+    trained = train_aot(task, [(AoTModelConfig(8, 4, 4), 0)], cfg, progress=False)[0]
     return trained.save(tmp_path_factory.mktemp("aot") / "assoc"), trained, task
 
 
@@ -300,7 +301,7 @@ def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
 def test_distribution_checkpoint_kind(tmp_path):
     task = DistributionTask(n_tokens=5, context=2, concentration=2.0)
     cfg = AoTTrainConfig(lr=1e-2, batch_size=64, batches=10, epochs=2, eval_every=10, **CPU)
-    trained = train(task, [(AoTModelConfig(2, 2, 2), 0)], cfg, progress=False)[0]
+    trained = train_aot(task, [(AoTModelConfig(2, 2, 2), 0)], cfg, progress=False)[0]
     ckpt = trained.save(tmp_path / "dist")
     _, loaded = load(ckpt, device="cpu")
     assert isinstance(loaded, DistributionTask) and loaded.log_targets.equal(task.log_targets)

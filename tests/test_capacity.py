@@ -289,7 +289,8 @@ def test_pruned_bridge_writes_nothing_from_removed_units(tiny_result):
 
     w = tiny_result.weights
     m = w["blocks.0.mlp.W_in"].shape[1]
-    all_gone = build_bridge(tiny_result.model, prune(w, neurons=range(m), heads=range(w["blocks.0.attn.W_V"].shape[0])))
+    all_gone = build_bridge(tiny_result.section,
+                            prune(w, neurons=range(m), heads=range(w["blocks.0.attn.W_V"].shape[0])))
     tokens = tiny_result.task.eval_set(16).tokens
     _, cache = all_gone.run_with_cache(tokens)
     assert cache["blocks.0.hook_mlp_out"].abs().max() == 0

@@ -6,8 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models import CheckpointError, build_bridge, load, load_checkpoint
+from models import CheckpointError, ModelSection, build_bridge, load, load_checkpoint
 from models.checkpoint import read_metrics, snapshot_steps
+from models.config import AoTModelConfig, ModelConfig, TaskConfig
+from tasks.association import AssociationTask
 
 
 def test_round_trip_same_logits(tiny_result, tiny_ckpt):
@@ -19,7 +21,7 @@ def test_round_trip_same_logits(tiny_result, tiny_ckpt):
     batch = task.eval_set(512)
     with torch.no_grad():
         theirs = bridge(batch.tokens)[:, -1]
-        ours = build_bridge(tiny_result.model, tiny_result.weights)(batch.tokens)[:, -1]
+        ours = build_bridge(tiny_result.section, tiny_result.weights)(batch.tokens)[:, -1]
     assert torch.equal(ours, theirs)
     assert (theirs.argmax(-1) == batch.answers).float().mean() >= 0.99
 
@@ -118,3 +120,31 @@ def test_pickle_and_missing_paths_refused(tmp_path):
         load(pickle_file)
     with pytest.raises(CheckpointError, match="no such directory"):
         load(tmp_path / "absent")
+
+
+SECTIONS = {
+    "standard": (ModelConfig(), TaskConfig().build()),
+    "authors, attention-only": (ModelConfig(parameterisation="authors", attn_only=True), TaskConfig().build()),
+    "linear": (ModelConfig(attention="linear", attn_only=True), TaskConfig().build()),
+    "attention-only family": (AoTModelConfig(8, 2, 4, 16), AssociationTask(10, 3)),
+    "dana layout": (AoTModelConfig(8, 2, 4, 0, head_layout="dana"), AssociationTask(10, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(SECTIONS))
+def test_model_section_round_trips_through_json(case):
+    cfg, task = SECTIONS[case]
+    section = cfg.checkpoint_section(task)
+    data = json.loads(json.dumps(section.to_json()))
+    assert ModelSection.from_json(data) == section
+    assert list(ModelSection.from_json(data).to_json()) == list(data)  # key order kept
+
+
+def test_model_section_refuses_in_one_line():
+    data = ModelConfig().checkpoint_section(TaskConfig().build()).to_json()
+    for edit, message in [({"act_fn": "gelu"}, "model.act_fn must be 'relu'"),
+                          ({"d_mlp": 0}, "model.d_mlp must be a positive integer"),
+                          ({"head_layout": "dana", "d_embed": 3}, "d_model = d_embed \\+ d_head")]:
+        with pytest.raises(ValueError, match=message):
+            ModelSection.from_json({**data, **edit})
+    assert ModelSection.from_json({**data, "act_fn": "gelu", "positional_embedding": "trainable"}).act_fn == "gelu"

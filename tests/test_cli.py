@@ -34,6 +34,20 @@ def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize("command, args", [
+    ("models.train", ["--steps", "many"]),
+    ("models.train", ["--optimizer", "rmsprop"]),
+    ("models.constructions", ["--kind", "attention", "--d-model", "wide"]),
+    ("models.constructions", ["--kind", "both"]),
+])
+def test_bad_flag_value_is_one_error_line(tmp_path, command, args):
+    proc = run(command, "--out", str(tmp_path / "ckpt"), *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
     before = (tiny_ckpt / "model.safetensors").read_bytes()
     proc = run("models.train", "--out", str(tiny_ckpt), "--quiet")

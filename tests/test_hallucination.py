@@ -197,7 +197,7 @@ def test_cli_on_a_model_with_an_mlp(tiny_ckpt, tmp_path):
 
 def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
     ckpt = tmp_path / "no-snapshots"
-    write_checkpoint(ckpt, tiny_result.model, tiny_result.task, tiny_result.training, tiny_result.weights, [], {})
+    write_checkpoint(ckpt, tiny_result.section, tiny_result.task, tiny_result.training, tiny_result.weights, [], {})
     import subprocess
     import sys
 

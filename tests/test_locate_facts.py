@@ -27,7 +27,7 @@ def trained(freeze_ov=False, **model_overrides):
     run = RunConfig(run.task, override(run.model, model_overrides), run.train)
     result = train(quick(run, freeze_ov=freeze_ov), progress=False)
     assert result.training["final_accuracy"] >= 0.99
-    return build_bridge(result.model, result.weights), result.task
+    return build_bridge(result.section, result.weights), result.task
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def _perturbed(tiny_result) -> dict:
 def model_and_task(tiny_result):
     """The trained tiny model with a random positional embedding and biases: every input
     of the last position's computation is non-trivial."""
-    return build_bridge(tiny_result.model, {**tiny_result.weights, **_perturbed(tiny_result)}), tiny_result.task
+    return build_bridge(tiny_result.section, {**tiny_result.weights, **_perturbed(tiny_result)}), tiny_result.task
 
 
 def test_rerun_equals_the_full_run_under_every_ablation(model_and_task):
@@ -87,7 +87,7 @@ def test_memory_probe_residual_is_the_mean_residual_the_mlp_reads(model_and_task
     weights = {**tiny_result.weights, **_perturbed(tiny_result)}
     weights[ATTN + "W_Q"] = torch.zeros_like(weights[ATTN + "W_Q"])
     weights[ATTN + "b_Q"] = torch.zeros_like(weights[ATTN + "b_Q"])
-    uniform = build_bridge(tiny_result.model, weights)
+    uniform = build_bridge(tiny_result.section, weights)
     contexts = 64
     batch = fact_batch(task, contexts, seed=0)
     with torch.inference_mode():

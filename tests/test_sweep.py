@@ -218,11 +218,11 @@ def threads_row(i: int) -> dict:
 
 @pytest.mark.parametrize("threads", [None, 2])
 def test_each_cell_computes_with_the_sweep_s_torch_threads_on_either_executor(ray_cluster, tmp_path, threads):
-    from analyses.executors import Executor, open_executor
+    from analyses.executors import ExecutorSettings, open_executor
 
     rows = {}
     for kind in ("local", "ray"):
-        settings = Executor(executor=kind, **({} if threads is None else {"torch_threads": threads}))
+        settings = ExecutorSettings(executor=kind, **({} if threads is None else {"torch_threads": threads}))
         with open_executor(settings) as executor:
             rows[kind] = run_jobs([one(Cell(f"c{i}", threads_row, (i,))) for i in range(4)],
                                   Cells(tmp_path / kind, {}), executor, progress=False)

@@ -1,0 +1,110 @@
+"""The typed description of a model: the config.json `model` section (docs/checkpoint_format.md)
+as one frozen dataclass, ModelSection, for both model families.
+
+It is what the configs write (`checkpoint_section`), what a checkpoint reader checks
+(`from_json`), and what the weights' shapes, the parameter counts and the TransformerBridge
+are derived from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REQUIRED = ("n_layers", "d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out",
+            "act_fn", "normalization_type")
+ATTENTIONS = ("softmax", "linear")
+HEAD_LAYOUTS = ("standard", "dana")
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """A one-layer model without layer norm, in TransformerLens field names. `attention` is
+    always written; `parameterisation` only when "authors", `positional_embedding` only for
+    the attention-only family ("trainable"), `head_layout` and `d_embed` only for its dana layout."""
+
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int | None  # None when attention-only
+    attn_only: bool
+    act_fn: str
+    n_ctx: int
+    d_vocab: int
+    d_vocab_out: int
+    attention: str = "softmax"
+    parameterisation: str = "standard"
+    positional_embedding: str | None = None
+    head_layout: str = "standard"
+    d_embed: int | None = None  # the dana layout's d (d_model = d_embed + d_head)
+
+    @property
+    def authors(self) -> bool:
+        return self.parameterisation == "authors"
+
+    @property
+    def dana(self) -> bool:
+        return self.head_layout == "dana"
+
+    @property
+    def mlp_width(self) -> int:
+        """m, 0 when attention-only."""
+        return 0 if self.attn_only else self.d_mlp
+
+    def to_json(self) -> dict:
+        """The config.json `model` section, keys in the order the format page shows."""
+        data = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
+                "d_mlp": self.d_mlp, "attn_only": self.attn_only, "act_fn": self.act_fn,
+                "normalization_type": None, "n_ctx": self.n_ctx, "d_vocab": self.d_vocab,
+                "d_vocab_out": self.d_vocab_out, "attention": self.attention}
+        if self.authors:
+            data["parameterisation"] = self.parameterisation
+        if self.positional_embedding is not None:
+            data["positional_embedding"] = self.positional_embedding
+        if self.dana:
+            data.update({"head_layout": self.head_layout, "d_embed": self.d_embed})
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelSection:
+        """A config.json `model` section, checked (unknown keys ignored); a ValueError names
+        the first problem in one line. The factual-recall family's MLP is ReLU; the
+        attention-only family (trainable positions) may use GELU."""
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise ValueError(f"model section lacks {', '.join(missing)}.")
+        for k in ("d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out"):
+            if not _positive(data[k]):
+                raise ValueError(f"model.{k} must be a positive integer, got {data[k]!r}.")
+        if data["n_layers"] != 1:
+            raise ValueError(f"model.n_layers is {data['n_layers']!r}; only one-layer models are supported.")
+        if data["normalization_type"] is not None:
+            raise ValueError(f"model.normalization_type must be null (no layer norm), "
+                             f"got {data['normalization_type']!r}.")
+        act_fns = ("relu", "gelu") if data.get("positional_embedding") == "trainable" else ("relu",)
+        if data["act_fn"] not in act_fns:
+            raise ValueError(f"model.act_fn must be {' or '.join(map(repr, act_fns))}, got {data['act_fn']!r}.")
+        attention = data.get("attention", "softmax")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"model.attention must be 'softmax' or 'linear', got {attention!r}.")
+        attn_only = bool(data.get("attn_only", False))
+        if not attn_only and not _positive(data.get("d_mlp")):
+            raise ValueError(f"model.d_mlp must be a positive integer unless attn_only, got {data.get('d_mlp')!r}.")
+        layout = data.get("head_layout", "standard")
+        if layout not in HEAD_LAYOUTS:
+            raise ValueError(f"head_layout must be one of {', '.join(HEAD_LAYOUTS)}, got {layout!r}.")
+        if layout == "dana":
+            d = data.get("d_embed")
+            if not _positive(d):
+                raise ValueError(f"model.d_embed must be a positive integer in the dana layout, got {d!r}.")
+            if data["d_model"] != d + data["d_head"]:
+                raise ValueError(f"a dana-layout model has d_model = d_embed + d_head, got {data['d_model']} "
+                                 f"with d_embed {d} and d_head {data['d_head']}.")
+        return cls(d_model=data["d_model"], n_heads=data["n_heads"], d_head=data["d_head"],
+                   d_mlp=None if attn_only else data["d_mlp"], attn_only=attn_only, act_fn=data["act_fn"],
+                   n_ctx=data["n_ctx"], d_vocab=data["d_vocab"], d_vocab_out=data["d_vocab_out"],
+                   attention=attention, parameterisation=data.get("parameterisation", "standard"),
+                   positional_embedding=data.get("positional_embedding"), head_layout=layout,
+                   d_embed=data["d_embed"] if layout == "dana" else None)
