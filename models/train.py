@@ -11,17 +11,17 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import load_checkpoint, write_json
-from models.cli import Parser, add_config_flags, given, parser, prepare_out, run_cli
 from models.config import PRESETS, ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count
 
 
-def train_parser() -> Parser:
-    p = parser("python -m models.train", __doc__)
+def parser() -> cli.Parser:
+    p = cli.parser("python -m models.train", __doc__)
     p.add_argument("--preset", default="tiny",
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
@@ -31,17 +31,17 @@ def train_parser() -> Parser:
     p.add_argument("--wandb", metavar="PROJECT", default=None,
                    help="log to Weights & Biases (offline unless WANDB_MODE=online)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_config_flags(p, TaskConfig, "task")
-    add_config_flags(p, ModelConfig, "model")
-    add_config_flags(p, TrainConfig, "training")
+    cli.add_config_flags(p, TaskConfig, "task")
+    cli.add_config_flags(p, ModelConfig, "model")
+    cli.add_config_flags(p, TrainConfig, "training")
     return p
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
     base = preset(args.preset)
-    return RunConfig(task=override(base.task, given(args, TaskConfig)),
-                     model=override(base.model, given(args, ModelConfig)),
-                     train=override(base.train, given(args, TrainConfig)))
+    return RunConfig(task=override(base.task, cli.given(args, TaskConfig)),
+                     model=override(base.model, cli.given(args, ModelConfig)),
+                     train=override(base.train, cli.given(args, TrainConfig)))
 
 
 def summary(result, out: Path) -> str:
@@ -79,9 +79,9 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
 
 
 def main(argv=None) -> int:
-    args = train_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.resume:
-        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in given(args, cls)]
+        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)]
         if overrides or args.out or args.force:
             flags = ", ".join("--" + n.replace("_", "-") for n in overrides) or "--out/--force"
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         run.train.validate()
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
         resolve_device(run.train.device)
-        out = prepare_out(args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_"), args.force)
+        out = cli.prepare_out(args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_"), args.force)
         write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
     result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
                    state_folder=state_dir(out))
@@ -106,4 +106,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.run_cli(main)
