@@ -53,7 +53,8 @@ def main() -> int:
     p.add_argument("--authors-python", required=True, help="python of the side environment holding jax, flax, optax")
     p.add_argument("--authors-dir", required=True, help="a checkout of the authors' factual-recall-iclr")
     p.add_argument("--authors-lrs", type=lambda t: [float(x) for x in t.split(",")], default=[1e-2, 3e-3, 1e-3],
-                   help="learning rates of the authors' runs, tried in turn until one passes (default 0.01,0.003,0.001)")
+                   help="learning rates of the authors' runs, tried in turn until one passes "
+                        "(default 0.01,0.003,0.001)")
     p.add_argument("--shape", default="1,1,8", help="ALPHA,BETA,H (default 1,1,8)")
     p.add_argument("--d", type=int, required=True)
     p.add_argument("--sizes", required=True, help="S = R values, comma list")

@@ -43,21 +43,21 @@ def mlp_construction():
 
 
 def share(located, label):
-    return located.summary["label_shares"][label]
+    return located.summary.label_shares[label]
 
 
 def test_theorem3_construction_is_attention(attention_construction):
     _, _, located = attention_construction
-    assert located.summary["accuracy"] == 1.0
+    assert located.summary.accuracy == 1.0
     assert share(located, "attention") >= 0.95
-    assert located.summary["recall"]["ov_probe"]["value"] == 1.0  # the OV memory recalls every fact
+    assert located.summary.recall["ov_probe"].value == 1.0  # the OV memory recalls every fact
 
 
 def test_theorem4_construction_is_mlp(mlp_construction):
     _, _, located = mlp_construction
-    assert located.summary["accuracy"] == 1.0
+    assert located.summary.accuracy == 1.0
     assert share(located, "mlp") >= 0.95
-    assert located.summary["recall"]["mlp_probe"]["value"] == 1.0
+    assert located.summary.recall["mlp_probe"].value == 1.0
     facts = located.facts
     assert facts["mean_ablate_mlp_accuracy"].mean() < 0.5  # without the MLP the facts are gone
     assert facts["mlp_path_accuracy"].mean() == 1.0
