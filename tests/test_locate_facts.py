@@ -1,7 +1,9 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -99,6 +101,30 @@ def test_attribution_margins_add_up(mlp_construction):
     f = located.facts
     total = f["attention_margin"] + f["mlp_margin"] + f["direct_margin"]
     assert (total - f["margin"]).abs().max() < 1e-3
+
+
+def documented_columns(n_heads: int, mlp: bool) -> list[str]:
+    """The columns of facts.csv as docs/locate_facts.md lists them, for a model's heads."""
+    page = (Path(__file__).parents[1] / "docs" / "locate_facts.md").read_text()
+    section = page.split("## The columns of `facts.csv`")[1].split("\n## ")[0]
+    listed = []
+    for row in re.findall(r"^\| `.*\|$", section, re.M):
+        names, interval, what = (cell.strip() for cell in row.strip("|").split("|"))
+        if "with an MLP only" in what and not mlp:
+            continue
+        per_head = [range(n_heads)] if "<h>" in names else [[None]]
+        for h in per_head[0]:
+            for name in re.findall(r"`([^`]+)`", names):
+                name = name.replace("<h>", str(h))
+                listed += [name, f"{name}_low", f"{name}_high"] if interval == "interval" else [name]
+    return listed
+
+
+@pytest.mark.parametrize("fixture", ["attention_construction", "mlp_construction"])
+def test_facts_have_the_documented_columns(fixture, request):
+    model, _, located = request.getfixturevalue(fixture)
+    expected = documented_columns(model.cfg.n_heads, mlp=not model.cfg.attn_only)
+    assert list(located.facts.columns) == expected
 
 
 def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
