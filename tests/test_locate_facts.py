@@ -13,6 +13,7 @@ from models import build_bridge
 from models.config import RunConfig, override, preset
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.trainer import train
+from probe.prompts import fact_batch
 from tests.conftest import quick
 
 SMALL = dict(contexts=4, patch_contexts=1, progress=False)
@@ -125,6 +126,18 @@ def test_facts_have_the_documented_columns(fixture, request):
     model, _, located = request.getfixturevalue(fixture)
     expected = documented_columns(model.cfg.n_heads, mlp=not model.cfg.attn_only)
     assert list(located.facts.columns) == expected
+
+
+def test_locate_builds_the_prompts_once(attention_construction, monkeypatch):
+    import probe.prompts
+
+    model, task, _ = attention_construction
+    built = []
+    monkeypatch.setattr(probe.prompts, "fact_batch", lambda *args: built.append(args) or fact_batch(*args))
+    locate(model, task, **SMALL)
+    assert len(built) == 2  # once for --contexts, once for --patch-contexts, shared by every instrument
+    locate(model, task, **{**SMALL, "patch_contexts": SMALL["contexts"]})
+    assert len(built) == 3
 
 
 def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
