@@ -43,6 +43,7 @@ from models.config import (
 from models.pruning import head_norms, neuron_norms, prune, prune_order
 from models.trainer import train
 from models.weights import parameter_count
+from probe import columns
 from probe.storage import LABELS, StorageRule
 
 BASE = "paper-tradeoff"
@@ -78,8 +79,8 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
     """locate_facts on `model`: accuracy over contexts and the share of facts per label."""
     located = locate(model, task, **asdict(locating), progress=False)
     s = located.summary
-    return {"located_accuracy": s["accuracy"], **{f"share_{k}": v for k, v in s["label_shares"].items()},
-            "_facts": located.facts[["subject", "relation", "accuracy", "label"]]}
+    return {"located_accuracy": s.accuracy, **{f"share_{k}": v for k, v in s.label_shares.items()},
+            "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
 
 
 def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
@@ -309,7 +310,7 @@ def pruned_storage_row(section, weights, task, component: str, order: list, k: i
     row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, locating)
     facts = row.pop("_facts")
     return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,
-            "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
+            "fact_accuracy": facts[columns.ACCURACY].round(4).tolist(), "fact_label": facts[columns.LABEL].tolist()}
 
 
 def shrink_rows(model: tuple, shrink: Shrink, run: RunConfig, locating: LocateSettings, cells: Cells,
