@@ -102,6 +102,8 @@ def _settings(command: str, run: RunConfig, locating: LocateSettings, extra: dic
     """settings.json of a trade-off sweep: what every cell shares."""
     recorded = {**asdict(run), "model": run.model.recorded()}
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
+        recorded["train"].pop("sampler")
     return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
             "patch_contexts": locating.patch_contexts, "seed_locate": locating.seed,
             "rule": asdict(StorageRule()), **extra}  # cells labelled under another rule are not reused
