@@ -23,12 +23,13 @@ from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import CheckpointError, load_checkpoint, snapshot_steps
+from probe import columns
 from probe.ablation import ablation_hooks
-from probe.accuracy import model_device, per_fact_accuracy
-from probe.contexts import fact_run
+from probe.accuracy import per_fact_accuracy
 from probe.hallucination import conditional_entropy, recall_metrics
-from probe.hooks import has_mlp, last_position_logits
+from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.phases import PhaseRule, hallucination_phase
+from probe.prompts import FactPrompts
 from probe.storage import StorageRule
 from tasks.factual_recall import FactualRecallTask
 
@@ -60,13 +61,15 @@ def storage_shares(model, task: FactualRecallTask, contexts: int = 4, seed: int 
     """Shares of facts (0..1) that the attention path alone (MLP output mean-ablated) and the
     MLP path alone (attention's own write mean-ablated) recall in >= `known` of their
     contexts; the MLP share is NaN for an attention-only model. Same paths as locate_facts."""
-    _, run = fact_run(model, task, contexts, seed)  # a new clean run per call: the weights change between snapshots
-    hooks = ablation_hooks(model, task, contexts, seed, run=run)
-    attention = per_fact_accuracy(model, task, contexts, seed, tuple(hooks.get("mean_ablate_mlp", ())), run=run)
-    shares = {"attention_recall_share": float((attention["accuracy"] >= known).mean()), "mlp_recall_share": math.nan}
+    prompts = FactPrompts.build(model, task, contexts, seed)  # per call: the weights change between snapshots
+    hooks = ablation_hooks(model, task, prompts=prompts)
+    attention = per_fact_accuracy(model, task, fwd_hooks=tuple(hooks.get(columns.ablation("mean", "mlp"), ())),
+                                  prompts=prompts)
+    shares = {"attention_recall_share": float((attention[columns.ACCURACY] >= known).mean()),
+              "mlp_recall_share": math.nan}
     if has_mlp(model):
-        mlp = per_fact_accuracy(model, task, contexts, seed, tuple(hooks["mlp_path"]), run=run)
-        shares["mlp_recall_share"] = float((mlp["accuracy"] >= known).mean())
+        mlp = per_fact_accuracy(model, task, fwd_hooks=tuple(hooks[columns.path("mlp")]), prompts=prompts)
+        shares["mlp_recall_share"] = float((mlp[columns.ACCURACY] >= known).mean())
     return shares
 
 
@@ -94,7 +97,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
     rows = []
     for step in tqdm(steps, desc="snapshots", unit="snapshot", disable=not progress):
         load_weights(model, load_checkpoint(ckpt, step).weights)
-        row = {"step": step, **recall_metrics(last_position_logits(model, held_out.tokens), held_out, task)}
+        row = {"step": step, **recall_metrics(hooked_last_logits(model, held_out.tokens), held_out, task)}
         if step in with_storage:
             row.update(storage_shares(model, task, contexts, seed))
         rows.append(row)

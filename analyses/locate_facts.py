@@ -11,28 +11,27 @@ head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_f
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from analyses import cli, plots
+from analyses.locate_summary import LocateSummary
 from analyses.output import write_csv, write_summary
 from models import load
+from probe import columns
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution
-from probe.contexts import fact_run
 from probe.denoising import denoising_scores, head_token_table, specialisation
+from probe.hooks import model_device
 from probe.memory import recall_probes
 from probe.patching import activation_patching
-from probe.stats import with_interval
+from probe.prompts import FactPrompts
 from probe.storage import LABELS, StorageRule
 from tasks.factual_recall import FactualRecallTask
-
-KEYS = ["subject", "relation", "answer"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +46,12 @@ class LocateSettings:
         cli.at_least(self, contexts=2, patch_contexts=1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Located:
-    facts: pd.DataFrame  # one row per fact: measurements and label
+    facts: pd.DataFrame  # one row per fact: subject, relation, answer, measurements, label (docs/locate_facts.md)
     heads: pd.DataFrame  # one row per head: denoising scores, specialisation, per-head effects
     head_tokens: pd.DataFrame  # [head x token] attention mass on each subject / relation
-    summary: dict
+    summary: LocateSummary
 
 
 def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: int = 2, seed: int = 0,
@@ -60,32 +59,29 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     """Every locate_facts measurement on a TransformerBridge `model` and its task."""
     settings = LocateSettings(contexts, patch_contexts, seed)
     start = time.perf_counter()
-    _, run = fact_run(model, task, contexts, seed)  # one clean run per call: weights may have changed since the last
-    _, patch_run = fact_run(model, task, patch_contexts, seed)
+    prompts = FactPrompts.build(model, task, contexts, seed)  # per call: the weights may have changed since the last
+    patch_prompts = prompts if patch_contexts == contexts else FactPrompts.build(model, task, patch_contexts, seed)
     bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
         bar.update(1)
         return frame
 
-    parts = [step(per_fact_accuracy(model, task, contexts, seed, run=run)),
-             step(direct_logit_attribution(model, task, contexts, seed, run=run)),
-             ablations(model, task, contexts, seed, progress=lambda: bar.update(1), run=run),
-             step(activation_patching(model, task, "subject", patch_contexts, seed, run=patch_run)),
-             step(activation_patching(model, task, "relation", patch_contexts, seed, run=patch_run)),
-             step(recall_probes(model, task, contexts, seed, run=run))]
-    facts = parts[0]
-    for part in parts[1:]:
-        facts = facts.merge(part, on=KEYS)
-    facts = facts.copy()  # defragment after the merges
-    facts["label"] = rule.label(facts)
-    head_tokens = head_token_table(model, task, contexts, seed, run=run)
-    heads = step(denoising_scores(model, task, contexts, seed, run=run)).merge(specialisation(head_tokens), on="head")
+    parts = [step(per_fact_accuracy(model, task, prompts=prompts)),
+             step(direct_logit_attribution(model, task, prompts=prompts)),
+             ablations(model, task, progress=lambda: bar.update(1), prompts=prompts),
+             step(activation_patching(model, task, "subject", prompts=patch_prompts)),
+             step(activation_patching(model, task, "relation", prompts=patch_prompts)),
+             step(recall_probes(model, task, prompts=prompts))]
+    facts = pd.concat(parts, axis=1)
+    facts[columns.LABEL] = rule.label(facts)
+    facts = facts.reset_index()
+    head_tokens = head_token_table(model, task, prompts=prompts)
+    heads = step(denoising_scores(model, task, prompts=prompts)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
-    summary = _summary(facts, heads, task, rule, seed)
-    summary["settings"] = {**asdict(settings), "rule": asdict(rule), "device": str(next(model.parameters()).device)}
-    summary["seconds"] = round(time.perf_counter() - start, 2)
+    recorded = {**asdict(settings), "rule": asdict(rule), "device": str(model_device(model))}
+    summary = LocateSummary.of(facts, heads, task, recorded, round(time.perf_counter() - start, 2), seed)
     return Located(facts, heads, head_tokens, summary)
 
 
@@ -94,62 +90,34 @@ def _per_head_effects(facts: pd.DataFrame, n_heads: int) -> pd.DataFrame:
     and the share of the logit difference it restores under subject/relation patching."""
     rows = []
     for h in range(n_heads):
-        rows.append({"head": h, "mean_margin": facts[f"head{h}_margin"].mean(),
-                     "zero_ablation_accuracy": facts[f"zero_ablate_head{h}_accuracy"].mean(),
-                     "mean_ablation_accuracy": facts[f"mean_ablate_head{h}_accuracy"].mean(),
-                     "ov_recall": facts[f"ov_probe_head{h}"].mean(),
-                     "patch_subject_restored": facts[f"patch_subject_head{h}"].mean(),
-                     "patch_relation_restored": facts[f"patch_relation_head{h}"].mean()})
+        head = columns.head(h)
+        rows.append({"head": h, "mean_margin": facts[columns.head_margin(h)].mean(),
+                     "zero_ablation_accuracy": facts[columns.ablated_accuracy("zero", head)].mean(),
+                     "mean_ablation_accuracy": facts[columns.ablated_accuracy("mean", head)].mean(),
+                     "ov_recall": facts[columns.ov_probe(h)].mean(),
+                     "patch_subject_restored": facts[columns.patch("subject", head)].mean(),
+                     "patch_relation_restored": facts[columns.patch("relation", head)].mean()})
     return pd.DataFrame(rows)
-
-
-def _over_facts(name: str, values: pd.Series, seed: int) -> dict:
-    """A mean over facts with its 95% bootstrap interval, as plain floats."""
-    cols = with_interval(name, torch.tensor(values.to_numpy(dtype=float)), seed)
-    return {"value": float(cols[name]), "low": float(cols[f"{name}_low"]), "high": float(cols[f"{name}_high"])}
-
-
-def _summary(facts: pd.DataFrame, heads: pd.DataFrame, task: FactualRecallTask, rule: StorageRule, seed: int) -> dict:
-    counts = {label: int((facts["label"] == label).sum()) for label in LABELS}
-    n = len(facts)
-    top = heads.sort_values("denoising_score", ascending=False)
-    return {
-        "accuracy": float(facts["accuracy"].mean()),
-        "accuracy_interval": _over_facts("accuracy", facts["accuracy"], seed),
-        "n_facts": n,
-        "label_counts": counts,
-        "label_shares": {label: counts[label] / n for label in LABELS},
-        "label_share_intervals": {label: _over_facts(label, (facts["label"] == label).astype(float), seed)
-                                  for label in LABELS},
-        "recall": {name: _over_facts(name, facts[name].dropna(), seed)
-                   for name in ("ov_probe", "mlp_probe") if facts[name].notna().any()},
-        "path_accuracy": {name: _over_facts(name, facts[f"{name}_path_accuracy"], seed)
-                          for name in ("attention", "mlp")},
-        "top_heads": [{"head": int(r.head), "denoising_score": float(r.denoising_score),
-                       "subject_score": float(r.subject_score), "relation_score": float(r.relation_score)}
-                      for r in top.itertuples()],
-        "task": repr(task),
-    }
 
 
 def report(located: Located, ckpt: str, out: Path) -> str:
     """The short human summary printed by the CLI."""
     s = located.summary
-    acc = s["accuracy_interval"]
-    lines = [f"{ckpt}: {s['n_facts']} facts, accuracy {acc['value']:.3f} [95% CI {acc['low']:.3f}, {acc['high']:.3f}]",
+    acc = s.accuracy_interval
+    lines = [f"{ckpt}: {s.n_facts} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
              "where the facts live:"]
     for label in LABELS:
-        ci = s["label_share_intervals"][label]
-        lines.append(f"  {label:<12}{s['label_counts'][label]:>6}  {100 * s['label_shares'][label]:5.1f}%"
-                     f"  [{100 * ci['low']:.1f}, {100 * ci['high']:.1f}]")
+        ci = s.label_share_intervals[label]
+        lines.append(f"  {label:<12}{s.label_counts[label]:>6}  {100 * s.label_shares[label]:5.1f}%"
+                     f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
     lines.append("top heads by denoising score (1 = all attention on the token, 0 = uniform):")
     heads = located.heads.set_index("head")
-    for h in s["top_heads"][:4]:
-        row = heads.loc[h["head"]]
+    for h in s.top_heads[:4]:
+        row = heads.loc[h.head]
         picks = _abbreviate(f"{row.subjects} {row.relations}".split())
-        lines.append(f"  head {h['head']}: subject {h['subject_score']:.2f}, relation {h['relation_score']:.2f}; "
+        lines.append(f"  head {h.head}: subject {h.subject_score:.2f}, relation {h.relation_score:.2f}; "
                      f"attends to {picks}")
-    lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in {s['seconds']:.1f} s")
+    lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in {s.seconds:.1f} s")
     return "\n".join(lines)
 
 
@@ -163,7 +131,7 @@ def write(located: Located, out: Path, task: FactualRecallTask) -> None:
     write_csv(out / "facts.csv", located.facts)
     write_csv(out / "heads.csv", located.heads)
     write_csv(out / "head_tokens.csv", located.head_tokens.reset_index())
-    write_summary(out / "summary.json", located.summary)
+    write_summary(out / "summary.json", located.summary.to_json())
     plots.labels_per_relation(located.facts, out / "labels_per_relation.png")
     plots.head_token_heatmap(located.head_tokens, out / "head_tokens.png")
     plots.margin_scatter(located.facts, out / "margins.png")
@@ -181,8 +149,7 @@ def main(argv=None) -> int:
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
     located = locate(model, task, **asdict(settings), progress=not args.quiet)
-    located.summary["checkpoint"] = str(args.ckpt)
-    located.summary["step"] = args.step
+    located = replace(located, summary=located.summary.from_checkpoint(str(args.ckpt), args.step))
     write(located, out, task)
     print(report(located, args.ckpt, out))
     return 0

@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyses.output import save_figure, subplots
+from probe import columns
 from probe.storage import LABELS
 
 COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distributed": "#55A868",
@@ -14,7 +15,8 @@ COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distribu
 
 def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
     """Stacked bars: per relation, how many of its facts carry each storage label."""
-    counts = facts.groupby(["relation", "label"]).size().unstack(fill_value=0).reindex(columns=LABELS, fill_value=0)
+    counts = (facts.groupby([columns.RELATION, columns.LABEL]).size().unstack(fill_value=0)
+              .reindex(columns=LABELS, fill_value=0))
     fig, ax = subplots(figsize=(max(5, 0.3 * len(counts) + 2), 3.5))
     bottom = pd.Series(0, index=counts.index)
     for label in LABELS:
@@ -42,9 +44,10 @@ def margin_scatter(facts: pd.DataFrame, path: Path) -> None:
     """Per fact, the logit margin written by attention against the one written by the MLP."""
     fig, ax = subplots(figsize=(5, 4.5))
     for label in LABELS:
-        rows = facts[facts["label"] == label]
+        rows = facts[facts[columns.LABEL] == label]
         if len(rows):
-            ax.scatter(rows["attention_margin"], rows["mlp_margin"], s=12, alpha=0.7, color=COLORS[label], label=label)
+            ax.scatter(rows[columns.margin("attention")], rows[columns.margin("mlp")], s=12, alpha=0.7,
+                       color=COLORS[label], label=label)
     ax.axhline(0, color="k", lw=0.5)
     ax.axvline(0, color="k", lw=0.5)
     ax.set(xlabel="attention margin (logits)", ylabel="MLP margin (logits)",

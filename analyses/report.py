@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,7 @@ from analyses import cli, hallucination, locate_facts
 from analyses.visualize import page, parse_facts, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
+from probe import columns
 from probe.storage import LABELS
 
 LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
@@ -45,7 +47,7 @@ def located_results(ckpt: Path, model, task, fresh: bool = False, progress: bool
     summary = folder / "summary.json"
     if fresh or not summary.is_file() or _read_json(summary).get("step") is not None:
         located = locate_facts.locate(model, task, progress=progress)
-        located.summary.update(checkpoint=str(ckpt), step=None)
+        located = replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
         locate_facts.write(located, folder, task)
     return folder
 
@@ -166,7 +168,8 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     dynamics = hallucination_results(ckpt, device, fresh, progress)
     located = pd.read_csv(folder / "facts.csv")
     chosen = given or facts_to_show(located)
-    labels = {(int(f.subject), int(f.relation)): f.label for f in located.itertuples()}
+    labels = {(int(s), int(r)): label for s, r, label in
+              zip(located[columns.SUBJECT], located[columns.RELATION], located[columns.LABEL])}
     prompts, table = visualize(model, task, chosen, seed)
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
                       "Everything on this page is in this one file: it opens offline.</p>"),

@@ -3,8 +3,8 @@
 grid    Train the H x m grid (paper Figure 4 right: S=R=32, D=8, N=64, T=32, d=32, d_h=8)
         and record, per cell, held-out accuracy AND where locate_facts finds the facts
         (shares labelled attention / mlp / both / distributed / not_stored). Heat maps of
-        accuracy and of the attention and MLP shares, with the 99% frontier (the smallest m
-        reaching 99% at each H).
+        accuracy and of the attention, MLP and distributed shares, with the 99% frontier
+        (the smallest m reaching 99% at each H).
 swap    One task and model trained three ways: both free, MLP removed (attention only),
         OV path frozen at its random init; where do the facts go?
 shrink  On one trained model (--ckpt, or trained here): prune MLP neurons (smallest
@@ -43,6 +43,7 @@ from models.config import (
 from models.pruning import head_norms, neuron_norms, prune, prune_order
 from models.trainer import train
 from models.weights import parameter_count
+from probe import columns
 from probe.storage import LABELS, StorageRule
 
 BASE = "paper-tradeoff"
@@ -78,8 +79,8 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
     """locate_facts on `model`: accuracy over contexts and the share of facts per label."""
     located = locate(model, task, **asdict(locating), progress=False)
     s = located.summary
-    return {"located_accuracy": s["accuracy"], **{f"share_{k}": v for k, v in s["label_shares"].items()},
-            "_facts": located.facts[["subject", "relation", "accuracy", "label"]]}
+    return {"located_accuracy": s.accuracy, **{f"share_{k}": v for k, v in s.label_shares.items()},
+            "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
 
 
 def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
@@ -101,6 +102,8 @@ def _settings(command: str, run: RunConfig, locating: LocateSettings, extra: dic
     """settings.json of a trade-off sweep: what every cell shares."""
     recorded = {**asdict(run), "model": run.model.recorded()}
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
+        recorded["train"].pop("sampler")
     return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
             "patch_contexts": locating.patch_contexts, "seed_locate": locating.seed,
             "rule": asdict(StorageRule()), **extra}  # cells labelled under another rule are not reused
@@ -178,21 +181,23 @@ PAPER_LINE = 2300  # the authors' frontier: MLP parameters = 2300 - attention pa
 
 
 def _grid_figure(table, frontier, path, run: RunConfig | None = None):
-    """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, in both),
-    H and m labelled with the attention (d d_h H) and MLP (d m) parameters, the measured 99%
-    frontier, and, on the paper's Figure 4 right grid, the authors' frontier and floor."""
+    """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
+    distributed: recalled only by the two paths together), H and m labelled with the attention
+    (d d_h H) and MLP (d m) parameters, the measured 99% frontier, and, on the paper's Figure 4
+    right grid, the authors' frontier and floor; the legend below the panels."""
 
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     score = _accuracy_column(table)
     panels = [(score, f"held-out accuracy ({'best over the run' if score == 'best_accuracy' else 'final'})",
                "viridis"), ("share_attention", "share of facts in attention", "Blues"),
               ("share_mlp", "share of facts in the MLP", "Oranges"),
-              ("share_both", "share of facts in both", "Purples")]
+              ("share_distributed", "share of facts distributed", "Greens")]
     paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
                                     for k, v in PAPER_GRID.items())
     attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
     mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
     fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
+    fig.set_layout_engine("constrained")  # room below the panels for the legend
     for ax, (col, title, cmap) in zip(axes, panels):
         grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
         image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
@@ -218,7 +223,7 @@ def _grid_figure(table, frontier, path, run: RunConfig | None = None):
         ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
         ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)", title=title)
         fig.colorbar(image, ax=ax)
-    axes[0].legend(fontsize=6, loc="upper right")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     save_figure(fig, path)
 
 
@@ -309,7 +314,7 @@ def pruned_storage_row(section, weights, task, component: str, order: list, k: i
     row = storage_row(build_bridge(section, pruned, resolve_device(device)), task, locating)
     facts = row.pop("_facts")
     return {"component": component, "removed": k, "removed_units": removed, "fraction": k / len(order), **row,
-            "fact_accuracy": facts["accuracy"].round(4).tolist(), "fact_label": facts["label"].tolist()}
+            "fact_accuracy": facts[columns.ACCURACY].round(4).tolist(), "fact_label": facts[columns.LABEL].tolist()}
 
 
 def shrink_rows(trained: tuple, shrink: Shrink, run: RunConfig, locating: LocateSettings, cells: Cells,

@@ -122,16 +122,26 @@ def attention_view(prompt: FactPrompt):
 
 def attention_views(model, task: FactualRecallTask, facts: list[tuple[int, int]] | None = None, seed: int = 0) -> list:
     """circuitsvis objects (one attention_heads view per fact) for a notebook. Show one with
-    IPython.display.HTML(offline_html(view)), which needs no network (displaying the object
-    itself first probes google.com to choose between its CDN and inline versions)."""
+    IPython.display.HTML(offline_html(view)), which needs no network, or cdn_html(view), a few
+    kB (displaying the object itself first probes google.com to choose between the two)."""
     return [attention_view(p) for p in fact_prompts(model, task, facts or default_facts(task), seed)]
 
 
 def offline_html(view) -> str:
-    """The view's inline-script HTML as a closed element, so several views can share a page.
-    circuitsvis writes its container as `<div .../>`, which HTML parses as an open div: the
+    """The view's inline-script HTML (circuitsvis's whole script, about 1.3 MB) as a closed
+    element, so several views can share a page."""
+    return _closed(view.local_src)
+
+
+def cdn_html(view) -> str:
+    """The view's HTML that loads circuitsvis from its CDN (unpkg) when shown, as a closed
+    element: a few kB, for a notebook saved with its outputs; it renders only with a network."""
+    return _closed(view.cdn_src)
+
+
+def _closed(src: str) -> str:
+    """circuitsvis writes its container as `<div .../>`, which HTML parses as an open div: the
     rest of the page would land inside it and be wiped when React renders into it."""
-    src = view.local_src
     head, sep, tail = src.partition("/>")
     if not sep or not head.lstrip().startswith("<div"):
         raise RuntimeError("unexpected circuitsvis output: its container is not a self-closing <div/>.")

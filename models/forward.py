@@ -96,10 +96,12 @@ class VocabAttention(torch.autograd.Function):
         return d_query, d_key, d_value, None, d_scores if ctx.positional else None, None
 
 
-def _heads_transposed(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+def _heads_transposed(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor,
+                      scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Per-head projections with d_head as rows, scaled: (x W + b) * scale for
-    W [K, H, d, e], b [K, H, e] (or None), x [K, n, d] -> [K, H, e, n]. The scale goes on
-    the small weight and bias, so the [.., n] output is written once."""
+    W [K, H, d, e], b [K, H, e] (or None), x [K, n, d] -> [K, H, e, n]; the scale is one
+    number or one per model ([K, 1, 1]). It goes on the small weight and bias, so the
+    [.., n] output is written once."""
     K, H, d, e = W.shape
     weight = W.transpose(-1, -2).reshape(K, H * e, d) * scale  # [K, H e, d]
     x_t = x.transpose(-1, -2)  # [K, d, n]
@@ -108,10 +110,12 @@ def _heads_transposed(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor, 
 
 
 def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, attention: str = "softmax",
-                         positional: bool | None = None) -> torch.Tensor:
+                         positional: bool | None = None, query_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Logits at the last position [K, batch, d_vocab_out] for a stack `w` ([K, ...]
     tensors) on tokens [K, batch, T]. `positional` says whether W_pos is non-zero (None:
-    look, which costs a host sync)."""
+    look, which costs a host sync). `query_scale` [K] is each model's 1/sqrt(d_head) when
+    the stack zero-pads heads of different sizes (models.shape_stack); None: the stack's
+    own d_head."""
     E = w["embed.W_E"]  # [K, V, d]
     K, B, T = tokens.shape
     H, d_head = w[ATTN + "W_Q"].shape[1], w[ATTN + "W_Q"].shape[-1]
@@ -123,7 +127,8 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
         x_last = x_last + w["pos_embed.W_pos"][:, -1, None]
     # The scores' 1/sqrt(d_head) goes on the query, not on the [K, H, B, V] scores;
     # b_K and b_V are the same at every position: they belong in the vocabulary tables.
-    q = _heads_transposed(w[ATTN + "W_Q"], w[ATTN + "b_Q"], x_last, 1 / math.sqrt(d_head))  # [K, H, e, B]
+    scale = 1 / math.sqrt(d_head) if query_scale is None else query_scale.view(K, 1, 1)
+    q = _heads_transposed(w[ATTN + "W_Q"], w[ATTN + "b_Q"], x_last, scale)  # [K, H, e, B]
     key = _heads_transposed(w[ATTN + "W_K"], w[ATTN + "b_K"], E)  # [K, H, e, V]
     value = _heads_transposed(w[ATTN + "W_V"], w[ATTN + "b_V"], E)  # [K, H, e, V]
     index = tokens[:, None].expand(K, H, B, T)  # [K, H, B, T]

@@ -5,29 +5,28 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.accuracy import facts_frame, per_fact_accuracy
-from probe.contexts import fact_run
-from probe.hooks import HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_POST, HOOK_Z, CleanRun, has_mlp, set_last
+from probe import columns
+from probe.accuracy import per_fact_accuracy
+from probe.hooks import HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_POST, HOOK_Z, has_mlp, set_last
+from probe.prompts import FactPrompts, given_or_built
 from tasks.factual_recall import FactualRecallTask
-
-KEYS = ["subject", "relation", "answer"]
 
 
 def ablation_hooks(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                   run: CleanRun | None = None) -> dict[str, list]:
-    """Named hook lists: `{zero,mean}_ablate_{mlp,heads,head<h>}`, and `mlp_path`
-    (attention's own write to the logits mean-ablated, the MLP still reads it). Means are
-    over the prompts of the clean run `run` (contexts.fact_run; computed here when not given)."""
-    _, run = fact_run(model, task, contexts, seed, run=run)
+                   prompts: FactPrompts | None = None) -> dict[str, list]:
+    """Named hook lists: `{zero,mean}_ablate_{heads,head<h>,mlp}` (columns.ablation), and
+    `mlp_path` (columns.path: attention's own write to the logits mean-ablated, the MLP
+    still reads it). Means are over the clean run of `prompts` (built here when not given)."""
+    run = given_or_built(model, task, contexts, seed, prompts).run
     mean_z, mean_mlp, mean_attn = run.z.mean(0), run.mlp_out.mean(0), run.attn_out.mean(0)
     hooks = {}
     for kind, z_value in (("zero", torch.zeros_like(mean_z)), ("mean", mean_z)):
-        hooks[f"{kind}_ablate_heads"] = [(HOOK_Z, set_last(z_value))]
+        hooks[columns.ablation(kind, "heads")] = [(HOOK_Z, set_last(z_value))]
         for h in range(model.cfg.n_heads):
-            hooks[f"{kind}_ablate_head{h}"] = [(HOOK_Z, set_last(z_value[h], head=h))]
+            hooks[columns.ablation(kind, columns.head(h))] = [(HOOK_Z, set_last(z_value[h], head=h))]
         if has_mlp(model):
-            hooks[f"{kind}_ablate_mlp"] = [(HOOK_MLP_OUT, set_last(0.0 if kind == "zero" else mean_mlp))]
-    hooks["mlp_path"] = _replace_attention_write(mean_attn)
+            hooks[columns.ablation(kind, "mlp")] = [(HOOK_MLP_OUT, set_last(0.0 if kind == "zero" else mean_mlp))]
+    hooks[columns.path("mlp")] = _replace_attention_write(mean_attn)
     return hooks
 
 
@@ -47,24 +46,23 @@ def _replace_attention_write(mean_attn: torch.Tensor) -> list:
 
 
 def ablations(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, progress=None,
-              run: CleanRun | None = None) -> pd.DataFrame:
-    """Per-fact accuracy (with 95% interval) under every ablation of ablation_hooks, as
-    columns `<ablation>_accuracy`, and `attention_path_accuracy`: the accuracy with the MLP
-    output mean-ablated (the plain accuracy without an MLP). `progress` is called per run;
-    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given."""
-    _, run = fact_run(model, task, contexts, seed, run=run)
-    frame = facts_frame(task)
-    for name, hooks in ablation_hooks(model, task, contexts, seed, run=run).items():
-        measured = per_fact_accuracy(model, task, contexts, seed, tuple(hooks), name=f"{name}_accuracy", run=run)
-        frame = frame.merge(measured, on=KEYS)
+              prompts: FactPrompts | None = None) -> pd.DataFrame:
+    """Per-fact accuracy (with 95% interval), indexed by the fact, under every ablation of
+    ablation_hooks, as columns `<ablation>_accuracy`, and `attention_path_accuracy`: the
+    accuracy with the MLP output mean-ablated (the plain accuracy without an MLP).
+    `progress` is called per run; `prompts`: built here (`contexts` per fact, `seed`) when
+    not given."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    frames = {}
+    for name, hooks in ablation_hooks(model, task, prompts=prompts).items():
+        frames[name] = per_fact_accuracy(model, task, fwd_hooks=tuple(hooks), name=columns.accuracy_under(name),
+                                         prompts=prompts)
         if progress:
             progress()
-    source = "mean_ablate_mlp_accuracy" if has_mlp(model) else "accuracy"
-    if not has_mlp(model):
-        frame = frame.merge(per_fact_accuracy(model, task, contexts, seed, run=run), on=KEYS)
-    for suffix in ("", "_low", "_high"):
-        frame[f"attention_path_accuracy{suffix}"] = frame[source + suffix]
-    return frame.drop(columns=[c for c in frame if c.startswith("accuracy")])
+    attention_path = (frames[columns.ablation("mean", "mlp")] if has_mlp(model)
+                      else per_fact_accuracy(model, task, prompts=prompts))
+    attention_path = attention_path.set_axis(columns.interval(columns.path_accuracy("attention")), axis=1)
+    return pd.concat([*frames.values(), attention_path], axis=1)
 
 
 def n_ablation_runs(model) -> int:

@@ -5,18 +5,17 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.accuracy import columns, facts_frame
-from probe.contexts import answer_block, fact_run, per_fact, ranks_first_in_block
-from probe.hooks import CleanRun
+from probe import columns
+from probe.contexts import answer_block, ranks_first_in_block
+from probe.prompts import FactPrompts, given_or_built
 from probe.stats import ratio_with_interval, with_interval
 from tasks.factual_recall import Batch, FactualRecallTask
 
-COMPONENTS = ("attention", "mlp")
-
 
 def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                             run: CleanRun | None = None) -> pd.DataFrame:
-    """Per fact, in logit units averaged over contexts (each with a 95% interval):
+                             prompts: FactPrompts | None = None) -> pd.DataFrame:
+    """Per fact (indexed by the fact), in logit units averaged over contexts (each with a
+    95% interval):
 
     - `margin`: a* over the model's strongest other answer b in A_r; `X_margin` for
       X = head{h}, attention (heads summed), mlp, direct (EOS embedding, biases): X's part
@@ -31,13 +30,14 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
       NaN where the full margin is not positive or both components' margins are negative,
       where a share means nothing.
 
-    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given.
+    `prompts`: built here (`contexts` per fact, `seed`) when not given.
     """
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    batch, run, seed = prompts.batch, prompts.run, prompts.seed
     D = task.answers_per_relation
-    batch, run = fact_run(model, task, contexts, seed, run)
     W_U = model.W_U  # [d, O]
     heads = run.head_results @ W_U  # [n, H, O]
-    components = {f"head{h}": heads[:, h] for h in range(heads.shape[1])}
+    components = {columns.head(h): heads[:, h] for h in range(heads.shape[1])}
     components["attention"] = heads.sum(1)
     components["mlp"] = run.mlp_out @ W_U
     components["direct"] = run.logits - components["attention"] - components["mlp"]  # EOS embedding, b_O, b_U
@@ -46,26 +46,27 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     target = batch.answers - batch.relations * D
     rival = block.scatter(-1, target[:, None], float("-inf")).argmax(-1) + batch.relations * D  # [n] answer id b
 
-    def margin(logits):  # a* over the fixed rival b, per prompt [n]
-        return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
+    def margin(logits):  # a* over the fixed rival b, per fact and context [F, C]
+        return prompts.per_fact(logits.gather(-1, batch.answers[:, None])[:, 0]
+                                - logits.gather(-1, rival[:, None])[:, 0])
 
-    total = per_fact(margin(run.logits), contexts)  # [F, C]
-    cols = with_interval("margin", total, seed)
+    total = margin(run.logits)  # [F, C]
+    cols = with_interval(columns.MARGIN, total, seed)
     for name, logits in components.items():
-        cols.update(with_interval(f"{name}_margin", per_fact(margin(logits), contexts), seed))
-        top, own = ranks_first_in_block(logits, batch.relations, batch.answers, D)
-        cols.update(with_interval(f"{name}_top", per_fact(top, contexts), seed))
-        if name in COMPONENTS:
-            cols.update(with_interval(f"{name}_own_margin", per_fact(own, contexts), seed))
-            chance, z = above_chance(logits, task, batch, per_fact(top, contexts).mean(1))
-            cols[f"{name}_top_chance"] = torch.full((task.n_facts,), chance)
-            cols[f"{name}_top_z"] = torch.full((task.n_facts,), z)
-    means = {name: cols[f"{name}_margin"] for name in COMPONENTS}
-    meaningless = (cols["margin"] <= 0) | ((means["attention"] < 0) & (means["mlp"] < 0))  # [F]
-    for name in COMPONENTS:
-        shares = ratio_with_interval(f"{name}_share", per_fact(margin(components[name]), contexts), total, seed)
+        cols.update(with_interval(columns.margin(name), margin(logits), seed))
+        top, own = (prompts.per_fact(x) for x in ranks_first_in_block(logits, batch.relations, batch.answers, D))
+        cols.update(with_interval(columns.top(name), top, seed))
+        if name in columns.STORES:
+            cols.update(with_interval(columns.own_margin(name), own, seed))
+            chance, z = above_chance(logits, task, batch, top.mean(1))
+            cols[columns.top_chance(name)] = torch.full((task.n_facts,), chance)
+            cols[columns.top_z(name)] = torch.full((task.n_facts,), z)
+    means = {name: cols[columns.margin(name)] for name in columns.STORES}
+    meaningless = (cols[columns.MARGIN] <= 0) | ((means["attention"] < 0) & (means["mlp"] < 0))  # [F]
+    for name in columns.STORES:
+        shares = ratio_with_interval(columns.share(name), margin(components[name]), total, seed)
         cols.update({k: v.masked_fill(meaningless, float("nan")) for k, v in shares.items()})
-    return columns(facts_frame(task), cols)
+    return prompts.frame(cols)
 
 
 def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, top: torch.Tensor) -> tuple[float, float]:

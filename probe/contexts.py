@@ -1,27 +1,7 @@
-"""Prompts for every fact, the clean run on them, and logits read within a relation's
-answer block A_r."""
+"""Per-prompt values grouped by fact, and logits read within a relation's answer block A_r."""
 from __future__ import annotations
 
 import torch
-
-from probe.hooks import CleanRun, ensure_clean_run
-from tasks.factual_recall import Batch, FactualRecallTask
-
-
-def fact_batch(task: FactualRecallTask, contexts: int, seed: int, device="cpu") -> Batch:
-    """`contexts` prompts per fact (random positions and noise), fact-major: prompt i holds
-    fact i // contexts, facts in the order of task.all_facts()."""
-    subjects, relations, _ = task.all_facts()
-    generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
-    return task.fact_prompts(subjects.repeat_interleave(contexts), relations.repeat_interleave(contexts), generator)
-
-
-def fact_run(model, task: FactualRecallTask, contexts: int, seed: int,
-             run: CleanRun | None = None) -> tuple[Batch, CleanRun]:
-    """The fact_batch prompts on the model's device and the clean run on them: `run` when
-    given (computed once by the caller and shared; it must hold these prompts), else a new one."""
-    batch = fact_batch(task, contexts, seed, next(model.parameters()).device)
-    return batch, ensure_clean_run(model, batch.tokens, run)
 
 
 def per_fact(values: torch.Tensor, contexts: int) -> torch.Tensor:

@@ -5,31 +5,32 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.contexts import fact_run
-from probe.hooks import CleanRun
+from probe.prompts import FactPrompts, given_or_built
 from probe.stats import with_interval
 from tasks.factual_recall import FactualRecallTask
 
 
-def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0, run: CleanRun | None = None):
-    """The EOS query's attention per prompt and head: (batch, {"subject", "relation",
-    "eos", "noise"} -> [n, head] probability mass), from the clean run's hook_pattern
-    (`run`, contexts.fact_run; computed here when not given)."""
-    batch, run = fact_run(model, task, contexts, seed, run)
-    pattern = run.pattern  # [n, H, T]
+def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
+                     prompts: FactPrompts | None = None) -> dict[str, torch.Tensor]:
+    """The EOS query's attention per prompt and head: {"subject", "relation", "eos",
+    "noise"} -> [n, head] probability mass, from the hook_pattern of the clean run of
+    `prompts` (built here when not given)."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    batch, pattern = prompts.batch, prompts.run.pattern  # [n, H, T]
     rows = torch.arange(len(batch), device=pattern.device)
     subject, relation = pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos]  # [n, H]
     eos = pattern[:, :, -1]
-    return batch, {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
+    return {"subject": subject, "relation": relation, "eos": eos, "noise": 1 - subject - relation - eos}
 
 
 def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                     run: CleanRun | None = None) -> pd.DataFrame:
+                     prompts: FactPrompts | None = None) -> pd.DataFrame:
     """Per head: mean attention mass of the EOS query on the subject, the relation, EOS and
     the noise (with 95% intervals over prompts), the uniform baseline 1/T, and the scores
     (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform.
-    `run`: the clean run on these prompts, computed here when not given."""
-    _, masses = attention_masses(model, task, contexts, seed, run)
+    `prompts`: built here (`contexts` per fact, `seed`) when not given."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    masses, seed = attention_masses(model, task, prompts=prompts), prompts.seed
     T = task.seq_len
     rows = []
     for h in range(masses["subject"].shape[1]):
@@ -44,11 +45,12 @@ def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: in
 
 
 def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                     run: CleanRun | None = None) -> pd.DataFrame:
+                     prompts: FactPrompts | None = None) -> pd.DataFrame:
     """Mean attention mass [head x token] each head puts on subject S<i> (resp. relation
     R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0...
-    `run`: the clean run on these prompts, computed here when not given."""
-    batch, masses = attention_masses(model, task, contexts, seed, run)
+    `prompts`: built here (`contexts` per fact, `seed`) when not given."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    batch, masses = prompts.batch, attention_masses(model, task, prompts=prompts)
     subject, relation = masses["subject"], masses["relation"]
     H = subject.shape[1]
     def by_token(mass, ids, count):  # [n, H] -> [H, count] mean over prompts holding each id

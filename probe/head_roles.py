@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.hooks import HOOK_Z, CleanRun, ensure_clean_run, rerun_last_position, set_last
+from probe.hooks import HOOK_Z, CleanRun, clean_run, model_device, rerun_last_position, set_last
 from tasks.association import SequenceTask
 
 THRESHOLD = 0.1
@@ -28,7 +28,7 @@ THRESHOLD = 0.1
 def sequences_run(model, task: SequenceTask, run: CleanRun | None = None) -> CleanRun:
     """The clean run on all T_0 sequences [T_0, S] of `task`: `run` when given (it must hold
     them), else a new one."""
-    return ensure_clean_run(model, task.sequences().to(next(model.parameters()).device), run)
+    return run if run is not None else clean_run(model, task.sequences().to(model_device(model)))
 
 
 def head_roles(model, task: SequenceTask, threshold: float = THRESHOLD, run: CleanRun | None = None) -> pd.DataFrame:

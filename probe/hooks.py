@@ -20,15 +20,19 @@ HOOK_RESID_MID = "blocks.0.hook_resid_mid"  # [batch, pos, d_model] embedding + 
 HOOK_RESID_POST = "blocks.0.hook_resid_post"  # [batch, pos, d_model] what the unembedding reads
 
 Hook = tuple[str, Callable]
-CHUNK = 256  # prompts per forward: the bridge's [batch, head, T, T] tensors stay in cache
+PROMPTS_PER_RUN = 256  # prompts per forward: the bridge's [batch, head, T, T] tensors stay in cache
 
 
 def has_mlp(model) -> bool:
     return not model.cfg.attn_only
 
 
-def last_position_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] = (),
-                         chunk: int = CHUNK) -> torch.Tensor:
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def hooked_last_logits(model, tokens: torch.Tensor, fwd_hooks: Sequence[Hook] = (),
+                       chunk: int = PROMPTS_PER_RUN) -> torch.Tensor:
     """Logits at the last position [n, d_vocab_out] of `model` run with `fwd_hooks`, in chunks."""
     out = []
     with torch.inference_mode():
@@ -52,7 +56,8 @@ def set_last(value: torch.Tensor | float, head: int | None = None) -> Callable:
 @dataclass(frozen=True, eq=False)
 class CleanRun:
     """One run of a model on `tokens` without hooks, read at the last position. Built by
-    `clean_run` once per (model, prompts) and passed to the instruments that read it; it
+    `clean_run` once per (model, prompts) and passed to the instruments that read it (for
+    the fact prompts, inside probe.prompts.FactPrompts); it
     holds tensors, not the model, so after the weights change it is stale: build a new one."""
     tokens: torch.Tensor  # [n, T] the prompts it was computed on
     logits: torch.Tensor  # [n, O]
@@ -64,7 +69,7 @@ class CleanRun:
     resid_pre: torch.Tensor  # [n, d] the residual input (embedding + position)
 
 
-def clean_run(model, tokens: torch.Tensor, chunk: int = CHUNK) -> CleanRun:
+def clean_run(model, tokens: torch.Tensor, chunk: int = PROMPTS_PER_RUN) -> CleanRun:
     """The CleanRun of `model` on `tokens` [n, T], computed in chunks of `chunk` prompts."""
     names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_PRE}
     parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern",
@@ -83,16 +88,6 @@ def clean_run(model, tokens: torch.Tensor, chunk: int = CHUNK) -> CleanRun:
     return CleanRun(tokens, **{k: torch.cat(v) for k, v in parts.items()})
 
 
-def ensure_clean_run(model, tokens: torch.Tensor, run: CleanRun | None = None) -> CleanRun:
-    """`run` when given (computed once by the caller and shared; it must hold `tokens`),
-    else the clean run of `model` on `tokens`."""
-    if run is None:
-        return clean_run(model, tokens)
-    if not torch.equal(run.tokens, tokens):
-        raise ValueError("the clean run given was computed on other prompts than the instrument's.")
-    return run
-
-
 def rerun_last_position(model, run: CleanRun, fwd_hooks: Sequence[Hook] = ()) -> torch.Tensor:
     """Logits [n, d_vocab_out] of `model` at the last position of the prompts of `run`,
     run again with `fwd_hooks`, which may edit the last position only (ablations,
@@ -102,7 +97,7 @@ def rerun_last_position(model, run: CleanRun, fwd_hooks: Sequence[Hook] = ()) ->
     z, so the model runs on one position: its residual input and every head's z are set to
     the cached values through hook_resid_pre and hook_z, then `fwd_hooks` run, and the
     model computes the rest (W_O, MLP, unembedding) itself. T times less work than
-    last_position_logits on the full prompts, and the same logits (tests/test_probe_hooks.py)."""
+    hooked_last_logits on the full prompts, and the same logits (tests/test_probe_hooks.py)."""
     restore = [(HOOK_RESID_PRE, lambda x, hook: run.resid_pre[:, None].to(x.dtype)),
                (HOOK_Z, lambda x, hook: run.z[:, None].to(x.dtype))]
     with torch.inference_mode():

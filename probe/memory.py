@@ -11,20 +11,21 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.accuracy import columns, facts_frame, model_device
-from probe.contexts import per_fact, ranks_first_in_block
+from probe import columns
+from probe.contexts import ranks_first_in_block
 from probe.denoising import attention_masses
-from probe.hooks import CleanRun, has_mlp
+from probe.hooks import has_mlp, model_device
+from probe.prompts import FactPrompts, given_or_built
 from tasks.factual_recall import FactualRecallTask
 
 
 def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                   run: CleanRun | None = None) -> dict[str, torch.Tensor]:
+                   prompts: FactPrompts | None = None) -> dict[str, torch.Tensor]:
     """Mean attention of each head's EOS query, per fact [F, H]: on the subject, the
-    relation, EOS and noise (probability mass), from the clean run `run` (computed here
+    relation, EOS and noise (probability mass), from the clean run of `prompts` (built here
     when not given)."""
-    _, masses = attention_masses(model, task, contexts, seed, run)
-    return {k: per_fact(v, contexts).mean(1) for k, v in masses.items()}
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    return {k: prompts.per_fact(v).mean(1) for k, v in attention_masses(model, task, prompts=prompts).items()}
 
 
 def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -47,11 +48,12 @@ def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Te
 
 
 def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-                  run: CleanRun | None = None) -> pd.DataFrame:
-    """Per fact: `ov_probe_head<h>` and `ov_probe` (heads summed), `mlp_probe`: 1.0 where
-    the probe ranks a* first within A_r (NaN for mlp_probe without an MLP). `run`: the
-    clean run whose attention the probes use, computed here when not given."""
-    alpha = fact_attention(model, task, contexts, seed, run)
+                  prompts: FactPrompts | None = None) -> pd.DataFrame:
+    """Per fact (indexed by the fact): `ov_probe_head<h>` and `ov_probe` (heads summed),
+    `mlp_probe`: 1.0 where the probe ranks a* first within A_r (NaN for mlp_probe without
+    an MLP). `prompts`: those whose attention the probes use, built here when not given."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    alpha = fact_attention(model, task, prompts=prompts)
     subjects, relations, answers = (t.to(model_device(model)) for t in task.all_facts())
     E, OV, W_U = model.W_E, model.OV.AB[0], model.W_U  # [V, d], [H, d, d], [d, O]
     S, D = task.n_subjects, task.answers_per_relation
@@ -61,13 +63,13 @@ def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int =
         + torch.einsum("fh,fd,hde->fhe", alpha["relation"], e_r, OV)  # [F, H, d]
     cols = {}
     for h in range(write.shape[1]):
-        cols[f"ov_probe_head{h}"] = ranks_first_in_block(write[:, h] @ W_U, relations, answers, D)[0]
-    cols["ov_probe"] = ranks_first_in_block(write.sum(1) @ W_U, relations, answers, D)[0]
+        cols[columns.ov_probe(h)] = ranks_first_in_block(write[:, h] @ W_U, relations, answers, D)[0]
+    cols[columns.ov_probe()] = ranks_first_in_block(write.sum(1) @ W_U, relations, answers, D)[0]
     if has_mlp(model):
         mid = idealised_residual(model, task, alpha)  # [F, d]
         with torch.inference_mode():
             mlp_out = model.blocks[0].mlp(mid[:, None])[:, 0]  # the model's own MLP module
-        cols["mlp_probe"] = ranks_first_in_block(mlp_out @ W_U, relations, answers, D)[0]
+        cols[columns.MLP_PROBE] = ranks_first_in_block(mlp_out @ W_U, relations, answers, D)[0]
     else:
-        cols["mlp_probe"] = torch.full((task.n_facts,), float("nan"))
-    return columns(facts_frame(task), cols)
+        cols[columns.MLP_PROBE] = torch.full((task.n_facts,), float("nan"))
+    return prompts.frame(cols)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.accuracy import columns, facts_frame
-from probe.contexts import fact_run, per_fact
-from probe.hooks import HOOK_MLP_OUT, HOOK_Z, CleanRun, clean_run, rerun_last_position, set_last
+from probe import columns
+from probe.hooks import HOOK_MLP_OUT, HOOK_Z, clean_run, has_mlp, rerun_last_position, set_last
+from probe.prompts import FactPrompts, given_or_built
 from probe.stats import with_interval
 from tasks.factual_recall import FactualRecallTask
 
@@ -42,13 +42,14 @@ def corrupted_prompts(task: FactualRecallTask, batch, corrupt: str, generator: t
 
 
 def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject",
-                        contexts: int = 2, seed: int = 0, run: CleanRun | None = None) -> pd.DataFrame:
-    """Per fact, the share of the clean logit difference logit(a*) - logit(a_corrupt)
-    restored by patching each head's output (hook_z) and the MLP output at the last
-    position from the clean run into the corrupted one (0: nothing, 1: all), with 95%
-    intervals over contexts. Columns `patch_<corrupt>_head<h>`, `patch_<corrupt>_mlp`.
-    `run`: the clean run on these prompts (contexts.fact_run), computed here when not given."""
-    batch, clean = fact_run(model, task, contexts, seed, run)
+                        contexts: int = 2, seed: int = 0, prompts: FactPrompts | None = None) -> pd.DataFrame:
+    """Per fact (indexed by the fact), the share of the clean logit difference
+    logit(a*) - logit(a_corrupt) restored by patching each head's output (hook_z) and the
+    MLP output at the last position from the clean run into the corrupted one (0: nothing,
+    1: all), with 95% intervals over contexts. Columns `patch_<corrupt>_head<h>`,
+    `patch_<corrupt>_mlp`. `prompts`: built here (`contexts` per fact, `seed`) when not given."""
+    prompts = given_or_built(model, task, contexts, seed, prompts)
+    batch, clean, seed = prompts.batch, prompts.run, prompts.seed
     device = batch.tokens.device
     tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt,
                                                torch.Generator(device=device).manual_seed(seed + 1))
@@ -59,8 +60,8 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     def logit_diff(logits):  # [n, O] -> [n]
         return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
 
-    restores = {f"head{h}": [(HOOK_Z, set_last(clean.z[:, h], head=h))] for h in range(model.cfg.n_heads)}
-    if not model.cfg.attn_only:
+    restores = {columns.head(h): [(HOOK_Z, set_last(clean.z[:, h], head=h))] for h in range(model.cfg.n_heads)}
+    if has_mlp(model):
         restores["mlp"] = [(HOOK_MLP_OUT, set_last(clean.mlp_out))]
     clean_diff, corrupted_diff = logit_diff(clean.logits), logit_diff(corrupted.logits)  # [n]
     no_scale = ~valid | ((clean_diff - corrupted_diff).abs() < 1e-6)  # nothing to restore
@@ -68,5 +69,5 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     for name, hooks in restores.items():
         patched = logit_diff(rerun_last_position(model, corrupted, hooks))
         restored = ((patched - corrupted_diff) / (clean_diff - corrupted_diff)).masked_fill(no_scale, float("nan"))
-        cols.update(with_interval(f"patch_{corrupt}_{name}", per_fact(restored, contexts), seed))
-    return columns(facts_frame(task), cols)
+        cols.update(with_interval(columns.patch(corrupt, name), prompts.per_fact(restored), seed))
+    return prompts.frame(cols)

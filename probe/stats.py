@@ -8,7 +8,7 @@ import torch
 from transformer_lens.utilities.statistics import derive_generator
 
 N_RESAMPLES = 500
-CHUNK = 256  # resamples drawn at a time, as bootstrap_ci draws them
+RESAMPLES_PER_DRAW = 256  # resamples drawn at a time, as bootstrap_ci draws them
 
 
 def bootstrap_ci(x: torch.Tensor, n_resamples: int, generator: torch.Generator,
@@ -18,8 +18,8 @@ def bootstrap_ci(x: torch.Tensor, n_resamples: int, generator: torch.Generator,
     leading cell), each resample's mean as counts @ x, and torch.quantile's linear
     interpolation on the sorted means."""
     n = x.shape[-1]
-    idx = torch.cat([torch.randint(0, n, (min(CHUNK, n_resamples - start), n), generator=generator)
-                     for start in range(0, n_resamples, CHUNK)])  # [resample, n]
+    idx = torch.cat([torch.randint(0, n, (min(RESAMPLES_PER_DRAW, n_resamples - start), n), generator=generator)
+                     for start in range(0, n_resamples, RESAMPLES_PER_DRAW)])  # [resample, n]
     counts = torch.zeros(n_resamples, n).scatter_add_(1, idx, torch.ones(n_resamples, n))  # [resample, n]
     means = (x.float() @ counts.T / n).sort(-1).values  # [..., resample]
     alpha = (1 - confidence) / 2

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from probe import columns
+
 LABELS = ("attention", "mlp", "both", "distributed", "not_stored")
 
 
@@ -31,15 +33,15 @@ class StorageRule:
     chance: float = 3.0  # standard errors above chance a component's picks must lie before it stores anything
 
     def stores(self, facts: pd.DataFrame, component: str) -> pd.Series:
-        return ((facts[f"{component}_path_accuracy"] >= self.sufficient)
-                & (facts[f"{component}_top"] >= self.sufficient)
-                & (facts[f"{component}_top_z"] >= self.chance))
+        return ((facts[columns.path_accuracy(component)] >= self.sufficient)
+                & (facts[columns.top(component)] >= self.sufficient)
+                & (facts[columns.top_z(component)] >= self.chance))
 
     def label(self, facts: pd.DataFrame) -> pd.Series:
         """One label per row of `facts`, which needs the columns accuracy,
         {attention,mlp}_path_accuracy, {attention,mlp}_top and {attention,mlp}_top_z."""
         attention, mlp = self.stores(facts, "attention"), self.stores(facts, "mlp")
-        known = facts["accuracy"] >= self.known
+        known = facts[columns.ACCURACY] >= self.known
         labels = np.select([~known, attention & mlp, attention, mlp], ["not_stored", "both", "attention", "mlp"],
                            default="distributed")
-        return pd.Series(labels, index=facts.index, name="label")
+        return pd.Series(labels, index=facts.index, name=columns.LABEL)

@@ -275,13 +275,13 @@ def test_checkpoint_round_trip_and_head_roles(association_ckpt):
 def test_head_roles_ablations_rerun_one_position_with_the_full_sequence_accuracy(association_ckpt):
     """head_roles mean-ablates each head on the last position alone (rerun_last_position);
     its accuracies are those of the full sequences run with the same hook."""
-    from probe.hooks import HOOK_Z, clean_run, last_position_logits, set_last
+    from probe.hooks import HOOK_Z, clean_run, hooked_last_logits, set_last
 
     model, task = load(association_ckpt[0], device="cpu")
     roles = head_roles(model, task)
     tokens = task.sequences()
     z_mean = clean_run(model, tokens).z.mean(0)  # [H, d_head]
-    full = [task.scores(last_position_logits(model, tokens, [(HOOK_Z, set_last(z_mean[h], h))]))["accuracy"].item()
+    full = [task.scores(hooked_last_logits(model, tokens, [(HOOK_Z, set_last(z_mean[h], h))]))["accuracy"].item()
             for h in range(model.cfg.n_heads)]
     assert roles.mean_ablation_accuracy.tolist() == full
     assert (roles.accuracy_drop > 0).any()  # the ablations do change the answers

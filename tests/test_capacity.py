@@ -410,6 +410,8 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     # a fact answered in under half its contexts is not stored, so the unknown facts bound the accuracy
     assert (grid["share_not_stored"] <= 2 * (1 - grid["located_accuracy"]) + 1e-9).all()
     assert (grid["share_not_stored"] >= 1 - 2 * grid["located_accuracy"] - 1e-9).all()
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert "sampler" not in settings["run"]["train"] and "parameterisation" in settings["run"]["model"]
     (tmp_path / "cells" / "H2_m32.json").unlink()
     assert main(argv) == 0
     assert "(1 new cells)" in capsys.readouterr().out

@@ -1,9 +1,8 @@
-"""The clean run is explicit state: computed per call unless the caller passes one, never
-stale after weights are edited in place, never keeping a model alive, refused on other prompts."""
+"""The clean run is explicit state: built with the prompts per call unless the caller passes
+them, never stale after weights are edited in place, never keeping a model alive."""
 import gc
 import weakref
 
-import pytest
 import torch
 
 from models import build_bridge
@@ -12,8 +11,8 @@ from models.weights import MLP
 from probe.ablation import ablations
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution
-from probe.contexts import fact_run
 from probe.patching import activation_patching
+from probe.prompts import FactPrompts
 
 
 def _without_mlp_write(weights: dict) -> dict:
@@ -41,11 +40,8 @@ def test_no_instrument_keeps_the_model_alive(tiny_result):
     assert alive() is None
 
 
-def test_a_shared_run_gives_the_instrument_s_own_answer_and_other_prompts_are_refused(tiny_result):
+def test_shared_prompts_give_each_instrument_its_own_answer(tiny_result):
     model, task = build_bridge(tiny_result.section, tiny_result.weights), tiny_result.task
-    _, run = fact_run(model, task, contexts=2, seed=0)
-    own = per_fact_accuracy(model, task, contexts=2, seed=0)
-    assert per_fact_accuracy(model, task, contexts=2, seed=0, run=run).equals(own)
-    for contexts, seed in ((3, 0), (2, 1)):
-        with pytest.raises(ValueError, match="other prompts"):
-            per_fact_accuracy(model, task, contexts=contexts, seed=seed, run=run)
+    prompts = FactPrompts.build(model, task, contexts=2, seed=1)
+    for instrument in (per_fact_accuracy, direct_logit_attribution, ablations):
+        assert instrument(model, task, prompts=prompts).equals(instrument(model, task, contexts=2, seed=1))

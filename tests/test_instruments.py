@@ -58,7 +58,7 @@ def test_per_head_ablation_removes_that_head_s_subjects_only(theorem3):
     """Zero-ablating subject head h makes a* tie with the rest of A_r (right about 1/D of
     the time) for the facts whose subject h reads; mean-ablating it (its mean write favours
     its subjects' answers) loses some of them; every other fact keeps accuracy 1."""
-    facts = ablations(theorem3, TASK, contexts=4)
+    facts = ablations(theorem3, TASK, contexts=4).reset_index()  # frames are indexed by the fact
     groups = head_groups(TASK, CONSTRUCTION_MODEL.n_heads)
     for h in range(CONSTRUCTION_MODEL.n_heads):
         if h == relation_head():
@@ -79,7 +79,8 @@ def test_the_ov_probe_reads_the_relation_s_write():
     for r in range(TASK.n_relations):
         h, slot = group_of(TASK.relation_token(r))
         weights[ATTN + "W_O"][h, slot] += 10.0 * writer[picked[r]]
-    probes = recall_probes(build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), weights), TASK, contexts=4)
+    probes = recall_probes(build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), weights), TASK,
+                           contexts=4).reset_index()  # frames are indexed by the fact
     expected = (probes["answer"] == picked[probes["relation"]].numpy()).astype(float)
     assert expected.sum() >= TASK.n_relations
     assert (probes["ov_probe"] == expected).all()

@@ -1,7 +1,9 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ from models import build_bridge
 from models.config import RunConfig, override, preset
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.trainer import train
+from probe.prompts import fact_batch
 from tests.conftest import quick
 
 SMALL = dict(contexts=4, patch_contexts=1, progress=False)
@@ -43,21 +46,21 @@ def mlp_construction():
 
 
 def share(located, label):
-    return located.summary["label_shares"][label]
+    return located.summary.label_shares[label]
 
 
 def test_theorem3_construction_is_attention(attention_construction):
     _, _, located = attention_construction
-    assert located.summary["accuracy"] == 1.0
+    assert located.summary.accuracy == 1.0
     assert share(located, "attention") >= 0.95
-    assert located.summary["recall"]["ov_probe"]["value"] == 1.0  # the OV memory recalls every fact
+    assert located.summary.recall["ov_probe"].value == 1.0  # the OV memory recalls every fact
 
 
 def test_theorem4_construction_is_mlp(mlp_construction):
     _, _, located = mlp_construction
-    assert located.summary["accuracy"] == 1.0
+    assert located.summary.accuracy == 1.0
     assert share(located, "mlp") >= 0.95
-    assert located.summary["recall"]["mlp_probe"]["value"] == 1.0
+    assert located.summary.recall["mlp_probe"].value == 1.0
     facts = located.facts
     assert facts["mean_ablate_mlp_accuracy"].mean() < 0.5  # without the MLP the facts are gone
     assert facts["mlp_path_accuracy"].mean() == 1.0
@@ -104,6 +107,42 @@ def test_attribution_margins_add_up(mlp_construction):
     f = located.facts
     total = f["attention_margin"] + f["mlp_margin"] + f["direct_margin"]
     assert (total - f["margin"]).abs().max() < 1e-3
+
+
+def documented_columns(n_heads: int, mlp: bool) -> list[str]:
+    """The columns of facts.csv as docs/locate_facts.md lists them, for a model's heads."""
+    page = (Path(__file__).parents[1] / "docs" / "locate_facts.md").read_text()
+    section = page.split("## The columns of `facts.csv`")[1].split("\n## ")[0]
+    listed = []
+    for row in re.findall(r"^\| `.*\|$", section, re.M):
+        names, interval, what = (cell.strip() for cell in row.strip("|").split("|"))
+        if "with an MLP only" in what and not mlp:
+            continue
+        per_head = [range(n_heads)] if "<h>" in names else [[None]]
+        for h in per_head[0]:
+            for name in re.findall(r"`([^`]+)`", names):
+                name = name.replace("<h>", str(h))
+                listed += [name, f"{name}_low", f"{name}_high"] if interval == "interval" else [name]
+    return listed
+
+
+@pytest.mark.parametrize("fixture", ["attention_construction", "mlp_construction"])
+def test_facts_have_the_documented_columns(fixture, request):
+    model, _, located = request.getfixturevalue(fixture)
+    expected = documented_columns(model.cfg.n_heads, mlp=not model.cfg.attn_only)
+    assert list(located.facts.columns) == expected
+
+
+def test_locate_builds_the_prompts_once(attention_construction, monkeypatch):
+    import probe.prompts
+
+    model, task, _ = attention_construction
+    built = []
+    monkeypatch.setattr(probe.prompts, "fact_batch", lambda *args: built.append(args) or fact_batch(*args))
+    locate(model, task, **SMALL)
+    assert len(built) == 2  # once for --contexts, once for --patch-contexts, shared by every instrument
+    locate(model, task, **{**SMALL, "patch_contexts": SMALL["contexts"]})
+    assert len(built) == 3
 
 
 def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):

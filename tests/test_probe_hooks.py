@@ -6,9 +6,9 @@ from transformer_lens import patching
 from models import build_bridge
 from models.weights import ATTN, MLP
 from probe.ablation import ablation_hooks
-from probe.contexts import fact_batch
-from probe.hooks import HOOK_Z, clean_run, last_position_logits, rerun_last_position
+from probe.hooks import HOOK_Z, clean_run, hooked_last_logits, rerun_last_position
 from probe.patching import activation_patching, corrupted_prompts
+from probe.prompts import fact_batch
 
 
 def _perturbed(tiny_result) -> dict:
@@ -32,7 +32,7 @@ def test_rerun_equals_the_full_run_under_every_ablation(model_and_task):
     assert torch.allclose(rerun_last_position(model, run), run.logits, atol=1e-5)
     hooks = ablation_hooks(model, task, contexts=2, seed=0)
     for name in ("mean_ablate_head1", "zero_ablate_heads", "mean_ablate_mlp", "mlp_path"):
-        full = last_position_logits(model, batch.tokens, hooks[name])
+        full = hooked_last_logits(model, batch.tokens, hooks[name])
         assert (rerun_last_position(model, run, hooks[name]) - full).abs().max() < 1e-4, name
         assert (full - run.logits).abs().max() > 1e-2, name  # the ablation does change the logits
 

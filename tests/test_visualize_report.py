@@ -100,6 +100,15 @@ def test_views_show_the_construction_heads():
     assert len(visualize.attention_views(model, task)) == len(visualize.default_facts(task))
 
 
+def test_cdn_html_is_small_and_closed():
+    """What the committed notebook shows: a few kB that import circuitsvis from unpkg, its
+    container closed like offline_html's."""
+    model, task = constructed("attention")
+    html = visualize.cdn_html(visualize.attention_views(model, task)[0])
+    assert html.lstrip().startswith("<div") and "></div>" in html and "/>" not in html.partition("<script")[0]
+    assert "https://unpkg.com/circuitsvis" in html and len(html) < 20_000
+
+
 def test_default_facts_are_spread_and_fixed():
     _, task = constructed("attention")
     facts = visualize.default_facts(task)

@@ -1,0 +1,91 @@
+"""The summary of a locate_facts run (summary.json): the accuracy, the share of facts per
+storage label and the recall over facts, each with a 95% bootstrap interval over facts,
+and the heads ranked by denoising score."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import pandas as pd
+import torch
+
+from probe import columns
+from probe.stats import with_interval
+from probe.storage import LABELS
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over facts and its 95% bootstrap interval."""
+    value: float
+    low: float
+    high: float
+
+    @classmethod
+    def over_facts(cls, name: str, values: pd.Series, seed: int) -> Interval:
+        cols = with_interval(name, torch.tensor(values.to_numpy(dtype=float)), seed)
+        return cls(*(float(cols[k]) for k in columns.interval(name)))
+
+
+@dataclass(frozen=True)
+class TopHead:
+    """A head's denoising scores (1 = all attention on the token, 0 = uniform)."""
+    head: int
+    denoising_score: float
+    subject_score: float
+    relation_score: float
+
+
+@dataclass(frozen=True)
+class Source:
+    """The checkpoint (and snapshot step, None for the final weights) the model came from."""
+    checkpoint: str
+    step: int | None
+
+
+@dataclass(frozen=True)
+class LocateSummary:
+    accuracy: float  # mean over facts of the share of contexts answered a*
+    accuracy_interval: Interval
+    n_facts: int
+    label_counts: dict[str, int]  # facts per storage label, in the order of LABELS
+    label_shares: dict[str, float]  # 0..1
+    label_share_intervals: dict[str, Interval]
+    recall: dict[str, Interval]  # ov_probe, mlp_probe (when measured): share of facts recalled
+    path_accuracy: dict[str, Interval]  # attention, mlp: accuracy of each store's path alone
+    top_heads: tuple[TopHead, ...]  # every head, best denoising score first
+    task: str  # repr of the task
+    settings: dict  # what was measured: contexts, patch_contexts, seed, the rule, the device
+    seconds: float
+    source: Source | None = None  # written as `checkpoint`, `step` when known
+
+    @classmethod
+    def of(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float,
+           seed: int) -> LocateSummary:
+        """The summary of the per-fact (`facts`, labelled) and per-head measurements."""
+        labels = facts[columns.LABEL]
+        counts = {label: int((labels == label).sum()) for label in LABELS}
+        n = len(facts)
+        top = heads.sort_values("denoising_score", ascending=False)
+        recall = {name: Interval.over_facts(name, facts[name].dropna(), seed)
+                  for name in (columns.ov_probe(), columns.MLP_PROBE) if facts[name].notna().any()}
+        return cls(
+            accuracy=float(facts[columns.ACCURACY].mean()),
+            accuracy_interval=Interval.over_facts(columns.ACCURACY, facts[columns.ACCURACY], seed),
+            n_facts=n, label_counts=counts, label_shares={label: counts[label] / n for label in LABELS},
+            label_share_intervals={label: Interval.over_facts(label, (labels == label).astype(float), seed)
+                                   for label in LABELS},
+            recall=recall,
+            path_accuracy={name: Interval.over_facts(name, facts[columns.path_accuracy(name)], seed)
+                           for name in columns.STORES},
+            top_heads=tuple(TopHead(int(r.head), float(r.denoising_score), float(r.subject_score),
+                                    float(r.relation_score)) for r in top.itertuples()),
+            task=repr(task), settings=settings, seconds=seconds)
+
+    def from_checkpoint(self, checkpoint: str, step: int | None) -> LocateSummary:
+        return replace(self, source=Source(checkpoint, step))
+
+    def to_json(self) -> dict:
+        """summary.json's content: every field, `source` as `checkpoint` and `step`."""
+        fields = asdict(self)
+        source = fields.pop("source")
+        return {**fields, **(source or {})}

@@ -1,0 +1,112 @@
+"""Models of different shapes trained as one zero-padded stack equal each model trained alone."""
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.config import ModelConfig, RunConfig, TrainConfig
+from models.forward import last_position_logits
+from models.shape_stack import gradient_masks, pad, padded_section, query_scales, unpad
+from models.trainer import _cell_result, _loop_shapes, _start_shapes, train, train_shapes
+from models.weights import init_weights, stack, trainable_keys
+from tests.conftest import TEST_DEVICE
+
+SHAPES = [(4, 8, 64), (2, 4, 32), (1, 6, 16)]  # (H, d_h, m): every size differs somewhere
+
+
+def models(parameterisation: str) -> list[ModelConfig]:
+    return [ModelConfig(n_heads=H, d_head=dh, d_mlp=m, parameterisation=parameterisation) for H, dh, m in SHAPES]
+
+
+@pytest.mark.parametrize("parameterisation", ["standard", "authors"])
+def test_padded_models_compute_what_they_compute_alone(parameterisation):
+    """Logits equal each model's own; the backward gives the padding exactly zero gradient
+    with no mask (W_pos and the trained biases perturbed, so every path carries a value)."""
+    task = RunConfig().task.build()
+    g = torch.Generator().manual_seed(0)
+    alone = [init_weights(model, task, seed) for seed, model in enumerate(models(parameterisation))]
+    for w in alone:
+        w["pos_embed.W_pos"] = 0.1 * torch.randn(w["pos_embed.W_pos"].shape, generator=g)
+        w["blocks.0.mlp.b_in"] = 0.1 * torch.randn(w["blocks.0.mlp.b_in"].shape, generator=g)
+    sections = [model.checkpoint_section(task) for model in models(parameterisation)]
+    padded = stack([pad(w, padded_section(sections)) for w in alone])
+    batch = task.sample(64, g)
+    tokens = batch.tokens.expand(len(alone), -1, -1)
+    params = {k: padded[k].requires_grad_() for k in trainable_keys(padded, models(parameterisation)[0])}
+    logits = last_position_logits(padded, tokens, query_scale=query_scales(sections))  # [K, B, O]
+    for k, w in enumerate(alone):
+        torch.testing.assert_close(logits[k], last_position_logits(stack([w]), batch.tokens[None])[0],
+                                   rtol=1e-5, atol=1e-5)
+    F.cross_entropy(logits.flatten(0, 1), batch.answers.repeat(len(alone))).backward()
+    masks = gradient_masks(sections, list(params))
+    assert {"blocks.0.attn.W_Q", "blocks.0.attn.W_O", "blocks.0.mlp.W_in", "blocks.0.mlp.W_out"} <= masks.keys()
+    assert ("blocks.0.mlp.b_in" in masks) == (parameterisation == "authors")  # trained only there
+    for key, mask in masks.items():
+        assert torch.equal(params[key].grad * (1 - mask), torch.zeros_like(mask)), key
+        assert params[key].grad[mask.bool()].abs().sum() > 0, key  # the models' own entries learn
+
+
+def runs(parameterisation: str) -> list[RunConfig]:
+    """Three shapes: an lr sweep, another seed, and one that stops early."""
+    train_ = TrainConfig(batch_size=256, steps=50, eval_every=10, eval_size=512, target_accuracy=2.0,
+                         device=str(TEST_DEVICE))
+    a, b, c = models(parameterisation)
+    return [RunConfig(model=a, train=replace(train_, lr=(1e-2, 3e-3))),
+            RunConfig(model=b, train=replace(train_, seed=(1,), steps=40)),
+            RunConfig(model=c, train=replace(train_, lr=(3e-2,), eval_every=5, target_accuracy=0.3))]
+
+
+@pytest.mark.parametrize("parameterisation", ["standard", "authors"])
+def test_each_shape_equals_its_run_alone(parameterisation):
+    together = train_shapes(runs(parameterisation), progress=False)
+    assert 0 < together[2].training["steps_run"] < 50  # it stopped early, the others went on
+    for run, result in zip(runs(parameterisation), together):
+        alone = train(run, progress=False)
+        assert result.section == alone.section
+        assert result.training["steps_run"] == alone.training["steps_run"]
+        assert result.training["stack"] == {"models": 4, "n_heads": 4, "d_head": 8, "d_mlp": 64}
+        assert result.snapshots.keys() == alone.snapshots.keys()
+        assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
+        for key, value in alone.stacked.items():  # equal up to the summation order of the padded products
+            torch.testing.assert_close(result.stacked[key], value, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, key=key: f"{key}: {m}")
+        for mine, theirs in zip(result.metrics, alone.metrics):
+            for m, t in zip(mine["models"], theirs["models"]):
+                assert abs(m["loss"] - t["loss"]) < 1e-5 and abs(m["accuracy"] - t["accuracy"]) <= 1 / 512
+
+
+def test_padding_and_its_adam_moments_stay_zero():
+    cells = runs("authors")
+    state = _start_shapes(cells, TEST_DEVICE)
+    _loop_shapes(state, progress=False)
+    sections = [c.section for c in state.cells for _ in c.run.train.runs]
+    masks = gradient_masks(sections, list(state.params))
+    for key, mask in masks.items():
+        padding = ~mask.bool()
+        for name, t in (("weight", state.params[key]), ("m", state.optimizer.m[key]), ("v", state.optimizer.v[key])):
+            assert not t.detach().cpu()[padding].any(), (name, key)
+    stopped = state.cells[2]
+    result = _cell_result(state, stopped, "kept")  # frozen since it stopped: the weights of its last snapshot
+    assert stopped.stopped == max(result.snapshots)
+    for key, value in result.snapshots[stopped.stopped].items():
+        assert torch.equal(result.weights[key], value), key
+
+
+def test_unpad_gives_back_what_pad_padded():
+    task = RunConfig().task.build()
+    sections = [model.checkpoint_section(task) for model in models("authors")]
+    for model, section in zip(models("authors"), sections):
+        w = init_weights(model, task, 0)
+        padded = pad(w, padded_section(sections))
+        assert padded["blocks.0.attn.W_O"].shape == (4, 8, 32) and padded["blocks.0.mlp.b_in"].shape == (64,)
+        back = unpad(padded, section)
+        assert all(torch.equal(back[key], t) for key, t in w.items())
+
+
+def test_runs_that_differ_in_more_than_shape_are_refused():
+    base = runs("standard")
+    with pytest.raises(ValueError, match="run 1 cannot share a stack with run 0: they differ in model.d_model"):
+        train_shapes([base[0], replace(base[1], model=replace(base[1].model, d_model=16))], progress=False)
+    with pytest.raises(ValueError, match="train.batch_size"):
+        train_shapes([base[0], replace(base[1], train=replace(base[1].train, batch_size=8))], progress=False)
