@@ -8,30 +8,18 @@ preset's first learning rate, sampling a fresh batch every step inside the timed
         on the last position, torch.optim.Adam over the attention and MLP weight matrices
 
 Throughput is in training steps per second (one step = one batch of B prompts per model and
-one optimizer update); each variant is warmed up once, then the two are interleaved for
---repeats rounds; in a round a variant runs blocks of --steps steps until --round-seconds
-have passed (a 10-step round of ours lasts 60 ms: it would time how fast
-the allocator and caches recover from the TransformerLens round before it rather than the
-steady state), and min/median/max over rounds are reported. The machine's speed drifts (by
-about +-25% over minutes on this shared VM), so the two ratios are taken per round, between
-measurements seconds apart, and their median is printed: the speedup (ours / tl; with
---k > 1 one step of ours updates K models, so it compares model-steps per second) and our
-step time over the FLOP floor at the matmul throughput measured right after ours.
-Both are also timed on a model trained late into a run (--trained-steps, default 8192, of
-our trainer on the same preset, seed 0; its weights, Adam moments and data stream are kept
-in --trained-state and reused by later runs): a trained model's answer probabilities and
-attention weights fall below float32's smallest normal number, and such subnormal floats
-make a CPU slower. Our trainer flushes them to zero (models.subnormals), so `ours` runs
-flushed, and `ours-kept` is the same trained model with subnormals kept, for the A/B; the
-TransformerLens loop runs as a user would run it (subnormals kept). The subnormal share of
-the trained model's answer probabilities is printed, per-round ratios trained / fresh and
-flushed / kept, and their medians.
-Peak memory is measured in a fresh spawned process per variant (a few steps after setup):
-on CUDA torch.cuda.max_memory_allocated, on CPU (Linux) the peak RSS (VmHWM, its high-water
-mark reset through /proc/self/clear_refs) minus the RSS just before the model is built, both in
-MiB; library imports are done before and not counted.
-With --counter, ours is also timed with the counter sampler (`ours-counter`: every seed's
-batch in one call) and the median per-round ratio ours-counter / ours is printed.
+one optimizer update). After one warm-up step each, the two are interleaved for --repeats
+rounds, a variant running blocks of --steps steps until --round-seconds have passed (steady
+state): min/median/max over rounds. The machine's speed drifts (+-25% over minutes on this
+shared VM), so the two ratios are taken per round, seconds apart, and their median printed:
+the speedup (ours / tl; with --k > 1, model-steps per second) and our step time over the
+FLOP floor at the matmul throughput measured right after ours.
+Both are also timed on a model trained --trained-steps steps by our trainer (seed 0, its
+state kept in --trained-state), whose subnormal floats slow a CPU down: `ours-trained`
+flushes them to zero as our trainer does (models.subnormals), `ours-trained-kept` keeps
+them, `tl-trained` runs as a user would (kept). Peak memory, in a fresh process per variant:
+torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With --counter,
+ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
         [--trained-steps 8192] [--trained-state DIR] [--counter]
@@ -39,6 +27,7 @@ batch in one call) and the median per-round ratio ours-counter / ours is printed
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import multiprocessing as mp
@@ -54,9 +43,10 @@ import torch.nn.functional as F
 from models.bridge import build_bridge, resolve_device
 from models.config import RunConfig, override, preset
 from models.forward import has_positions, last_position_logits
+from models.optimizer import Optimizer
 from models.subnormals import flushed
 from models.train_state import load_state
-from models.trainer import DATA_SEED_OFFSET, Optimizer, TrainingData, train, train_step
+from models.trainer import DATA_SEED_OFFSET, TrainingData, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 
 MEMORY_STEPS = 3
@@ -173,10 +163,10 @@ def subnormal_shares(preset_name: str, trained: dict, batch: int) -> tuple[float
     return ((p > 0) & (p < tiny)).float().mean().item(), (p == 0).float().mean().item()
 
 
-def median_ratio(a: list[float], b: list[float], scale: float = 1.0) -> tuple[list[float], float]:
-    """Per-round ratios a / b (sorted) and their median."""
+def median_ratio(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> tuple[str, float]:
+    """Per-round ratios a / b (sorted, as text) and their median."""
     ratios = sorted(x * scale / y for x, y in zip(a, b))
-    return ratios, statistics.median(ratios)
+    return ", ".join(f"{r:.{digits}f}" for r in ratios), statistics.median(ratios)
 
 
 def step_flops(run: RunConfig, batch: int) -> int:
@@ -213,15 +203,14 @@ def steps_per_second(step, n: int, device: torch.device, seconds: float = 0.0, c
     (on CUDA one synchronisation per block: the clock sees queued work only after it).
     With `cpu_rates`, also appends steps per second of this process's CPU time (on a shared
     machine with one torch thread, the time other processes take from it is left out)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
+    sync(device)
     start, cpu_start, done = time.perf_counter(), time.process_time(), 0
     while done == 0 or time.perf_counter() - start < seconds:
         for _ in range(n):
             step()
         done += n
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
     if cpu_rates is not None:
         cpu_rates.append(done / (time.process_time() - cpu_start))
     return done / (time.perf_counter() - start)
@@ -276,15 +265,15 @@ def main() -> None:
         parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
 
     steps = {name: make(args.preset, args.batch, args.k, device) for name, make in VARIANTS.items()}
+    ours = functools.partial(make_ours, args.preset, args.batch, args.k, device)
     if args.counter:
-        steps["ours-counter"] = make_ours(args.preset, args.batch, args.k, device, sampler="counter")
+        steps["ours-counter"] = ours(sampler="counter")
     if args.trained_steps:
         folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
             f"{args.preset}-{args.trained_steps}-{device.type}"
         print(f"trained model: {args.trained_steps} steps of models.trainer, state in {folder}")
         trained = trained_state(args.preset, args.trained_steps, folder, device)
-        steps.update({"ours-trained": make_ours(args.preset, args.batch, args.k, device, trained=trained),
-                      "ours-trained-kept": make_ours(args.preset, args.batch, args.k, device, trained=trained),
+        steps.update({"ours-trained": ours(trained=trained), "ours-trained-kept": ours(trained=trained),
                       "tl-trained": make_tl(args.preset, args.batch, args.k, device, trained=trained)})
     for name, step in steps.items():  # warm-up
         with flushed(device, FLUSHED[name]):
@@ -310,8 +299,7 @@ def main() -> None:
     print(f"config {args.preset}: S={task.n_subjects} R={task.n_relations} D={task.answers_per_relation} "
           f"N={task.n_noise} T={task.seq_len} d={model.d_model} H={model.n_heads} d_h={model.d_head} "
           f"m={model.d_mlp} | batch {args.batch} | K={args.k} | {args.repeats} rounds of >= {args.steps} steps "
-          f"and >= {args.round_seconds:g} s | "
-          f"device {device} | torch threads {torch.get_num_threads()}")
+          f"and >= {args.round_seconds:g} s | device {device} | torch threads {torch.get_num_threads()}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
     print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}"
           f"   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
@@ -320,7 +308,7 @@ def main() -> None:
         models = 1 if name.startswith("tl") else args.k
         print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}"
               f"{statistics.median(cpu_rates[name]):>12.2f}")
-    flops = step_flops(bench_run(args.preset), args.batch) * args.k
+    flops = step_flops(run, args.batch) * args.k
     ours_rate, matmul = statistics.median(rates["ours"]), statistics.median(matmul_rates)
     floor_ms, step_ms = 1e3 * flops / matmul, 1e3 / ours_rate
     # per round: our step time over the floor at that round's matmul throughput
@@ -343,18 +331,17 @@ def main() -> None:
                             ("tl_trained_over_fresh", "tl-trained", "tl"),
                             ("ours_trained_flushed_over_kept", "ours-trained", "ours-trained-kept")):
             per_round, median = median_ratio(rates[a], rates[b])
-            print(f"{label} {median:.2f}  (steps/s {a} / {b} per round: {', '.join(f'{r:.2f}' for r in per_round)})")
+            print(f"{label} {median:.2f}  (steps/s {a} / {b} per round: {per_round})")
             if device.type == "cpu":  # the same in steps per second of CPU time (one thread: load-free)
                 per_round, median = median_ratio(cpu_rates[a], cpu_rates[b])
-                print(f"{label}_cpu_time {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
-        per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k)
-        print(f"speedup_vs_transformerlens_trained {median:.1f}  "
-              f"(per round: {', '.join(f'{r:.1f}' for r in per_round)})")
+                print(f"{label}_cpu_time {median:.2f}  (per round: {per_round})")
+        per_round, median = median_ratio(rates["ours-trained"], rates["tl-trained"], args.k, digits=1)
+        print(f"speedup_vs_transformerlens_trained {median:.1f}  (per round: {per_round})")
     if args.counter:
         per_round, median = median_ratio(rates["ours-counter"], rates["ours"])
-        print(f"ours_counter_over_generator {median:.2f}  (per round: {', '.join(f'{r:.2f}' for r in per_round)})")
-    ratios, median = median_ratio(rates["ours"], rates["tl"], args.k)
-    print("speedup per round (model-steps/s of ours / steps/s of tl): " + ", ".join(f"{r:.1f}" for r in ratios))
+        print(f"ours_counter_over_generator {median:.2f}  (per round: {per_round})")
+    per_round, median = median_ratio(rates["ours"], rates["tl"], args.k, digits=1)
+    print("speedup per round (model-steps/s of ours / steps/s of tl): " + per_round)
     print(f"speedup_vs_transformerlens {median:.1f}")
 
 

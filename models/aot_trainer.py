@@ -2,7 +2,7 @@
 
 Each seed draws `batches` batches of `batch_size` sequences from the uniform prior once
 (the paper's data set: 1000 batches of 1024) and every model of that seed sees them in the
-same order for `epochs` epochs, with Adam (models.trainer.Optimizer). All K models of a
+same order for `epochs` epochs, with Adam (models.optimizer.Optimizer). All K models of a
 call (any sizes, any seeds) are one padded stack (models.aot_weights.Stack): the loss is the sum
 of each model's mean loss on its own batch, so each model's gradient and Adam state equal
 those of its separate run.
@@ -31,7 +31,8 @@ from models.aot_forward import population_logits
 from models.aot_weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
 from models.config import AoTModelConfig, AoTTrainConfig
-from models.trainer import DATA_SEED_OFFSET, Optimizer, TrainResult
+from models.optimizer import Optimizer
+from models.trainer import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
 BATCH_ACCURACY_STEPS = 100  # batch_accuracy: the mean over the last this many training batches

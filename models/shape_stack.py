@@ -1,7 +1,7 @@
 """Models of different shapes as one stack: each zero-padded to the stack's largest shape.
 
 Cells of a sweep that share the task, d_model and every other model option but differ in
-heads H, head size d_h or MLP width m train as one stack (models.trainer.train_shapes).
+heads H, head size d_h or MLP width m train as one stack (models.shape_trainer.train_shapes).
 Each model is initialised at its own shape (init_weights, the same draws as alone) and
 zero-padded to the largest H, d_h and m. A padded head has zero W_Q, W_K, W_V and W_O
 (a padded d_h axis zero columns and rows of them): it scores zero and writes nothing. A

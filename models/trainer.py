@@ -4,14 +4,13 @@ Every tensor carries a leading model axis [K, ...]; the loss is the sum over mod
 model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
 data stream equal those of its separate run. Training reads only the last position through
 models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
-`train_shapes` trains runs of different H, d_h or m as one zero-padded stack (models.shape_stack).
+Runs of different H, d_h or m train as one zero-padded stack in models.shape_trainer.
 
-Shared with the attention-only trainer (models.aot_trainer): the optimizer, the data-seed
-offset and the result type (TrainResult, one trained model ready to be saved).
+Shared with the attention-only trainer (models.aot_trainer): the data-seed offset and the
+result type (TrainResult, one trained model ready to be saved); the optimizer is models.optimizer.
 """
 from __future__ import annotations
 
-import functools
 import math
 import tempfile
 import time
@@ -26,8 +25,8 @@ from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
 from models.forward import has_positions, last_position_logits
+from models.optimizer import Optimizer
 from models.section import ModelSection
-from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
 from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
@@ -36,7 +35,6 @@ from tasks.factual_recall import Batch, FactualRecallTask
 
 EVAL_SEED = 999  # the held-out set
 DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 
 
 @dataclass
@@ -86,57 +84,6 @@ def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attenti
         loss = F.cross_entropy(logits.transpose(1, 2), answers.expand(K, -1), reduction="none").mean(-1)
         accuracy = (logits.argmax(-1) == answers).float().mean(-1)
     return loss, accuracy
-
-
-@functools.cache
-def bias_corrections(betas: tuple[float, float] = ADAM_BETAS) -> torch.Tensor:
-    """Adam's bias corrections (1 - b1^t, sqrt(1 - b2^t)) for t = 1, 2, ...: a table [n, 2]
-    (CPU, shared: copy it, never write to it), computed in float64 Python arithmetic and
-    rounded once to float32, as the Python-float formulas of the step were before. It stops
-    at the first t with b^t < 2^-55 for both betas, where both entries are exactly 1 in
-    float64 and stay so: later steps read its last row (t = 38,105 for the default betas)."""
-    b1, b2 = betas
-    steps = range(1, max(math.ceil(-55 * math.log(2) / math.log(b)) for b in betas) + 1)
-    columns = [[1 - b1 ** t for t in steps], [math.sqrt(1 - b2 ** t) for t in steps]]
-    return torch.tensor(columns, dtype=torch.float64).T.float().contiguous()
-
-
-class Optimizer:
-    """Adam or plain gradient descent with one learning rate per model ([K]).
-
-    Ready for CUDA-graph capture: every piece of state is a device tensor updated in place
-    (the step count `t` [1] int64, the moments, the learning rates), the bias corrections are
-    read from a table on the device at index t, and a step reads nothing back to the host.
-    Gradients are consumed and released (`p.grad = None`, set_to_none): the next backward
-    writes fresh ones instead of accumulating. Under a capture of the whole step (backward
-    included) that rebinding happens once, while capturing; each replay's backward writes
-    the gradients into the same graph-pool memory the captured update reads."""
-
-    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
-        self.params, self.kind = params, kind
-        self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
-        self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
-        if kind == "adam":
-            self.m = {k: torch.zeros_like(p) for k, p in params.items()}
-            self.v = {k: torch.zeros_like(p) for k, p in params.items()}
-            self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.t.add_(1)
-        if self.kind == "adam":
-            row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
-            first, second = row[:, 0], row[:, 1]  # [1] each: 1 - b1^t, sqrt(1 - b2^t)
-        b1, b2 = ADAM_BETAS
-        for key, p in self.params.items():
-            g, p.grad = p.grad, None  # the next backward starts from zero
-            if self.kind == "sgd":
-                p.sub_(self.lr[key] * g)
-                continue
-            self.m[key].lerp_(g, 1 - b1)
-            self.v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (self.v[key].sqrt() / second).add_(ADAM_EPS)
-            p.sub_(self.lr[key] / first * self.m[key] / denom)
 
 
 class TrainingDiverged(ValueError):
@@ -239,7 +186,7 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
 def _snapshot(state: _Training, state_folder: Path | None) -> None:
     """Keep the trainable weights of this step (refusing non-finite ones); save the whole
     training state beside them when the run is resumable."""
-    _check_finite(state.params, state.run.train.runs, state.step, state.snapshots)
+    check_finite(state.params, state.run.train.runs, state.step, state.snapshots)
     state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
     if state_folder:
         save_state(state_folder, state.step, state.params, state.optimizer, state.data.generators, state.metrics,
@@ -254,7 +201,7 @@ def _evaluate(state: _Training, logger) -> dict:
     row = {"step": state.step, "seconds": round(time.perf_counter() - state.start, 3),
            "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
                       for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
-    _check_finite({"loss": loss}, runs, state.step, state.snapshots)
+    check_finite({"loss": loss}, runs, state.step, state.snapshots)
     state.metrics.append(row)
     if logger:
         logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
@@ -266,15 +213,16 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
     """The kept model (the best final held-out accuracy, then loss) with its training section,
     curve and snapshots; all K final models under `stacked`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
-    return _kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
-                        state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals)
+    return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
+                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals)
 
 
-def _kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
-                 metrics: list[dict], snapshots: dict, steps_run: int, seconds: float, preset_name: str | None,
-                 subnormals: str) -> TrainResult:
-    """`_result` from its parts: the run's final models `stacked` [K, ...] (CPU), their curve,
-    their trainable weights' snapshots [K, ...] by step, the steps and seconds they ran."""
+def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
+                metrics: list[dict], snapshots: dict, steps_run: int, seconds: float, preset_name: str | None,
+                subnormals: str) -> TrainResult:
+    """The kept model's TrainResult (`_result`, and models.shape_trainer's per run) from its
+    parts: the run's final models `stacked` [K, ...] (CPU), their curve, their trainable
+    weights' snapshots [K, ...] by step, the steps and seconds they ran."""
     cfg, runs = run.train, run.train.runs
     final = metrics[-1]["models"]
     kept = max(range(len(runs)), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
@@ -295,7 +243,7 @@ def _kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: 
     return TrainResult(task, run.model.checkpoint_section(task), kept_weights, training, metrics, snapshots, stacked)
 
 
-def _check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
+def check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
     """Raise TrainingDiverged naming the step and the first model with a NaN or inf."""
     for name, t in tensors.items():
         bad = ~torch.isfinite(t.detach().reshape(len(runs), -1)).all(-1)  # [K]
@@ -306,147 +254,6 @@ def _check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None
                 f"step {step}: model {k} of {len(runs)} (lr={runs[k][0]:g}, seed={runs[k][1]}) has a non-finite "
                 f"{'loss' if name == 'loss' else 'weight ' + name}; training stopped"
                 + (f", the last good snapshot is step {last}." if last is not None else "."))
-
-
-def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True) -> list[TrainResult]:
-    """Train runs that differ in H, d_h or m as one zero-padded stack (models.shape_stack),
-    one TrainResult per run: what train(run) gives alone, up to the summation order of the
-    padded products. Each run keeps its models at their own shapes, its curve and its early
-    stop: a run that stops (its best model reached its target accuracy, or its steps are
-    spent) is frozen, its learning rates set to zero, while the others go on. The runs may
-    also differ in lr, seed, steps, eval_every, target_accuracy and snapshots_per_octave
-    (shape_stack.check_stackable). Not resumable; a non-finite model stops the whole stack."""
-    for run in runs:
-        run.train.validate()
-    check_stackable(runs)
-    device = resolve_device(runs[0].train.device)
-    with flushed(device, flush_subnormals):
-        subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
-        state = _start_shapes(runs, device)
-        _loop_shapes(state, progress)
-        return [_cell_result(state, cell, subnormals) for cell in state.cells]
-
-
-@dataclass
-class _Cell:
-    """One run of a shape stack: its models' rows in the stack, and what it has recorded."""
-
-    run: RunConfig
-    section: ModelSection  # its config.json model section (its own shape)
-    rows: slice  # its models in the stack
-    schedule: set[int]  # snapshot steps
-    metrics: list[dict] = field(default_factory=list)
-    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # padded trainable [K_c, ...], CPU
-    stopped: int | None = None  # the step it stopped at
-    seconds: float = 0.0  # since the stack's start, when it stopped
-
-
-@dataclass
-class _ShapeTraining:
-    """A shape stack in progress: the padded models of every run, one optimizer, one data stream."""
-
-    cells: list[_Cell]
-    task: FactualRecallTask
-    device: torch.device
-    weights: dict[str, torch.Tensor]  # [K, *padded shape] on the device
-    params: dict[str, torch.Tensor]  # the trainable ones among them, their padding's gradient masked
-    lr: torch.Tensor  # [K] the optimizer's learning rates (zeroed when a run stops)
-    query_scale: torch.Tensor | None  # [K] each model's 1/sqrt(d_head), None when all are equal
-    positional: bool
-    optimizer: Optimizer
-    data: TrainingData
-    held_out: Batch
-    step: int = 0
-    start: float = field(default_factory=time.perf_counter)
-
-
-def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining:
-    """Every run's models initialised at their own shapes, padded into one stack; the
-    gradient masks that keep the padding at zero."""
-    task, cfg = runs[0].task.build(), runs[0].train
-    cells, sections, models, pairs = [], [], [], []
-    for run in runs:
-        section = run.model.checkpoint_section(task)
-        cells.append(_Cell(run, section, slice(len(pairs), len(pairs) + len(run.train.runs)),
-                           snapshot_schedule(run.train.steps, run.train.snapshots_per_octave)))
-        models += [init_weights(run.model, task, seed) for _, seed in run.train.runs]
-        sections += [section] * len(run.train.runs)
-        pairs += run.train.runs
-    padded = padded_section(sections)
-    weights = {k: t.to(device) for k, t in stack([pad(w, padded) for w in models]).items()}
-    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, runs[0].model, cfg.freeze_ov)}
-    for key, mask in gradient_masks(sections, list(params)).items():
-        params[key].register_hook(functools.partial(torch.mul, mask.to(device)))
-    lr = torch.tensor([lr for lr, _ in pairs], device=device)
-    scale = query_scales(sections)
-    return _ShapeTraining(cells, task, device, weights, params, lr, None if scale is None else scale.to(device),
-                          has_positions(weights), Optimizer(params, lr, cfg.optimizer),
-                          TrainingData(task, pairs, cfg.batch_size, device, cfg.sampler),
-                          task.eval_set(cfg.eval_size, EVAL_SEED, device))
-
-
-def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
-    """Step until every run has stopped; each run snapshots, evaluates and stops on its own
-    schedule, as its train() would."""
-    attention = state.cells[0].run.model.attention
-    bar = tqdm(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
-               desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
-    while True:
-        active = [c for c in state.cells if c.stopped is None]
-        for cell in active:
-            if state.step in cell.schedule:
-                _snapshot_cell(state, cell)
-        due = [c for c in active if state.step % c.run.train.eval_every == 0 or state.step == c.run.train.steps]
-        if due:
-            loss, acc = evaluate(state.weights, state.held_out.tokens, state.held_out.answers, attention,
-                                 state.positional, state.query_scale)
-            for cell in due:
-                _evaluate_cell(state, cell, loss[cell.rows].tolist(), acc[cell.rows].tolist())
-        if all(c.stopped is not None for c in state.cells):
-            break
-        tokens, answers = state.data.batch(state.step)
-        train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional, state.query_scale)
-        state.step += 1
-        bar.update(1)
-    bar.close()
-
-
-def _snapshot_cell(state: _ShapeTraining, cell: _Cell) -> None:
-    """Keep the run's trainable weights (padded) of this step, refusing non-finite ones."""
-    params = {k: p[cell.rows] for k, p in state.params.items()}
-    _check_finite(params, cell.run.train.runs, state.step, cell.snapshots)
-    cell.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
-
-
-def _evaluate_cell(state: _ShapeTraining, cell: _Cell, loss: list[float], accuracy: list[float]) -> None:
-    """Record the run's held-out losses and accuracies at this step; stop and freeze it when
-    its best model reached its target or its steps are spent."""
-    cfg = cell.run.train
-    _check_finite({"loss": torch.tensor(loss)}, cfg.runs, state.step, cell.snapshots)
-    seconds = time.perf_counter() - state.start
-    cell.metrics.append({"step": state.step, "seconds": round(seconds, 3),
-                         "models": [{"lr": lr, "seed": s, "loss": l, "accuracy": a}
-                                    for (lr, s), l, a in zip(cfg.runs, loss, accuracy)]})
-    if state.step == cfg.steps or max(accuracy) >= cfg.target_accuracy:
-        cell.stopped, cell.seconds = state.step, seconds
-        state.lr[cell.rows] = 0.0  # the optimizer's views: its models keep this step's weights
-        if cell.schedule and state.step not in cell.snapshots:
-            _snapshot_cell(state, cell)
-
-
-def _cell_result(state: _ShapeTraining, cell: _Cell, subnormals: str) -> TrainResult:
-    """A run's TrainResult at its own shape, as train(run) gives it; `training.stack` records
-    the padded stack it trained in."""
-    def own(padded: dict) -> dict:  # [K_c, *padded shape] -> [K_c, *own shape], CPU
-        return stack([unpad(model_weights(padded, k), cell.section) for k in range(len(cell.run.train.runs))])
-
-    stacked = own({k: t[cell.rows] for k, t in state.weights.items()})
-    snapshots = {s: own(snap) for s, snap in cell.snapshots.items()}
-    result = _kept_result(cell.run, state.task, str(state.device), stacked, sorted(state.params), cell.metrics,
-                          snapshots, cell.stopped, cell.seconds, None, subnormals)
-    padded = padded_section([c.section for c in state.cells])
-    result.training["stack"] = {"models": len(state.lr), **{k: getattr(padded, k) for k in sizes(padded)}}
-    return result
 
 
 def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,

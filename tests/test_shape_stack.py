@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.forward import last_position_logits
 from models.shape_stack import gradient_masks, pad, padded_section, query_scales, unpad
-from models.trainer import _cell_result, _loop_shapes, _start_shapes, train, train_shapes
+from models.shape_trainer import _cell_result, _loop_shapes, _start_shapes, train_shapes
+from models.trainer import train
 from models.weights import init_weights, stack, trainable_keys
 from tests.conftest import TEST_DEVICE
 

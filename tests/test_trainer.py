@@ -8,16 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.config import preset
 from models.forward import has_positions, last_position_logits
-from models.trainer import (
-    ADAM_BETAS,
-    ADAM_EPS,
-    Optimizer,
-    TrainingData,
-    bias_corrections,
-    snapshot_schedule,
-    train,
-    train_step,
-)
+from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
+from models.trainer import TrainingData, snapshot_schedule, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick

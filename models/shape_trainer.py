@@ -1,0 +1,171 @@
+"""Runs of different H, d_h or m trained as one zero-padded stack (the padding: models.shape_stack),
+on the factual-recall trainer's step, evaluation and results (models.trainer)."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from models.bridge import resolve_device
+from models.config import RunConfig
+from models.forward import has_positions
+from models.optimizer import Optimizer
+from models.section import ModelSection
+from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
+from models.subnormals import flushed, flushing
+from models.trainer import (
+    EVAL_SEED,
+    TrainingData,
+    TrainResult,
+    check_finite,
+    evaluate,
+    kept_result,
+    snapshot_schedule,
+    train_step,
+)
+from models.weights import init_weights, model_weights, stack, trainable_keys
+from tasks.factual_recall import Batch, FactualRecallTask
+
+
+def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True) -> list[TrainResult]:
+    """Train runs that differ in H, d_h or m as one zero-padded stack (models.shape_stack),
+    one TrainResult per run: what train(run) gives alone, up to the summation order of the
+    padded products. Each run keeps its models at their own shapes, its curve and its early
+    stop: a run that stops (its best model reached its target accuracy, or its steps are
+    spent) is frozen, its learning rates set to zero, while the others go on. The runs may
+    also differ in lr, seed, steps, eval_every, target_accuracy and snapshots_per_octave
+    (shape_stack.check_stackable). Not resumable; a non-finite model stops the whole stack."""
+    for run in runs:
+        run.train.validate()
+    check_stackable(runs)
+    device = resolve_device(runs[0].train.device)
+    with flushed(device, flush_subnormals):
+        subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
+        state = _start_shapes(runs, device)
+        _loop_shapes(state, progress)
+        return [_cell_result(state, cell, subnormals) for cell in state.cells]
+
+
+@dataclass
+class _Cell:
+    """One run of a shape stack: its models' rows in the stack, and what it has recorded."""
+
+    run: RunConfig
+    section: ModelSection  # its config.json model section (its own shape)
+    rows: slice  # its models in the stack
+    schedule: set[int]  # snapshot steps
+    metrics: list[dict] = field(default_factory=list)
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # padded trainable [K_c, ...], CPU
+    stopped: int | None = None  # the step it stopped at
+    seconds: float = 0.0  # since the stack's start, when it stopped
+
+
+@dataclass
+class _ShapeTraining:
+    """A shape stack in progress: the padded models of every run, one optimizer, one data stream."""
+
+    cells: list[_Cell]
+    task: FactualRecallTask
+    device: torch.device
+    weights: dict[str, torch.Tensor]  # [K, *padded shape] on the device
+    params: dict[str, torch.Tensor]  # the trainable ones among them, their padding's gradient masked
+    lr: torch.Tensor  # [K] the optimizer's learning rates (zeroed when a run stops)
+    query_scale: torch.Tensor | None  # [K] each model's 1/sqrt(d_head), None when all are equal
+    positional: bool
+    optimizer: Optimizer
+    data: TrainingData
+    held_out: Batch
+    step: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining:
+    """Every run's models initialised at their own shapes, padded into one stack; the
+    gradient masks that keep the padding at zero."""
+    task, cfg = runs[0].task.build(), runs[0].train
+    cells, sections, models, pairs = [], [], [], []
+    for run in runs:
+        section = run.model.checkpoint_section(task)
+        cells.append(_Cell(run, section, slice(len(pairs), len(pairs) + len(run.train.runs)),
+                           snapshot_schedule(run.train.steps, run.train.snapshots_per_octave)))
+        models += [init_weights(run.model, task, seed) for _, seed in run.train.runs]
+        sections += [section] * len(run.train.runs)
+        pairs += run.train.runs
+    padded = padded_section(sections)
+    weights = {k: t.to(device) for k, t in stack([pad(w, padded) for w in models]).items()}
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, runs[0].model, cfg.freeze_ov)}
+    for key, mask in gradient_masks(sections, list(params)).items():
+        params[key].register_hook(functools.partial(torch.mul, mask.to(device)))
+    lr = torch.tensor([lr for lr, _ in pairs], device=device)
+    scale = query_scales(sections)
+    return _ShapeTraining(cells, task, device, weights, params, lr, None if scale is None else scale.to(device),
+                          has_positions(weights), Optimizer(params, lr, cfg.optimizer),
+                          TrainingData(task, pairs, cfg.batch_size, device, cfg.sampler),
+                          task.eval_set(cfg.eval_size, EVAL_SEED, device))
+
+
+def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
+    """Step until every run has stopped; each run snapshots, evaluates and stops on its own
+    schedule, as its train() would."""
+    attention = state.cells[0].run.model.attention
+    bar = tqdm(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
+               desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
+    while True:
+        active = [c for c in state.cells if c.stopped is None]
+        for cell in active:
+            if state.step in cell.schedule:
+                _snapshot_cell(state, cell)
+        due = [c for c in active if state.step % c.run.train.eval_every == 0 or state.step == c.run.train.steps]
+        if due:
+            loss, acc = evaluate(state.weights, state.held_out.tokens, state.held_out.answers, attention,
+                                 state.positional, state.query_scale)
+            for cell in due:
+                _evaluate_cell(state, cell, loss[cell.rows].tolist(), acc[cell.rows].tolist())
+        if all(c.stopped is not None for c in state.cells):
+            break
+        tokens, answers = state.data.batch(state.step)
+        train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional, state.query_scale)
+        state.step += 1
+        bar.update(1)
+    bar.close()
+
+
+def _snapshot_cell(state: _ShapeTraining, cell: _Cell) -> None:
+    """Keep the run's trainable weights (padded) of this step, refusing non-finite ones."""
+    params = {k: p[cell.rows] for k, p in state.params.items()}
+    check_finite(params, cell.run.train.runs, state.step, cell.snapshots)
+    cell.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+
+
+def _evaluate_cell(state: _ShapeTraining, cell: _Cell, loss: list[float], accuracy: list[float]) -> None:
+    """Record the run's held-out losses and accuracies at this step; stop and freeze it when
+    its best model reached its target or its steps are spent."""
+    cfg = cell.run.train
+    check_finite({"loss": torch.tensor(loss)}, cfg.runs, state.step, cell.snapshots)
+    seconds = time.perf_counter() - state.start
+    cell.metrics.append({"step": state.step, "seconds": round(seconds, 3),
+                         "models": [{"lr": lr, "seed": s, "loss": l, "accuracy": a}
+                                    for (lr, s), l, a in zip(cfg.runs, loss, accuracy)]})
+    if state.step == cfg.steps or max(accuracy) >= cfg.target_accuracy:
+        cell.stopped, cell.seconds = state.step, seconds
+        state.lr[cell.rows] = 0.0  # the optimizer's views: its models keep this step's weights
+        if cell.schedule and state.step not in cell.snapshots:
+            _snapshot_cell(state, cell)
+
+
+def _cell_result(state: _ShapeTraining, cell: _Cell, subnormals: str) -> TrainResult:
+    """A run's TrainResult at its own shape, as train(run) gives it; `training.stack` records
+    the padded stack it trained in."""
+    def own(padded: dict) -> dict:  # [K_c, *padded shape] -> [K_c, *own shape], CPU
+        return stack([unpad(model_weights(padded, k), cell.section) for k in range(len(cell.run.train.runs))])
+
+    stacked = own({k: t[cell.rows] for k, t in state.weights.items()})
+    snapshots = {s: own(snap) for s, snap in cell.snapshots.items()}
+    result = kept_result(cell.run, state.task, str(state.device), stacked, sorted(state.params), cell.metrics,
+                         snapshots, cell.stopped, cell.seconds, None, subnormals)
+    padded = padded_section([c.section for c in state.cells])
+    result.training["stack"] = {"models": len(state.lr), **{k: getattr(padded, k) for k in sizes(padded)}}
+    return result
