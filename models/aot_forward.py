@@ -4,7 +4,7 @@ the memorisation tasks (Dana et al.) on the whole population of N^S sequences.
 A different algorithm from models.forward (factual recall: each sampled prompt's scores
 gathered from per-head vocabulary tables): here every one of the N^S sequences is scored at
 once, so the forward is a grid of per-position contractions over the vocabulary. Same math as TransformerLens;
-tests/test_aot.py pins it to the TransformerBridge model (1e-5) and, for the dana head
+tests/test_aot_models.py pins it to the TransformerBridge model (1e-5) and, for the dana head
 layout, to a torch.nn reference (1e-10 in float64). Analyses never use this: they use the
 model's hooks.
 """

@@ -22,7 +22,7 @@ head followed by a GELU MLP), in one of two head layouts:
 Models of different sizes are trained as one stack: each tensor is zero-padded to the
 largest size along a leading model axis [K, ...] and multiplied by a 0/1 mask in the
 forward (models.aot_forward), so the padding never receives a gradient and model k computes
-exactly its own function (tests/test_aot.py pins the padded forward to the TransformerBridge
+exactly its own function (tests/test_aot_models.py pins the padded forward to the TransformerBridge
 model).
 """
 from __future__ import annotations
