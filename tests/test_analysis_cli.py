@@ -5,6 +5,7 @@ import argparse
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,13 @@ def entry_points() -> dict:
     """Every analyses.* module with a main(), by name."""
     modules = {m.name: importlib.import_module(f"analyses.{m.name}") for m in pkgutil.iter_modules(analyses.__path__)}
     return {name: module for name, module in modules.items() if hasattr(module, "main")}
+
+
+def source(module) -> str:
+    """A module's source; a package's, all its files'."""
+    if not hasattr(module, "__path__"):
+        return inspect.getsource(module)
+    return "".join(path.read_text() for path in sorted(Path(module.__file__).parent.glob("*.py")))
 
 
 def commands() -> list[tuple[str, list[str], argparse.ArgumentParser]]:
@@ -74,7 +82,7 @@ def test_shared_flags_come_from_the_shared_layer(name, argv, p):
             ours, shared = flags[flag], reference[flag]
             assert (ours.type, ours.help, ours.default, type(ours)) == (shared.type, shared.help, shared.default,
                                                                         type(shared)), (name, flag)
-    runs_a_sweep = "open_executor" in inspect.getsource(entry_points()[name])
+    runs_a_sweep = "open_executor" in source(entry_points()[name])
     assert all((flag in flags) == runs_a_sweep for flag in SWEEP_FLAGS), name
     if "--seed" in flags and "--freeze-ov" not in flags:  # with the training flags, --seed is the training's seeds
         assert flags["--seed"].type is cli.seed and flags["--seed"].help.startswith("seed of ")
