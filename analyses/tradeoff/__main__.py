@@ -1,0 +1,6 @@
+"""python -m analyses.tradeoff"""
+from analyses import cli
+from analyses.tradeoff.cli import main
+
+if __name__ == "__main__":
+    cli.run_cli(main)

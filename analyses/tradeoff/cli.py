@@ -1,0 +1,69 @@
+"""The command line of `python -m analyses.tradeoff grid|swap|shrink`."""
+from __future__ import annotations
+
+from analyses import cli, tradeoff
+from analyses.locate_facts import LocateSettings
+from analyses.sweep import Cells
+from analyses.tradeoff.common import BASE, base_run, sweep_settings
+from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
+from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
+from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
+from models.cli import add_config_flags
+from models.config import ModelConfig, TaskConfig, TrainConfig, preset
+
+
+def parser():
+    p = cli.parser("python -m analyses.tradeoff", tradeoff.__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    grid = sub.add_parser("grid", help="H x m grid: accuracy and storage shares (Figure 4 right)")
+    cli.add_settings(grid, Grid, "the grid")
+    cli.add_recorded_only(grid)
+    swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
+    shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
+    cli.add_settings(shrink, Shrink, "the pruning")
+    for q in (grid, swap, shrink):
+        cli.add_out(q)
+        cli.add_device(q)
+        cli.add_quiet(q)
+        cli.add_sweep(q)
+        cli.add_settings(q, LocateSettings, "locate_facts in every cell", exclude=("seed",))
+        q.add_argument("--seed-locate", type=cli.seed, default=0, help="seed of locate_facts' prompts (default 0)")
+        base = preset(BASE)
+        add_config_flags(q, TaskConfig, f"task ({BASE} preset)", base=base.task)
+        add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model)
+        add_config_flags(q, TrainConfig, f"training ({BASE} preset; snapshots off)", exclude=("device",),
+                         base=base.train)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    locating = cli.settings(args, LocateSettings, seed=args.seed_locate)
+    run = base_run(args)  # --device is the training's
+    executor = cli.executor(args)
+    progress, out = not args.quiet, args.out
+    if args.command == "grid":
+        grid = cli.settings(args, Grid)
+        grid.models(run)  # every cell's model is refused before anything runs
+        cells = Cells(out, sweep_settings("grid", run, locating,
+                                          {"heads": list(grid.heads), "widths": list(grid.widths)}),
+                      executor.torch_threads)
+        rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
+        result = grid_tables(rows, grid, run, cells.computed)
+        write_grid(result, run, out)
+        print(grid_text(result, out))
+    elif args.command == "swap":
+        cells = Cells(out, sweep_settings("swap", run, locating, {"variants": list(VARIANTS)}), executor.torch_threads)
+        result = swap_tables(swap_rows(run, locating, cells, executor, progress), run, cells.computed)
+        write_swap(result, out)
+        print(swap_text(result, out))
+    else:
+        shrink = cli.settings(args, Shrink)
+        trained = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
+        extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps}
+        cells = Cells(out, sweep_settings("shrink", run, locating, extra), executor.torch_threads)
+        result = shrink_tables(shrink_rows(trained, shrink, run, locating, cells, executor, progress), trained[2],
+                               cells.computed)
+        write_shrink(result, out)
+        print(shrink_text(result, out))
+    return 0

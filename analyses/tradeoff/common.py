@@ -1,0 +1,98 @@
+"""What the trade-off sweeps share: the base run, the cell that trains and locates, settings.json
+and the written result."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analyses.locate_facts import LocateSettings, locate
+from analyses.output import write_csv, write_summary
+from models.bridge import build_bridge, resolve_device
+from models.cli import given
+from models.config import (
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    override,
+    preset,
+)
+from models.trainer import train
+from models.weights import parameter_count
+from probe import columns
+from probe.storage import StorageRule
+
+BASE = "paper-tradeoff"
+
+
+# ------------------------------------------------------------------------- settings
+def base_run(args) -> RunConfig:
+    """The paper-tradeoff preset with the task, model and training flags given (snapshots
+    off); refused (ValueError) if the model or the training cannot run."""
+    base = preset(BASE)
+    run = RunConfig(task=override(base.task, given(args, TaskConfig)),
+                    model=override(base.model, given(args, ModelConfig)),
+                    train=override(base.train, {"snapshots_per_octave": 0, **given(args, TrainConfig)}))
+    run.train.validate()
+    run.model.validate()
+    return run
+
+
+def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
+    """settings.json of a trade-off sweep: what every cell shares."""
+    recorded = {**asdict(run), "model": run.model.recorded()}
+    recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
+        recorded["train"].pop("sampler")
+    return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
+            "patch_contexts": locating.patch_contexts, "seed_locate": locating.seed,
+            "rule": asdict(StorageRule()), **extra}  # cells labelled under another rule are not reused
+
+
+# ---------------------------------------------------------------------------- cells
+def storage_row(model, task, locating: LocateSettings) -> dict:
+    """locate_facts on `model`: accuracy over contexts and the share of facts per label."""
+    located = locate(model, task, **asdict(locating), progress=False)
+    s = located.summary
+    return {"located_accuracy": s.accuracy, **{f"share_{k}": v for k, v in s.label_shares.items()},
+            "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
+
+
+def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
+    """Train `run` (its learning rates batched), keep the best, locate its facts."""
+    result = train(run, progress=False)
+    t = result.training
+    model = build_bridge(result.section, result.weights, resolve_device(run.train.device))
+    row = storage_row(model, result.task, locating)
+    row.pop("_facts")
+    counts = parameter_count(result.section)
+    return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
+            "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
+            "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
+            "best_accuracy": max(m["accuracy"] for row in result.metrics for m in row["models"]),  # the paper's measure
+            "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
+
+
+# --------------------------------------------------------------------------- tables
+@dataclass
+class Result:
+    """One trade-off experiment's results: its CSV tables by file name, and summary.json."""
+
+    tables: dict[str, pd.DataFrame]
+    summary: dict
+
+
+def accuracy_column(table: pd.DataFrame) -> str:
+    """The accuracy a grid's frontier is drawn on: the best over the run's evaluations (the
+    paper's measure) where the cells record it, else the final one."""
+    return "best_accuracy" if "best_accuracy" in table else "accuracy"
+
+
+# --------------------------------------------------------------------------- report
+def write_result(result: Result, out: Path) -> None:
+    """Every table as CSV in `out`, and summary.json."""
+    for name, table in result.tables.items():
+        write_csv(out / name, table)
+    write_summary(out / "summary.json", result.summary)

@@ -1,0 +1,95 @@
+"""The trade-off figures: the grid's heat maps, where the swap's facts go, the shrink's
+survival curves."""
+from __future__ import annotations
+
+import numpy as np
+
+from analyses.output import save_figure, subplots
+from analyses.tradeoff.common import accuracy_column
+from models.config import RunConfig
+from probe.storage import LABELS
+
+PAPER_GRID = {"n_subjects": 32, "n_relations": 32, "answers_per_relation": 8, "d_model": 32, "d_head": 8}
+PAPER_FLOOR = 1280  # attention parameters (d d_h H at H = 5) below which the authors' grid fails
+PAPER_LINE = 2300  # the authors' frontier: MLP parameters = 2300 - attention parameters / 2
+
+
+def grid_figure(table, frontier, path, run: RunConfig | None = None):
+    """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
+    distributed: recalled only by the two paths together), H and m labelled with the attention
+    (d d_h H) and MLP (d m) parameters, the measured 99% frontier, and, on the paper's Figure 4
+    right grid, the authors' frontier and floor; the legend below the panels."""
+
+    heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
+    score = accuracy_column(table)
+    panels = [(score, f"held-out accuracy ({'best over the run' if score == 'best_accuracy' else 'final'})",
+               "viridis"), ("share_attention", "share of facts in attention", "Blues"),
+              ("share_mlp", "share of facts in the MLP", "Oranges"),
+              ("share_distributed", "share of facts distributed", "Greens")]
+    paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
+                                    for k, v in PAPER_GRID.items())
+    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
+    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
+    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
+    fig.set_layout_engine("constrained")  # room below the panels for the legend
+    for ax, (col, title, cmap) in zip(axes, panels):
+        grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
+        image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for i in range(len(heads)):
+            for j in range(len(widths)):
+                value = grid.iloc[i, j]
+                if np.isnan(value):  # a cell not recorded (yet)
+                    continue
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if value > 0.6 and col != score else "black")
+        xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
+        ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="measured 99% frontier (smallest m)")
+        if paper:  # the authors' annotations, in grid coordinates (piecewise linear between cells)
+            floor = np.interp(PAPER_FLOOR, [attention[h] for h in heads], range(len(heads)))
+            ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
+            rows = np.linspace(0, len(heads) - 1, 200)
+            at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
+            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)),
+                             left=np.nan, right=np.nan)
+            ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
+        ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
+                      rotation=90 if len(widths) > 6 else 0)
+        ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
+        ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)", title=title)
+        fig.colorbar(image, ax=ax)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    save_figure(fig, path)
+
+
+def stacked_shares(table, path):
+    """The swap: each variant's facts stacked by storage label."""
+
+    from analyses.plots import COLORS
+
+    fig, ax = subplots(figsize=(5, 3.5))
+    bottom = np.zeros(len(table))
+    for label in LABELS:
+        values = table[f"share_{label}"].to_numpy(float)
+        ax.bar(table["variant"], values, bottom=bottom, color=COLORS[label], label=label)
+        bottom += values
+    ax.set(ylabel="share of facts", title="Where the facts go")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+    save_figure(fig, path)
+
+
+def shrink_figure(curves, path):
+    """The shrink: the share of each store's facts still recalled as MLP neurons, then heads, go."""
+
+    from analyses.plots import COLORS
+
+    fig, axes = subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, (component, title) in zip(axes, (("mlp", "pruning MLP neurons (smallest norm first)"),
+                                             ("heads", "pruning heads (smallest OV norm first)"))):
+        part = curves[(curves["component"] == component) | ((curves["component"] == "mlp") & (curves["removed"] == 0))]
+        for label, g in part.groupby("store_before"):
+            g = g.sort_values("fraction")
+            ax.plot(g["fraction"], g["surviving_share"], "o-", color=COLORS[label], label=f"stored in {label}")
+        ax.set(xlabel="fraction removed", title=title, ylim=(-0.02, 1.02))
+    axes[0].set_ylabel("share of facts still recalled")
+    axes[1].legend(fontsize=7)
+    save_figure(fig, path)
