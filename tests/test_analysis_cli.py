@@ -5,6 +5,7 @@ import argparse
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,13 @@ def commands() -> list[tuple[str, list[str], argparse.ArgumentParser]]:
 COMMANDS = commands()
 
 
+def source(module) -> str:
+    """A module's source, or all of a package's modules'."""
+    if not hasattr(module, "__path__"):
+        return inspect.getsource(module)
+    return "".join(f.read_text() for f in sorted(Path(module.__file__).parent.glob("*.py")))
+
+
 def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {s: a for a in p._actions for s in a.option_strings}
 
@@ -74,7 +82,7 @@ def test_shared_flags_come_from_the_shared_layer(name, argv, p):
             ours, shared = flags[flag], reference[flag]
             assert (ours.type, ours.help, ours.default, type(ours)) == (shared.type, shared.help, shared.default,
                                                                         type(shared)), (name, flag)
-    runs_a_sweep = "open_executor" in inspect.getsource(entry_points()[name])
+    runs_a_sweep = "open_executor" in source(entry_points()[name])
     assert all((flag in flags) == runs_a_sweep for flag in SWEEP_FLAGS), name
     if "--seed" in flags and "--freeze-ov" not in flags:  # with the training flags, --seed is the training's seeds
         assert flags["--seed"].type is cli.seed and flags["--seed"].help.startswith("seed of ")
