@@ -1,0 +1,27 @@
+"""python -m analyses.capacity memory|transformer : how many associations / facts fit?
+
+memory       For each size, binary-search the largest number N* of associations an
+             associative memory (models/memories.py) stores at >= 99% accuracy (best over
+             training), per seed. Linear memories: N* against d (theory ~ d^2 up to a log);
+             low-rank linear (--m = rank) and MLP memories (--m = width): N* against m*d.
+transformer  For each shape (alpha = H*d_h/d, beta = m/d, H) and each d, binary-search the
+             largest S = R (D fixed) a one-layer transformer learns to >= 99% held-out
+             accuracy, the learning rates trained as one batched run; facts stored S*R
+             against the parameter count 4*H*d_h*d + 2*m*d (paper Figure 4 left).
+
+Both fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
+JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
+capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
+Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
+for the linear memory, N ln N = m d / 0.35 for the MLP, N = m d / 1.2 for the MLP with M = 32
+fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
+The searches run concurrently, each probe a cell: in this process (--executor local) or as
+Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address).
+"""
+from analyses.capacity.cli import main, parser
+from analyses.capacity.common import TARGET, Capacity, fitted_slope
+from analyses.capacity.memory import MemorySweep, authors_line, memory_report
+from analyses.capacity.transformer import TransformerSweep, paper_window, shape_capacity, transformer_row
+
+__all__ = ["main", "parser", "TARGET", "Capacity", "fitted_slope", "MemorySweep", "authors_line", "memory_report",
+           "TransformerSweep", "paper_window", "shape_capacity", "transformer_row"]

@@ -1,0 +1,69 @@
+"""The command line: `memory` and `transformer`, each a sweep written to --out."""
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from analyses import capacity, cli
+from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
+from analyses.capacity.transformer import (
+    TransformerSweep,
+    search_transformers,
+    transformer_tables,
+    transformer_text,
+    write_transformer,
+)
+from analyses.sweep import Cells
+from models.bridge import resolve_device
+
+
+def _shape(text: str) -> tuple:
+    values = cli.comma_list(float)(text)
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H or ALPHA,BETA,H,LARGEST_D, got {text!r}")
+    return values
+
+
+def parser():
+    p = cli.parser("python -m analyses.capacity", capacity.__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("memory", help="associative-memory capacity N* against size (Figure 1)")
+    cli.add_settings(m, MemorySweep, "the memories")
+    t = sub.add_parser("transformer", help="facts stored against parameters across shapes (Figure 4 left)")
+    t.add_argument("--shape", dest="shapes", type=_shape, action="append",
+                   help="ALPHA,BETA,H, or ALPHA,BETA,H,LARGEST_D to search that shape only up to d = "
+                        "LARGEST_D; repeat for several shapes (default 1,1,2)")
+    cli.add_seed(t, "initialisation and data")
+    cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
+    cli.add_recorded_only(t)
+    for q in (m, t):
+        cli.add_out(q)
+        cli.add_device(q)
+        cli.add_quiet(q)
+        cli.add_sweep(q)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    executor = cli.executor(args)
+    progress = not args.quiet
+    if args.command == "memory":
+        sweep = cli.settings(args, MemorySweep)
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads)
+        rows = search_memories(sweep, cells, executor, args.device, progress)
+        cfg = sweep.memories()[0]
+        result = memory_tables(rows, cfg, pd.DataFrame(cells.rows()),
+                               {"settings": sweep.recorded(), "seeds": sweep.seeds,
+                                "device": str(resolve_device(args.device)), "probes_computed": cells.computed})
+        write_memory(result, cfg, args.out)
+        print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
+    else:
+        sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads)
+        rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
+        result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
+        write_transformer(result, sweep, args.out)
+        print(transformer_text(result) + f"\nwrote {args.out}/ ({cells.computed} new training runs)")
+    return 0

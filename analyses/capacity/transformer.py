@@ -1,0 +1,227 @@
+"""Transformers: the sweep's settings, its cells (the authors' search for S* = R* per shape
+and size), the tables of facts against parameters, and the report."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analyses import cli
+from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitted_slope
+from analyses.capacity.figures import facts_figure
+from analyses.executors import ExecutorSettings, open_executor
+from analyses.output import write_csv, write_summary
+from analyses.sweep import Cell, Cells, bisection, run_jobs, search
+from models.config import PARAMETERISATIONS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.trainer import train
+from models.weights import parameter_count
+
+
+@dataclass(frozen=True)
+class TransformerSweep:
+    """The shapes and sizes whose largest learnable S = R is searched, and their training."""
+
+    shapes: tuple[tuple[float, ...], ...] = setting(((1.0, 1.0, 2.0),),
+                                                    "(alpha, beta, H) of each shape, or (alpha, beta, H, largest d)")
+    d: tuple[int, ...] = setting((8, 16), "embedding dimensions, searched in increasing order")
+    answers: int = setting(8, "D, answers per relation")
+    seq_len: int = setting(32, "T")
+    lr: tuple[float, ...] = setting((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
+    seed: int = setting(0, "seed of initialisation and data")
+    steps: int = setting(16384, "maximum steps per run (2^14)")
+    batch_size: int = setting(1024, "fresh prompts per step")
+    eval_every: int = setting(128, "steps between held-out evaluations")
+    eval_size: int = setting(4096, "held-out prompts per evaluation (the paper: 1024)")
+    min_size: int = setting(8, "S = R where the smallest d's search starts (the paper: 8)")
+    max_size: int = setting(512, "largest S = R tried (the paper: 512)")
+    parameterisation: str = setting("authors", "the model: authors (the official code's TF_one_layer) | standard "
+                                    "(TransformerLens conventions; see docs/training.md)", choices=PARAMETERISATIONS)
+    embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian for authors, sphere "
+                             "for standard) | sphere | gaussian", choices=("auto", "sphere", "gaussian"))
+    probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
+                             "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
+    bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
+    facts_per_parameter: float = setting(0.15, "facts per parameter of the paper's reference line in the figure")
+
+    def __post_init__(self):
+        cli.at_least(self, d=1, answers=2, seq_len=3, steps=1, batch_size=1, eval_every=1, eval_size=1, min_size=2,
+                     probes=1)
+        cli.at_least(self, max_size=self.min_size)
+        cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
+        for shape in self.shapes:
+            if min(self.d) > _largest_d(shape):
+                raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")
+            if not self.sizes(shape):  # the reason, from the largest d
+                shape_model(shape[0], shape[1], int(shape[2]), max(d for d in self.d if d <= _largest_d(shape)))
+
+    def sizes(self, shape: tuple) -> list[int]:
+        """The d (up to the shape's largest) at which the shape has d_h >= 1 and m >= 1
+        (rounded down), increasing."""
+        def fits(d):
+            try:
+                return bool(shape_model(shape[0], shape[1], int(shape[2]), d))
+            except ValueError:
+                return False
+        return sorted(d for d in set(self.d) if d <= _largest_d(shape) and fits(d))
+
+    def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
+        """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
+        the learning rates as one batched run."""
+        task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=self.answers, n_noise=2 * S,
+                          seq_len=self.seq_len)
+        return RunConfig(task=task, model=self.model(shape, d),
+                         train=TrainConfig(lr=tuple(self.lr), seed=(self.seed,), steps=self.steps,
+                                           batch_size=self.batch_size, eval_every=self.eval_every,
+                                           eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
+                                           device=device))
+
+    def model(self, shape: tuple, d: int) -> ModelConfig:
+        """The shape's model at size d, in this sweep's parameterisation and embeddings."""
+        model = shape_model(shape[0], shape[1], int(shape[2]), d, self.parameterisation)
+        return replace(model, embedding=self.embedding).resolved()
+
+    def recorded(self) -> dict:
+        """What every training run shares (settings.json); shapes and sizes are in the cell keys,
+        and the search bounds choose cells without changing any. The model is recorded only
+        where it is not the standard one with sphere embeddings, which every sweep recorded
+        before the choice existed trained: those sweeps resume."""
+        model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
+        chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
+        return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
+                "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
+                "eval_every": self.eval_every, "eval_size": self.eval_size,
+                **({"model": chosen} if chosen != {"embedding": "sphere"} else {})}
+
+
+def _largest_d(shape: tuple) -> float:
+    return shape[3] if len(shape) > 3 else math.inf
+
+
+def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: dict):
+    """The largest S = R learned to >= 99% by the shape at each of its sizes, as the authors
+    search it: d in increasing order, each search starting from the previous d's S* (a larger
+    model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
+    never above max_size. found[d] = S* as each size ends, so a sweep cut short keeps the
+    sizes it finished (a job of analyses.sweep)."""
+    start = sweep.min_size
+    for d in sweep.sizes(shape):
+        S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1,
+                                        probes=sweep.probes),
+                              lambda S, d=d: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}",
+                                                  transformer_row, (shape, d, S, sweep, device)),
+                              lambda row: row["accuracy"] >= TARGET)
+        found[d] = S
+        start = min(max(S, sweep.min_size), sweep.max_size)
+    return found
+
+
+def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
+    """One probe: the shape at size d trained on S = R (device resolved where it runs).
+    `accuracy`: the kept model's last evaluation (>= 99% exactly when some learning rate's
+    best evaluation is, since training stops there); `runs`: per learning rate, the best
+    held-out accuracy over the run and the evaluation curve, so a failing size shows whether
+    it was still rising."""
+    run = sweep.run(shape, d, S, device)
+    result = train(run, progress=False)
+    t = result.training
+    steps = [row["step"] for row in result.metrics]
+    runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
+             "final_accuracy": result.metrics[-1]["models"][k]["accuracy"],
+             "curve": {"step": steps, "accuracy": [round(row["models"][k]["accuracy"], 5) for row in result.metrics]}}
+            for k, (lr, _) in enumerate(run.train.runs)]
+    return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
+            "accuracy": t["final_accuracy"], "best_accuracy": max(r["best_accuracy"] for r in runs),
+            "lr": t["lr"], "steps_run": t["steps_run"], "seconds": t["seconds"],
+            "parameters": parameter_count(result.section)["total"], "runs": runs}
+
+
+def search_transformers(sweep: TransformerSweep, cells: Cells, executor: ExecutorSettings, device: str,
+                        progress: bool = True, compute: bool = True) -> list[dict]:
+    """S* = R* of every shape and size, one row each (the runs are recorded in `cells`).
+    compute=False: from the recorded runs only, the sizes whose search they complete."""
+    found = {shape: {} for shape in sweep.shapes}
+    with open_executor(executor) as running:
+        run_jobs([shape_capacity(shape, sweep, device, found[shape]) for shape in sweep.shapes], cells, running,
+                 desc="transformer probes", progress=progress, compute=compute)
+    rows = []
+    for shape in sweep.shapes:
+        for d, S in found[shape].items():
+            run = sweep.run(shape, d, S, device)
+            params = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
+            rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
+                         "parameters": params, "facts_per_parameter": S * S / params})
+    return rows
+
+
+def paper_window(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows the authors' notebook plots: per shape, in increasing d, from the first size
+    storing more than 64 facts up to (not including) the first storing more than 11,000."""
+    lo, hi = PAPER_FACTS_WINDOW
+    shown = []
+    for _, g in table.sort_values("d", kind="stable").groupby("shape", sort=False):
+        above = np.flatnonzero(g["facts"].to_numpy() > lo)
+        over = np.flatnonzero(g["facts"].to_numpy() > hi)
+        if len(above):
+            shown.append(g.iloc[above[0]:over[0] if len(over) else len(g)])
+    return pd.concat(shown) if shown else table.iloc[:0]
+
+
+def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.DataFrame, computed: int) -> Capacity:
+    """Facts stored against parameters: the fitted slope, overall and per shape, and facts per
+    parameter against the paper's line (over the points inside the paper's window of facts)."""
+    table = pd.DataFrame(rows, columns=["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter"])
+    ok = table[table["facts"] > 0]
+    shown = paper_window(ok)
+
+    def slope(g):
+        return fitted_slope(g["parameters"], g["facts"]) if g["parameters"].nunique() > 1 else None
+
+    def per_parameter(g):
+        ratio = float(np.exp(np.log(g["facts_per_parameter"]).mean())) if len(g) else None  # geometric mean
+        return {"facts_per_parameter_measured": ratio,
+                "over_paper_line": ratio / sweep.facts_per_parameter if ratio is not None else None}
+
+    per_shape = {shape: {"fitted_slope": slope(g), **per_parameter(shown[shown["shape"] == shape]),
+                         "rows": g.drop(columns="shape").to_dict("records")}
+                 for shape, g in ok.groupby("shape", sort=False)}
+    summary = {"fitted_slope": slope(ok), "shapes": per_shape,
+               "paper_line": {"facts_per_parameter": sweep.facts_per_parameter,
+                              "facts_window": list(PAPER_FACTS_WINDOW), **per_parameter(shown)},
+               "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
+               "settings": sweep.recorded(),
+               "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1,
+                          "probes": sweep.probes},
+               "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
+                         "skipped": [[*shape[:3], d] for shape in sweep.shapes for d in sweep.d
+                                     if d <= _largest_d(shape) and d not in sweep.sizes(shape)]},
+               "searched": f"{len(table)} of {sum(len(sweep.sizes(s)) for s in sweep.shapes)}",
+               "probes_computed": computed}
+    return Capacity(table, probes, summary)
+
+
+def write_transformer(result: Capacity, sweep: TransformerSweep, out: Path) -> None:
+    """probes.csv, capacity.csv, summary.json and facts_vs_parameters.png in `out`."""
+    write_csv(out / "probes.csv", result.probes)
+    write_csv(out / "capacity.csv", result.table)
+    write_summary(out / "summary.json", result.summary)
+    if (result.table["facts"] > 0).any():
+        facts_figure(result.table, result.summary["fitted_slope"], sweep, out / "facts_vs_parameters.png")
+
+
+def transformer_text(result: Capacity) -> str:
+    def num(x, fmt):
+        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    line = result.summary["paper_line"]
+    lo, hi = line["facts_window"]
+    lines = [f"sizes searched: {result.summary['searched']}",
+             f"facts stored against parameters: fitted slope {num(result.summary['fitted_slope'], '.2f')} (theory 1)",
+             f"facts per parameter (geometric mean over {lo} to {hi} facts): "
+             f"{num(line['over_paper_line'], '.2f')}x the paper's {line['facts_per_parameter']:g}"
+             f" ({num(line['facts_per_parameter_measured'], '.3f')})"]
+    lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
+              f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
+    return "\n".join(lines)

@@ -1,0 +1,192 @@
+"""Transformer capacity (`analyses.capacity transformer`), pruning and the tradeoff CLI."""
+import itertools
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from models.pruning import head_norms, neuron_norms, prune, prune_order
+from tests.test_capacity_memory import _cli
+
+
+# ------------------------------------------------------------------ pruning
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    d, H, dh, m = 8, 3, 4, 6
+    w = {"blocks.0.attn.W_V": torch.randn(H, d, dh, generator=g),
+         "blocks.0.attn.W_O": torch.randn(H, dh, d, generator=g),
+         "blocks.0.attn.b_V": torch.zeros(H, dh), "blocks.0.mlp.W_in": torch.randn(d, m, generator=g),
+         "blocks.0.mlp.b_in": torch.zeros(m), "blocks.0.mlp.W_out": torch.randn(m, d, generator=g)}
+    w["blocks.0.mlp.W_in"][:, 4] *= 0.01  # neuron 4 is the weakest
+    w["blocks.0.attn.W_O"][2] *= 0.01  # head 2 is the weakest
+    return w
+
+
+def test_pruning_removes_the_smallest_units_and_leaves_the_original_alone():
+    w = _weights()
+    original = {k: v.clone() for k, v in w.items()}
+    neurons, heads = prune_order(neuron_norms(w)), prune_order(head_norms(w))
+    assert neurons[0] == 4 and heads[0] == 2 and sorted(neurons) == list(range(6)) and sorted(heads) == [0, 1, 2]
+    norms = neuron_norms(w)
+    assert all(norms[a] <= norms[b] for a, b in itertools.pairwise(neurons))
+    pruned = prune(w, neurons=neurons[:2], heads=heads[:1])
+    assert all(torch.equal(w[k], original[k]) for k in w)
+    dead_n = (pruned["blocks.0.mlp.W_in"].abs().sum(0) == 0) & (pruned["blocks.0.mlp.W_out"].abs().sum(1) == 0)
+    assert dead_n.nonzero().flatten().tolist() == sorted(neurons[:2])
+    dead_h = (pruned["blocks.0.attn.W_O"].flatten(1).abs().sum(1) == 0)
+    assert dead_h.nonzero().flatten().tolist() == [2]
+    assert torch.equal(pruned["blocks.0.attn.W_V"][:2], w["blocks.0.attn.W_V"][:2])
+
+
+def test_pruned_bridge_writes_nothing_from_removed_units(tiny_result):
+    from models.bridge import build_bridge
+
+    w = tiny_result.weights
+    m = w["blocks.0.mlp.W_in"].shape[1]
+    all_gone = build_bridge(tiny_result.section,
+                            prune(w, neurons=range(m), heads=range(w["blocks.0.attn.W_V"].shape[0])))
+    tokens = tiny_result.task.eval_set(16).tokens
+    _, cache = all_gone.run_with_cache(tokens)
+    assert cache["blocks.0.hook_mlp_out"].abs().max() == 0
+    assert cache["blocks.0.attn.hook_z"].abs().max() == 0
+
+
+def test_pruning_steps_cover_zero_to_all():
+    from analyses.tradeoff import pruning_steps
+
+    assert pruning_steps(8, 4) == [0, 2, 4, 6, 8]
+    assert pruning_steps(3, 8) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------ transformers
+def test_bad_shape_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = _cli(["transformer", "--shape", "0.25,1,8", "--d", "8,16", "--out", str(out)], capsys)
+    assert code == 2 and err.startswith("error: shape") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_shape_sizes_round_down_as_the_authors_do():
+    from analyses.capacity import TransformerSweep
+    from models.config import shape_model
+
+    assert shape_model(1, 1, 8, 11) == replace(shape_model(1, 1, 8, 8), d_model=11, d_head=1, d_mlp=11)
+    assert (shape_model(0.25, 4, 8, 45).d_head, shape_model(0.5, 0.5, 8, 22).d_mlp) == (1, 11)
+    with pytest.raises(ValueError, match="d_head=0"):
+        shape_model(0.25, 4, 8, 22)
+    sweep = TransformerSweep(shapes=((0.25, 4.0, 8.0), (1.0, 1.0, 8.0)), d=(32, 8, 16, 22))
+    assert sweep.sizes((0.25, 4.0, 8.0)) == [32] and sweep.sizes((1.0, 1.0, 8.0)) == [8, 16, 22, 32]
+    assert sweep.sizes((1.0, 1.0, 8.0, 16.0)) == [8, 16]  # a shape searched only up to its largest d
+    with pytest.raises(ValueError, match="below every --d"):
+        TransformerSweep(shapes=((1.0, 1.0, 8.0, 4.0),), d=(8, 16))
+
+
+@pytest.mark.parametrize("probes", [1, 3])
+def test_shape_search_starts_each_size_from_the_previous_sizes_answer(probes):
+    """The authors' warm start: d in increasing order, each search from the last S*; with
+    several probes a round asks for that many sizes at once."""
+    from analyses.capacity import TransformerSweep, shape_capacity
+
+    capacity = {8: 11, 16: 30, 32: 600}  # S* of a noiseless oracle, the last above max_size
+    sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512, probes=probes)
+    found, asked, rounds = {}, [], []
+    job = shape_capacity((1.0, 1.0, 2.0), sweep, "cpu", found)
+    try:
+        request = next(job)
+        while True:
+            rounds.append(len(request))
+            sizes = [cell.args[1:3] for cell in request]  # (d, S)
+            asked.extend(sizes)
+            request = job.send(tuple({"accuracy": 1.0 if S <= capacity[d] else 0.5} for d, S in sizes))
+    except StopIteration as stop:
+        assert stop.value is found
+    firsts = [next(S for d_, S in asked if d_ == d) for d in (8, 16, 32)]
+    assert firsts[0] == 8 and firsts[1] == found[8] and firsts[2] == found[16]
+    assert 10 <= found[8] <= 11 and 27 <= found[16] <= 30 and found[32] == 512
+    assert max(S for _, S in asked) == 512 and len(asked) == len(set(asked))
+    assert max(rounds) == probes
+
+
+def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_path, capsys):
+    argv = ["transformer", "--shape", "1,1,2,6", "--d", "4,6,8", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+            "--steps", "60", "--batch-size", "64", "--eval-every", "20", "--eval-size", "64", "--min-size", "2",
+            "--max-size", "4", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "sizes searched: 2 of 2" in out
+    table = pd.read_csv(tmp_path / "capacity.csv")
+    assert list(table["d"]) == [4, 6] and table["S_star"].between(1, 4).all()
+    assert (table["parameters"] == [4 * 2 * 2 * 4 + 2 * 4 * 4, 4 * 2 * 3 * 6 + 2 * 6 * 6]).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["paper_line"]["facts_per_parameter"] == 0.15 and summary["sizes"]["skipped"] == []
+    assert len(pd.read_csv(tmp_path / "probes.csv")) == len(list((tmp_path / "cells").glob("*.json")))
+    assert json.loads((tmp_path / "settings.json").read_text())["model"] == {"parameterisation": "authors",
+                                                                            "embedding": "gaussian"}
+    for cell in (tmp_path / "cells").glob("*.json"):  # each learning rate's best accuracy and its curve
+        row = json.loads(cell.read_text())
+        (run,) = row["runs"]
+        assert run["curve"]["step"][0] == 0 and run["curve"]["step"][-1] == row["steps_run"]
+        assert run["best_accuracy"] == pytest.approx(max(run["curve"]["accuracy"]), abs=1e-5)
+        assert row["best_accuracy"] >= row["accuracy"] - 1e-9
+        assert (row["best_accuracy"] >= 0.99) == (row["accuracy"] >= 0.99)
+    for cell in (tmp_path / "cells").glob("shape1,1,2_d6_S*.json"):
+        cell.unlink()
+    code, out, _ = _cli([*argv, "--recorded-only"], capsys)
+    assert code == 0 and "sizes searched: 1 of 2" in out and "(0 new training runs)" in out
+    assert list(pd.read_csv(tmp_path / "capacity.csv")["d"]) == [4]
+
+
+def test_the_paper_window_is_the_authors_notebooks():
+    """Per shape in increasing d: from the first size above 64 facts up to, not including,
+    the first above 11,000; a later dip to 64 or fewer stays in, as in their plot."""
+    from analyses.capacity import paper_window
+
+    table = pd.DataFrame({"shape": ["a"] * 6 + ["b"] * 2, "d": [8, 11, 16, 22, 32, 45, 8, 11],
+                          "facts": [49, 81, 64, 10000, 12100, 9000, 36, 64]})
+    shown = paper_window(table.iloc[::-1])
+    assert list(zip(shown["shape"], shown["d"])) == [("a", 11), ("a", 16), ("a", 22)]
+
+
+# ------------------------------------------------------------------ tradeoff
+TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
+        "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",
+        "--patch-contexts", "1", "--device", "cpu", "--quiet"]
+
+
+def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
+    from analyses.tradeoff import main
+
+    argv = ["grid", "--heads", "2", "--widths", "4,32", *TINY, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "(2 new cells)" in capsys.readouterr().out
+    import pandas as pd
+
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    counts = 32 * grid[[f"share_{k}" for k in ("attention", "mlp", "both", "distributed", "not_stored")]]
+    assert len(grid) == 2 and ((counts - counts.round()).abs() < 1e-9).all().all()  # shares of the 32 facts
+    # a fact answered in under half its contexts is not stored, so the unknown facts bound the accuracy
+    assert (grid["share_not_stored"] <= 2 * (1 - grid["located_accuracy"]) + 1e-9).all()
+    assert (grid["share_not_stored"] >= 1 - 2 * grid["located_accuracy"] - 1e-9).all()
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert "sampler" not in settings["run"]["train"] and "parameterisation" in settings["run"]["model"]
+    (tmp_path / "cells" / "H2_m32.json").unlink()
+    assert main(argv) == 0
+    assert "(1 new cells)" in capsys.readouterr().out
+    assert (tmp_path / "grid.png").is_file()
+
+
+def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
+    import pandas as pd
+
+    from analyses.tradeoff import main
+
+    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *TINY, "--out", str(tmp_path)]) == 0
+    facts = pd.read_csv(tmp_path / "shrink_facts.csv")
+    steps = facts.groupby("component")["removed"].unique().apply(sorted).to_dict()
+    assert steps == {"mlp": [0, 32, 64], "heads": [1, 2, 3, 4]}
+    assert (facts.groupby(["component", "removed"]).size() == 64).all()  # every fact at every step
+    before = facts[facts["removed"] == 0].set_index(["subject", "relation"])["store_before"]
+    assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
+    everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
+    assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
