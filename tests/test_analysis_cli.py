@@ -54,13 +54,6 @@ def commands() -> list[tuple[str, list[str], argparse.ArgumentParser]]:
 COMMANDS = commands()
 
 
-def source(module) -> str:
-    """A module's source, or all of a package's modules'."""
-    if not hasattr(module, "__path__"):
-        return inspect.getsource(module)
-    return "".join(f.read_text() for f in sorted(Path(module.__file__).parent.glob("*.py")))
-
-
 def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {s: a for a in p._actions for s in a.option_strings}
 
