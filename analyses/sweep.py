@@ -27,11 +27,15 @@ from models.checkpoint import write_json
 
 @dataclass(frozen=True)
 class Cell:
-    """fn(*args) -> one JSON row; `key` names its file in OUT/cells/."""
+    """fn(*args) -> one JSON row; `key` names its file in OUT/cells/. A stack of cells
+    computed in one call names their keys in `parts`: fn(*args) then returns {part key: row},
+    each part is recorded as its own cell, the stack is read back only when every part is
+    recorded, and the job that asked for it receives the parts' rows as a tuple."""
 
     key: str
     fn: Callable[..., dict]
     args: tuple = ()
+    parts: tuple[str, ...] = ()
 
 
 # A job yields the cell it needs and receives its row, or yields a tuple of cells (computed at
@@ -219,10 +223,10 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
                 return
             rows = {}
             for cell in _cells(request):
-                row = cells.recorded(cell.key)
+                row = _recorded(cells, cell)
                 if row is not None:
                     rows[cell.key] = row
-                    bar.done(computed=False)
+                    bar.done(computed=False, n=len(cell.parts) or 1)
                 elif compute:
                     if cell.key not in waiting:
                         executor.submit(cell)
@@ -239,8 +243,8 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
         bar.show()
         while waiting:
             cell, row = executor.finished()
-            row = cells.record(cell.key, row)
-            bar.done(computed=True)
+            row = _record(cells, cell, row)
+            bar.done(computed=True, n=len(cell.parts) or 1)
             for i in waiting.pop(cell.key):
                 request, rows = asked[i]
                 rows[cell.key] = row
@@ -249,6 +253,21 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
                     advance(i, _reply(request, rows))
             bar.show()
     return results
+
+
+def _recorded(cells: Cells, cell: Cell) -> dict | tuple[dict, ...] | None:
+    """The recorded row of `cell`, the rows of a stack's parts (all recorded), or None."""
+    if not cell.parts:
+        return cells.recorded(cell.key)
+    rows = tuple(cells.recorded(key) for key in cell.parts)
+    return None if None in rows else rows
+
+
+def _record(cells: Cells, cell: Cell, row: dict) -> dict | tuple[dict, ...]:
+    """Record a computed cell, or each part of a computed stack; the row(s) as read back."""
+    if not cell.parts:
+        return cells.record(cell.key, row)
+    return tuple(cells.record(key, row[key]) for key in cell.parts)
 
 
 def _cells(request: Cell | tuple[Cell, ...]) -> tuple[Cell, ...]:
@@ -269,9 +288,9 @@ class _Bar:
         self.tqdm = tqdm(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
                          bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
 
-    def done(self, computed: bool) -> None:
-        self.computed += computed
-        self.tqdm.update(1)
+    def done(self, computed: bool, n: int = 1) -> None:
+        self.computed += n * computed
+        self.tqdm.update(n)
 
     def show(self) -> None:
         hours = (time.perf_counter() - self.start) / 3600

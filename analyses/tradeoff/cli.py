@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         grid = cli.settings(args, Grid)
         grid.models(run)  # every cell's model is refused before anything runs
         cells = Cells(out, sweep_settings("grid", run, locating,
-                                          {"heads": list(grid.heads), "widths": list(grid.widths)}),
+                                          grid.recorded(run)),
                       executor.torch_threads)
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)

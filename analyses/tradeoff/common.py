@@ -19,7 +19,8 @@ from models.config import (
     override,
     preset,
 )
-from models.trainer import train
+from models.shape_trainer import train_shapes
+from models.trainer import TrainResult, train
 from models.weights import parameter_count
 from probe import columns
 from probe.storage import StorageRule
@@ -62,7 +63,18 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
 
 def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
     """Train `run` (its learning rates batched), keep the best, locate its facts."""
-    result = train(run, progress=False)
+    return located_row(run, train(run, progress=False), locating)
+
+
+def train_and_locate_stack(runs: tuple[RunConfig, ...], keys: tuple[str, ...], locating: LocateSettings) -> dict:
+    """Train `runs` (models differing only in H, d_h and m) as one zero-padded stack
+    (models.shape_trainer); each run's row as train_and_locate gives it, by its key."""
+    results = train_shapes(list(runs), progress=False)
+    return {key: located_row(run, result, locating) for key, run, result in zip(keys, runs, results)}
+
+
+def located_row(run: RunConfig, result: TrainResult, locating: LocateSettings) -> dict:
+    """A trained run's row: its accuracy, parameter counts and where locate_facts finds its facts."""
     t = result.training
     model = build_bridge(result.section, result.weights, resolve_device(run.train.device))
     row = storage_row(model, result.task, locating)

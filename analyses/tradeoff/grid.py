@@ -11,9 +11,12 @@ from analyses import cli
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings
 from analyses.sweep import Cell, Cells, one, run_jobs
-from analyses.tradeoff.common import Result, accuracy_column, train_and_locate, write_result
+from analyses.tradeoff.common import Result, accuracy_column, train_and_locate, train_and_locate_stack, write_result
 from analyses.tradeoff.figures import grid_figure
+from models.bridge import resolve_device
 from models.config import ModelConfig, RunConfig, override
+
+STACK_CHOICES = ("auto", "on", "off")
 
 
 # ------------------------------------------------------------------------- settings
@@ -23,9 +26,24 @@ class Grid:
 
     heads: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata={"help": "H values"})
     widths: tuple[int, ...] = field(default=(1, 8, 16, 32, 64, 128), metadata={"help": "m values"})
+    stack: str = field(default="auto", metadata={
+        "help": "on: train the cells of one H (every m) as one zero-padded stack, equal to each cell alone "
+                "up to float rounding, so recorded with the sweep | off: each cell alone | auto: on on CUDA"})
 
     def __post_init__(self):
         cli.at_least(self, heads=1, widths=1)
+        if self.stack not in STACK_CHOICES:
+            raise ValueError(f"--stack must be auto, on or off, got {self.stack!r}.")
+
+    def stacked(self, run: RunConfig) -> bool:
+        """Whether the cells train as stacks: `on`, or `auto` where the training runs on CUDA."""
+        return self.stack == "on" or (self.stack == "auto" and resolve_device(run.train.device).type == "cuda")
+
+    def recorded(self, run: RunConfig) -> dict:
+        """What settings.json records of the grid (`stacked` only when on: grids recorded
+        before stacks existed resume)."""
+        stacked = {"stacked": True} if self.stacked(run) else {}
+        return {"heads": list(self.heads), "widths": list(self.widths), **stacked}
 
     def models(self, run: RunConfig) -> dict[tuple[int, int], ModelConfig]:
         """The model of each cell (H, m), each refused if it cannot be built."""
@@ -39,13 +57,22 @@ class Grid:
 def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: ExecutorSettings,
               progress: bool = True, compute: bool = True) -> list[dict]:
     """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
-    the recorded cells only)."""
-    jobs = [one(Cell(f"H{h}_m{m}", train_and_locate, (RunConfig(run.task, model, run.train), locating)))
-            for (h, m), model in grid.models(run).items()]
+    the recorded cells only). Stacked, the cells of one H not yet recorded train as one stack."""
+    runs = {f"H{h}_m{m}": RunConfig(run.task, model, run.train) for (h, m), model in grid.models(run).items()}
+    singles = {key: r for key, r in runs.items() if not grid.stacked(run) or cells.recorded(key) is not None}
+    jobs = [one(Cell(key, train_and_locate, (r, locating))) for key, r in singles.items()]
+    for h in grid.heads:
+        stack = {key: r for key, r in runs.items() if key not in singles and r.model.n_heads == h}
+        if stack:
+            jobs.append(one(Cell(f"stack_H{h}", train_and_locate_stack,
+                                 (tuple(stack.values()), tuple(stack), locating), parts=tuple(stack))))
     with open_executor(executor if compute else ExecutorSettings()) as running:
-        rows = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(jobs), progress=progress,
-                        compute=compute)
-    return [row for row in rows if row is not None]
+        results = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(runs), progress=progress,
+                           compute=compute)
+    rows = [row for result in results if result is not None
+            for row in (result if isinstance(result, tuple) else (result,))]  # a stack's job: its rows
+    order = {key: i for i, key in enumerate(runs)}  # the grid's order, whichever way the cells ran
+    return sorted(rows, key=lambda row: order[f"H{row['heads']}_m{row['width']}"])
 
 
 # --------------------------------------------------------------------------- tables
