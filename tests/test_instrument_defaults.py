@@ -1,0 +1,1 @@
+"""Every instrument's one-call form reads the documented default prompts."""
