@@ -6,7 +6,7 @@ import torch
 
 from models import build_bridge
 from models.config import ModelConfig
-from models.constructions import build, head_groups
+from models.constructions import build, build_storage, head_groups
 from probe.patching import activation_patching, corrupted_prompts
 from probe.phases import Phase, PhaseRule, hallucination_phase, in_phase
 from probe.prompts import FactPrompts, fact_batch
@@ -69,8 +69,9 @@ def test_corruption_must_be_subject_or_relation():
 
 
 # Theorem 3 on TASK: subject heads {0, 2} and {1, 3}, one relation head; each token's OV
-# row writes 10 onto its answers, the MLP writes nothing.
-CFG = ModelConfig(d_model=24, n_heads=3, d_head=4, d_mlp=8)
+# row writes 10 onto its answers, the MLP writes nothing. One-hot embeddings: the logits
+# are exact.
+CFG = ModelConfig(d_model=18, n_heads=3, d_head=4, d_mlp=8, embedding="onehot")
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,22 @@ def test_patching_restores_the_subject_head_share_by_hand(theorem3):
         for column, value in want.items():
             got = torch.tensor(frame[column].to_numpy())
             assert got[invalid].isnan().all(), column
-            assert torch.allclose(got[~invalid], value[~invalid], atol=1e-4), column
+            assert torch.allclose(got[~invalid], value[~invalid], atol=1e-6), column
     assert frame["patch_subject_head0_high"].gt(frame["patch_subject_head0_low"]).any()  # the seed matters
+
+
+def test_patching_scales_from_a_gap_of_exactly_1e_6():
+    """Subject writes of g / 2 and no relation writes: clean diff g / 2, corrupted -g / 2.
+    At a gap g of exactly float32(1e-6) the shares are scaled (the relation head restores
+    0), one float below it there is nothing to restore (NaN)."""
+    gap = torch.tensor(1e-6, dtype=torch.float32)
+    plan = [["attention"] * TASK.n_relations for _ in range(TASK.n_subjects)]
+    for write, scaled in ((gap / 2, True), (torch.nextafter(gap / 2, torch.tensor(0.0)), False)):
+        weights = build_storage(TASK, CFG, plan, attention_logit=float(write), relation_logit=0.0)
+        frame = activation_patching(build_bridge(CFG.checkpoint_section(TASK), weights), TASK, "subject", contexts=2)
+        valid = frame.index.get_level_values("relation") != 2
+        head2 = frame.loc[valid, "patch_subject_head2"]
+        assert (head2 == 0.0).all() if scaled else head2.isna().all()
 
 
 # ------------------------------------------------------------------ phases
