@@ -15,7 +15,11 @@ def attention_masses(model, task: FactualRecallTask, contexts: int = 8, seed: in
     """The EOS query's attention per prompt and head: {"subject", "relation", "eos",
     "noise"} -> [n, head] probability mass, from the hook_pattern of the clean run of
     `prompts` (built here when not given)."""
-    prompts = given_or_built(model, task, contexts, seed, prompts)
+    return _masses(given_or_built(model, task, contexts, seed, prompts))
+
+
+def _masses(prompts: FactPrompts) -> dict[str, torch.Tensor]:
+    """attention_masses of given prompts."""
     batch, pattern = prompts.batch, prompts.run.pattern  # [n, H, T]
     rows = torch.arange(len(batch), device=pattern.device)
     subject, relation = pattern[rows, :, batch.subject_pos], pattern[rows, :, batch.relation_pos]  # [n, H]
@@ -30,7 +34,7 @@ def denoising_scores(model, task: FactualRecallTask, contexts: int = 8, seed: in
     (mass - 1/T) / (1 - 1/T): 1 = all attention on that token, 0 = no better than uniform.
     `prompts`: built here (`contexts` per fact, `seed`) when not given."""
     prompts = given_or_built(model, task, contexts, seed, prompts)
-    masses, seed = attention_masses(model, task, prompts=prompts), prompts.seed
+    masses, seed = _masses(prompts), prompts.seed
     T = task.seq_len
     rows = []
     for h in range(masses["subject"].shape[1]):
@@ -50,11 +54,11 @@ def head_token_table(model, task: FactualRecallTask, contexts: int = 8, seed: in
     R<j>) in the prompts where it is the subject (resp. relation); columns S0.., R0...
     `prompts`: built here (`contexts` per fact, `seed`) when not given."""
     prompts = given_or_built(model, task, contexts, seed, prompts)
-    batch, masses = prompts.batch, attention_masses(model, task, prompts=prompts)
+    batch, masses = prompts.batch, _masses(prompts)
     subject, relation = masses["subject"], masses["relation"]
     H = subject.shape[1]
     def by_token(mass, ids, count):  # [n, H] -> [H, count] mean over prompts holding each id
-        total = torch.zeros(count, H, device=mass.device).index_add_(0, ids, mass)
+        total = mass.new_zeros(count, H).index_add_(0, ids, mass)
         return (total / torch.bincount(ids, minlength=count).clamp(min=1)[:, None]).T
     table = torch.cat([by_token(subject, batch.subjects, task.n_subjects),
                        by_token(relation, batch.relations, task.n_relations)], 1).cpu().numpy()

@@ -38,7 +38,7 @@ def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Te
     E, OV = model.W_E, model.OV.AB[0]  # [V, d], [H, d, d]
     W_pos = model.W_pos  # [T, d]
     position, eos_position = W_pos[:-1].mean(0), W_pos[-1]  # [d], [d]
-    noise = E[list(task.noise_tokens)].mean(0) if task.n_noise else torch.zeros_like(E[0])
+    noise = E[list(task.noise_tokens)].mean(0) if task.n_noise else 0.0
     e_eos = E[task.eos] + eos_position
     attended = {"subject": E[subjects] + position, "relation": E[task.n_subjects + relations] + position,  # [F, d]
                 "eos": e_eos.expand(len(subjects), -1), "noise": (noise + position).expand(len(subjects), -1)}

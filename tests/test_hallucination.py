@@ -41,6 +41,26 @@ def test_recall_metrics_by_hand():
     assert got == pytest.approx(expected, abs=1e-6)
 
 
+
+def test_recall_metrics_with_zero_probabilities():
+    """Answers of probability 0 (logits -inf) outside the relation's block: the KL sums
+    over the prior's support only and stays finite; both prompts are answered right."""
+    task = FactualRecallTask(2, 2, 2, 3, 4, facts=TABLE)
+    batch = task.fact_prompts(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.Generator().manual_seed(0))
+    p = torch.tensor([[0.6, 0.4, 0.0, 0.0],  # fact (0, 0) -> 0
+                      [0.0, 0.0, 0.3, 0.7]])  # fact (1, 1) -> 3
+    got = recall_metrics(p.log(), batch, task)
+    expected = {
+        "loss": -(math.log(0.6) + math.log(0.7)) / 2,
+        "accuracy": 1.0,
+        "relation_only_loss": 0.0,
+        "subject_only_loss": -(math.log(0.6) + math.log(0.7)) / 2,  # A_0 = {0, 2}, A_1 = {1, 3}
+        "hallucination_rate": ((1 - 0.6) + (1 - 0.7)) / 2,
+        "kl_relation_prior": (0.5 * math.log(0.5 / 0.6) + 0.5 * math.log(0.5 / 0.4)
+                              + 0.5 * math.log(0.5 / 0.3) + 0.5 * math.log(0.5 / 0.7)) / 2,
+    }
+    assert got == pytest.approx(expected, abs=1e-6)
+
 def test_relation_prior_and_conditional_entropy():
     uniform = FactualRecallTask(16, 4, 8, 20, 32, facts="structured")
     assert conditional_entropy(uniform) == pytest.approx(math.log(8))

@@ -11,6 +11,8 @@ from models import build_bridge
 from models.config import override
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
 from models.weights import ATTN
+from probe.contexts import TIE, ranks_first_in_block
+from probe.storage import StorageRule
 
 SMALL = dict(contexts=4, patch_contexts=1, progress=False)
 EXPECTED = {"attention": "attention", "mlp": "mlp", "both": "both", "none": "not_stored"}
@@ -108,3 +110,38 @@ def test_denoising_tells_subject_heads_from_relation_heads():
             assert math.isclose(row["subject_mass"], present + (1 - present) / T, abs_tol=0.02)
             assert math.isclose(row["relation_mass"], (1 - present) / T, abs_tol=0.02)
             assert row["subject_score"] > 0.2 and row["relation_score"] < 0
+
+
+def test_the_rule_s_thresholds_are_inclusive():
+    """A fact exactly at `known`, and a component exactly at `sufficient` (path accuracy and
+    top) and at `chance` (top_z), count; just below does not; a known fact neither
+    component stores is `distributed`. One label per row, under the row's index, named label."""
+    at, below = dict(path=0.5, top=0.5, z=3.0), dict(path=0.5, top=0.49, z=3.0)
+    rows = {  # index: (accuracy, attention, mlp, expected label)
+        10: (0.5, at, below, "attention"),
+        11: (1.0, below, at, "mlp"),
+        12: (1.0, at, at, "both"),
+        13: (1.0, below, dict(path=0.49, top=1.0, z=9.0), "distributed"),
+        14: (1.0, dict(path=1.0, top=1.0, z=2.99), below, "distributed"),
+        15: (0.49, at, at, "not_stored"),
+    }
+    facts = pd.DataFrame({i: {"accuracy": a, **{f"{c}_{k}": v for c, part in (("attention", att), ("mlp", mlp))
+                                                for k, v in (("path_accuracy", part["path"]), ("top", part["top"]),
+                                                             ("top_z", part["z"]))}}
+                          for i, (a, att, mlp, _) in rows.items()}).T.astype(float)
+    labels = StorageRule().label(facts)
+    assert labels.name == "label" and labels.index.tolist() == list(rows)
+    assert labels.tolist() == [label for *_, label in rows.values()]
+
+
+def test_a_margin_of_exactly_tie_is_no_pick():
+    """ranks_first_in_block reads a*'s relation block only: a* first by exactly TIE is a
+    tie (not first), and the margin is a*'s logit minus the best other logit of A_r."""
+    D = 3
+    logits = torch.tensor([[9.0, 9.0, 9.0, 0.0, 0.0, TIE],  # relation 1, a* = 5: ahead by exactly TIE
+                           [2.0, 0.5, -1.0, 9.0, 9.0, 9.0],  # relation 0, a* = 0: first by 1.5
+                           [9.0, 9.0, 9.0, 3.0, 1.0, 0.0]], dtype=torch.float64)  # relation 1, a* = 4: 2 behind
+    relations, answers = torch.tensor([1, 0, 1]), torch.tensor([5, 0, 4])
+    first, margin = ranks_first_in_block(logits, relations, answers, D)
+    assert first.tolist() == [0.0, 1.0, 0.0]
+    assert margin.tolist() == [TIE, 1.5, -2.0]
