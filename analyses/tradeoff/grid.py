@@ -28,7 +28,8 @@ class Grid:
     widths: tuple[int, ...] = field(default=(1, 8, 16, 32, 64, 128), metadata={"help": "m values"})
     stack: str = field(default="auto", metadata={
         "help": "on: train the cells of one H (every m) as one zero-padded stack, equal to each cell alone "
-                "up to float rounding, so recorded with the sweep | off: each cell alone | auto: on on CUDA"})
+                "up to float rounding, so recorded with the sweep | off: each cell alone | "
+                "auto: on where the training runs on CUDA"})
 
     def __post_init__(self):
         cli.at_least(self, heads=1, widths=1)
@@ -59,20 +60,20 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
     """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
     the recorded cells only). Stacked, the cells of one H not yet recorded train as one stack."""
     runs = {f"H{h}_m{m}": RunConfig(run.task, model, run.train) for (h, m), model in grid.models(run).items()}
-    singles = {key: r for key, r in runs.items() if not grid.stacked(run) or cells.recorded(key) is not None}
-    jobs = [one(Cell(key, train_and_locate, (r, locating))) for key, r in singles.items()]
-    for h in grid.heads:
-        stack = {key: r for key, r in runs.items() if key not in singles and r.model.n_heads == h}
-        if stack:
-            jobs.append(one(Cell(f"stack_H{h}", train_and_locate_stack,
-                                 (tuple(stack.values()), tuple(stack), locating), parts=tuple(stack))))
+    stacked = grid.stacked(run)
+    groups = [(key,) for key in runs if not stacked or cells.recorded(key) is not None]  # cells alone
+    alone = {key for (key,) in groups}
+    groups += [keys for h in grid.heads  # one stack per H, of its cells not yet recorded
+               if (keys := tuple(k for k, r in runs.items() if k not in alone and r.model.n_heads == h))]
+    jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating))) if keys[0] in alone else
+            one(Cell(f"stack_{keys[0]}", train_and_locate_stack, (tuple(runs[k] for k in keys), keys, locating),
+                     parts=keys)) for keys in groups]
     with open_executor(executor if compute else ExecutorSettings()) as running:
         results = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(runs), progress=progress,
                            compute=compute)
-    rows = [row for result in results if result is not None
-            for row in (result if isinstance(result, tuple) else (result,))]  # a stack's job: its rows
-    order = {key: i for i, key in enumerate(runs)}  # the grid's order, whichever way the cells ran
-    return sorted(rows, key=lambda row: order[f"H{row['heads']}_m{row['width']}"])
+    rows = {key: row for keys, result in zip(groups, results) if result is not None  # a stack's job: a tuple
+            for key, row in zip(keys, result if isinstance(result, tuple) else (result,))}
+    return [rows[key] for key in runs if key in rows]  # the grid's order, whichever way the cells ran
 
 
 # --------------------------------------------------------------------------- tables
