@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from models import parameterisation as param
 from models.section import HEAD_LAYOUTS, ModelSection
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
 
-PARAMETERISATIONS = ("standard", "authors")
 SAMPLERS = ("generator", "counter")
 
 
@@ -51,14 +51,9 @@ class ModelConfig:
     d_mlp: int = setting(64, "m, MLP width")
     attn_only: bool = setting(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = setting("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
-    parameterisation: str = setting(
-        "standard", "standard (TransformerLens conventions: the MLP reads the EOS embedding plus the attention "
-        "output, frozen zero biases, fan-in initialisation) | authors (the official code's TF_one_layer: the MLP "
-        "reads the attention output alone, a trained MLP input bias, Q, K, V entries N(0, 1/d_h), O entries "
-        "N(0, 1/d), the MLP layers' truncated LeCun normal, N(0, 1/d) embeddings)",
-        choices=PARAMETERISATIONS)
-    embedding: str = setting("auto", "frozen embeddings/unembeddings: auto (gaussian under the authors' "
-                             "parameterisation, sphere under standard) | sphere (random, unit norm) | gaussian "
+    parameterisation: str = setting("standard", param.HELP + " (docs/training.md)")
+    embedding: str = setting("auto", "frozen embeddings/unembeddings: auto (gaussian where the parameterisation "
+                             "takes the authors' embedding, sphere otherwise) | sphere (random, unit norm) | gaussian "
                              "(random, N(0, 1/d) entries) | onehot (orthogonal: d = d_vocab + d_vocab_out, tokens and "
                              "answers on their own axes)",
                              choices=("auto", "sphere", "gaussian", "onehot"))
@@ -77,35 +72,34 @@ class ModelConfig:
     init_scale: float = setting(1.0, "scale of the trainable weights' initialisation (see --init)")
 
     @property
-    def authors(self) -> bool:
-        return self.parameterisation == "authors"
+    def departures(self) -> frozenset[str]:
+        """The authors' departures from the standard model this one takes (models/parameterisation.py)."""
+        return param.departures(self.parameterisation)
 
     def resolved(self) -> ModelConfig:
         """This config with `embedding: auto` replaced by what it means for the parameterisation."""
         if self.embedding != "auto":
             return self
-        return replace(self, embedding="gaussian" if self.authors else "sphere")
+        return replace(self, embedding="gaussian" if "embedding" in self.departures else "sphere")
 
     def recorded(self) -> dict:
         """The fields as a sweep's settings.json records them: resolved, and `parameterisation`
         left out when standard (the value of every sweep recorded before it existed), so those
         sweeps resume."""
         fields_ = asdict(self.resolved())
-        if not self.authors:
+        if self.parameterisation == "standard":
             fields_.pop("parameterisation")
         return fields_
 
     def validate(self) -> None:
-        if self.parameterisation not in PARAMETERISATIONS:
-            raise ValueError(f"parameterisation must be one of {', '.join(PARAMETERISATIONS)}, "
-                             f"got {self.parameterisation!r}.")
-        if self.authors:
-            departures = {"embedding": ("auto", "sphere", "gaussian"), "readout": ("unembed",),
-                          "attention_weights": ("factored",), "init": ("normal",), "attention": ("softmax",)}
-            for name, allowed in departures.items():
+        param.departures(self.parameterisation)  # refuses a malformed one in one line
+        if self.parameterisation != "standard":  # the departures are defined on the default model only
+            options = {"embedding": ("auto", "sphere", "gaussian"), "readout": ("unembed",),
+                       "attention_weights": ("factored",), "init": ("normal",), "attention": ("softmax",)}
+            for name, allowed in options.items():
                 if getattr(self, name) not in allowed:
-                    raise ValueError(f"the authors' parameterisation takes {name} {' or '.join(allowed)}, "
-                                     f"got {getattr(self, name)!r}.")
+                    raise ValueError(f"the parameterisation {self.parameterisation!r} takes {name} "
+                                     f"{' or '.join(allowed)}, got {getattr(self, name)!r}.")
         for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -22,7 +22,7 @@ def _positive(value) -> bool:
 @dataclass(frozen=True)
 class ModelSection:
     """A one-layer model without layer norm, in TransformerLens field names. `attention` is
-    always written; `parameterisation` only when "authors", `positional_embedding` only for
+    always written; `parameterisation` only when not "standard", `positional_embedding` only for
     the attention-only family ("trainable"), `head_layout` and `d_embed` only for its dana layout."""
 
     d_model: int
@@ -41,10 +41,6 @@ class ModelSection:
     d_embed: int | None = None  # the dana layout's d (d_model = d_embed + d_head)
 
     @property
-    def authors(self) -> bool:
-        return self.parameterisation == "authors"
-
-    @property
     def dana(self) -> bool:
         return self.head_layout == "dana"
 
@@ -59,7 +55,7 @@ class ModelSection:
                 "d_mlp": self.d_mlp, "attn_only": self.attn_only, "act_fn": self.act_fn,
                 "normalization_type": None, "n_ctx": self.n_ctx, "d_vocab": self.d_vocab,
                 "d_vocab_out": self.d_vocab_out, "attention": self.attention}
-        if self.authors:
+        if self.parameterisation != "standard":
             data["parameterisation"] = self.parameterisation
         if self.positional_embedding is not None:
             data["positional_embedding"] = self.positional_embedding

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from models import parameterisation as param
 from models.config import ModelConfig
 from models.section import ModelSection
 from tasks.factual_recall import FactualRecallTask
@@ -20,7 +21,7 @@ MLP = "blocks.0.mlp."
 # Written to the residual stream at random and never trained (paper section 2).
 FROZEN = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U")
 # Biases are zero and stay zero (the paper counts 4*H*d_h*d attention and 2*m*d MLP parameters),
-# but for the authors' parameterisation: b_O cancels the EOS embedding (frozen), b_in is trained.
+# but for two of the authors' departures: b_O cancels the EOS embedding (frozen), b_in is trained.
 BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
 OV = (ATTN + "W_V", ATTN + "b_V", ATTN + "W_O", ATTN + "b_O")
 
@@ -56,7 +57,8 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
     one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
     trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
-    fix W_Q and W_V."""
+    fix W_Q and W_V. The parameterisation's departures (models/parameterisation.py) change
+    the scales, the MLP's distribution and b_O."""
     cfg = cfg.for_task(task)
     g = torch.Generator().manual_seed(seed)
     d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
@@ -72,54 +74,51 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     else:
         w["embed.W_E"] = random_directions(task.d_vocab, d, cfg.embedding, g)
         w["unembed.W_U"] = random_directions(task.d_vocab_out, d, cfg.embedding, g).T.contiguous()
-    if cfg.authors:
-        return _authors_init(w, cfg, task, g)
-    fan_in = {ATTN + "W_K": d, ATTN + "W_O": H * dh}
+    departures = cfg.departures
+    qkv_fan_in = dh if "qkv_init" in departures else d
+    fan_in = {ATTN + "W_Q": qkv_fan_in, ATTN + "W_K": qkv_fan_in, ATTN + "W_V": qkv_fan_in,
+              ATTN + "W_O": d if "o_init" in departures else H * dh}
     if cfg.attention_weights == "merged":
         # q = sqrt(d_head) x_t cancels the scores' 1/sqrt(d_head): score_j = x_j W_K x_t, so W_K
         # is the paper's key-query matrix (transposed); v = x, so W_O is its output-value matrix.
         w[ATTN + "W_Q"] = math.sqrt(dh) * torch.eye(d).expand(H, d, d).clone()
         w[ATTN + "W_V"] = torch.eye(d).expand(H, d, d).clone()
-    else:
-        fan_in.update({ATTN + "W_Q": d, ATTN + "W_V": d})
+        del fan_in[ATTN + "W_Q"], fan_in[ATTN + "W_V"]
     if not cfg.attn_only:
         fan_in.update({MLP + "W_in": d, MLP + "W_out": cfg.d_mlp})
-    for key, n_in in fan_in.items():
-        if cfg.init == "constant":
+    for key in DRAW_ORDER[param.base(cfg.parameterisation)]:
+        if key not in fan_in:
+            continue
+        if key.startswith(MLP) and "mlp_init" in departures:
+            std = 1 / math.sqrt(fan_in[key]) / TRUNCATED_STD  # flax's lecun_normal, init_scale not applied
+            torch.nn.init.trunc_normal_(w[key], std=std, a=-2 * std, b=2 * std, generator=g)
+        elif cfg.init == "constant":
             w[key] = torch.full(w[key].shape, cfg.init_scale)
         else:
-            w[key] = torch.randn(w[key].shape, generator=g) * (cfg.init_scale / math.sqrt(n_in))
+            w[key] = torch.randn(w[key].shape, generator=g) * (cfg.init_scale / math.sqrt(fan_in[key]))
+    if "residual" in departures:
+        # the last position's residual after attention is then the attention output alone, so
+        # the MLP and the unembedding read `attn @ O` as in the official code
+        w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
     return w
 
 
+# The order in which each base draws its trainable matrices: fixed, so that a seed gives the
+# same standard and authors' models as it always did.
+DRAW_ORDER = {
+    "standard": (ATTN + "W_K", ATTN + "W_O", ATTN + "W_Q", ATTN + "W_V", MLP + "W_in", MLP + "W_out"),
+    "authors": (ATTN + "W_Q", ATTN + "W_K", ATTN + "W_V", ATTN + "W_O", MLP + "W_in", MLP + "W_out"),
+}
 # flax's lecun_normal: a normal truncated at two standard deviations, rescaled to variance 1/fan_in
 TRUNCATED_STD = 0.87962566103423978  # the standard deviation of N(0, 1) truncated to [-2, 2]
-
-
-def _authors_init(w: dict, cfg: ModelConfig, task: FactualRecallTask, g: torch.Generator) -> dict:
-    """The official code's TF_one_layer init on top of the embeddings drawn: Q, K, V entries
-    N(0, init_scale^2/d_h), O entries N(0, init_scale^2/d), the MLP's two layers flax's
-    lecun_normal (truncated, variance 1/fan_in), b_in zero (trained). b_O = -(e_EOS + p_EOS),
-    frozen, so the last position's residual after attention is the attention output alone:
-    the MLP and the unembedding read `attn @ O` as in the official code."""
-    d, dh = cfg.d_model, cfg.d_head
-    for key in ("W_Q", "W_K", "W_V"):
-        w[ATTN + key] = torch.randn(w[ATTN + key].shape, generator=g) * (cfg.init_scale / math.sqrt(dh))
-    w[ATTN + "W_O"] = torch.randn(w[ATTN + "W_O"].shape, generator=g) * (cfg.init_scale / math.sqrt(d))
-    if not cfg.attn_only:
-        for key, n_in in ((MLP + "W_in", d), (MLP + "W_out", cfg.d_mlp)):
-            std = 1 / math.sqrt(n_in) / TRUNCATED_STD
-            torch.nn.init.trunc_normal_(w[key], std=std, a=-2 * std, b=2 * std, generator=g)
-    w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
-    return w
 
 
 def trainable_keys(weights: dict, cfg: ModelConfig | None = None, freeze_ov: bool = False) -> list[str]:
     """The keys the optimizer updates: attention and MLP matrices (OV too unless frozen;
     W_Q and W_V stay fixed when the attention weights are merged), and the MLP's input bias
-    under the authors' parameterisation."""
+    where the parameterisation trains it (`mlp_bias`)."""
     frozen = set(FROZEN) | set(BIASES) | (set(OV) if freeze_ov else set())
-    if cfg is not None and cfg.authors:
+    if cfg is not None and "mlp_bias" in cfg.departures:
         frozen.discard(MLP + "b_in")
     if cfg is not None and cfg.attention_weights == "merged":
         frozen |= {ATTN + "W_Q", ATTN + "W_V"}

@@ -1,4 +1,4 @@
-"""The command line: `memory` and `transformer`, each a sweep written to --out."""
+"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import argparse
 import pandas as pd
 
 from analyses import capacity, cli
+from analyses.capacity.departures import DepartureStudy, compare_departures, study_text
 from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
 from analyses.capacity.transformer import (
     TransformerSweep,
@@ -25,6 +26,11 @@ def _shape(text: str) -> tuple:
     return values
 
 
+# the search's and the figure's settings, and the model: the departures study sets these itself
+UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "parameterisation", "embedding", "bits_per_parameter",
+             "facts_per_parameter")
+
+
 def parser():
     p = cli.parser("python -m analyses.capacity", capacity.__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -37,7 +43,11 @@ def parser():
     cli.add_seed(t, "initialisation and data")
     cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
     cli.add_recorded_only(t)
-    for q in (m, t):
+    v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
+                                          "facts stored (each variant trained at one shape, size and S = R)")
+    cli.add_settings(v, DepartureStudy, "the study")
+    cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=UNTRAINED)
+    for q in (m, t, v):
         cli.add_out(q)
         cli.add_device(q)
         cli.add_quiet(q)
@@ -59,6 +69,11 @@ def main(argv=None) -> int:
                                 "device": str(resolve_device(args.device)), "probes_computed": cells.computed})
         write_memory(result, cfg, args.out)
         print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
+    elif args.command == "departures":
+        study = cli.settings(args, DepartureStudy)
+        sweep = study.training(cli.settings(args, TransformerSweep, shapes=(study.shape,), d=(study.d,)), "standard")
+        table, summary = compare_departures(study, sweep, args.out, executor, args.device, progress)
+        print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads)

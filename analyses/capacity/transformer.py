@@ -15,7 +15,8 @@ from analyses.capacity.figures import facts_figure
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
-from models.config import PARAMETERISATIONS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models import parameterisation as param
+from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.trainer import train
 from models.weights import parameter_count
 
@@ -37,10 +38,10 @@ class TransformerSweep:
     eval_size: int = setting(4096, "held-out prompts per evaluation (the paper: 1024)")
     min_size: int = setting(8, "S = R where the smallest d's search starts (the paper: 8)")
     max_size: int = setting(512, "largest S = R tried (the paper: 512)")
-    parameterisation: str = setting("authors", "the model: authors (the official code's TF_one_layer) | standard "
-                                    "(TransformerLens conventions; see docs/training.md)", choices=PARAMETERISATIONS)
-    embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian for authors, sphere "
-                             "for standard) | sphere | gaussian", choices=("auto", "sphere", "gaussian"))
+    parameterisation: str = setting("authors", "the model: " + param.HELP + " (docs/training.md)")
+    embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian where it takes the "
+                             "authors' embedding, sphere otherwise) | sphere | gaussian",
+                             choices=("auto", "sphere", "gaussian"))
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
@@ -51,6 +52,7 @@ class TransformerSweep:
                      probes=1)
         cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
+        ModelConfig(parameterisation=self.parameterisation).validate()
         for shape in self.shapes:
             if min(self.d) > _largest_d(shape):
                 raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")

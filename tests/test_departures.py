@@ -1,0 +1,118 @@
+"""Each of the authors' departures from the standard model, taken alone, changes what it says
+and nothing else: the one-at-a-time study rests on it."""
+import math
+
+import pytest
+import torch
+
+from models import parameterisation as param
+from models.bridge import build_bridge
+from models.config import ModelConfig, TaskConfig
+from models.section import ModelSection
+from models.weights import ATTN, MLP, init_weights, trainable_keys
+
+TASK = TaskConfig(n_subjects=8, n_relations=8, answers_per_relation=4, n_noise=16, seq_len=8).build()
+SIZES = dict(d_model=32, n_heads=4, d_head=4, d_mlp=48)  # d / d_h = 8, H d_h / d = 1/2
+QKV = [ATTN + k for k in ("W_Q", "W_K", "W_V")]
+
+
+def weights(parameterisation: str, seed: int = 0) -> dict:
+    return init_weights(ModelConfig(parameterisation=parameterisation, **SIZES), TASK, seed)
+
+
+def differing(a: dict, b: dict) -> set[str]:
+    return {k for k in a if not torch.equal(a[k], b[k])}
+
+
+def test_the_forms_name_the_departures():
+    assert param.departures("standard") == frozenset()
+    assert param.departures("authors") == frozenset(param.DEPARTURES)
+    assert param.departures("standard+qkv_init+o_init") == {"qkv_init", "o_init"}
+    assert param.departures("authors-residual-embedding") == set(param.DEPARTURES) - {"residual", "embedding"}
+    assert len(param.variants()) == 2 + 2 * len(param.DEPARTURES)
+    assert {v for v in param.variants() if param.departures(v) in (frozenset(), frozenset(param.DEPARTURES))} == \
+        {"standard", "authors"}
+
+
+@pytest.mark.parametrize("text, problem", [("standard+foo", "unknown departure 'foo'"),
+                                           ("authors-o_init-o_init", "a departure named twice"),
+                                           ("authors+residual", "unknown parameterisation"),
+                                           ("standard+", "unknown departure ''"),
+                                           ("Standard", "unknown parameterisation")])
+def test_a_malformed_parameterisation_is_refused_in_one_line(text, problem):
+    with pytest.raises(ValueError, match=problem) as err:
+        ModelConfig(parameterisation=text).validate()
+    assert "\n" not in str(err.value)
+
+
+def test_the_scale_departures_rescale_the_same_draws():
+    """Adding qkv_init or o_init to the standard model rescales its matrices by the ratio of
+    the fan-ins and leaves every other weight as it was."""
+    d, H, dh = SIZES["d_model"], SIZES["n_heads"], SIZES["d_head"]
+    standard = weights("standard")
+    qkv = weights("standard+qkv_init")
+    assert differing(standard, qkv) == set(QKV)
+    for key in QKV:
+        torch.testing.assert_close(qkv[key], standard[key] * math.sqrt(d / dh))
+    o = weights("standard+o_init")
+    assert differing(standard, o) == {ATTN + "W_O"}
+    torch.testing.assert_close(o[ATTN + "W_O"], standard[ATTN + "W_O"] * math.sqrt(H * dh / d))
+
+
+def test_the_authors_model_less_a_scale_departure_takes_the_standard_scale():
+    d, dh = SIZES["d_model"], SIZES["d_head"]
+    authors = weights("authors")
+    less = weights("authors-qkv_init")
+    assert differing(authors, less) == set(QKV)
+    for key in QKV:
+        torch.testing.assert_close(less[key], authors[key] * math.sqrt(dh / d))
+
+
+def test_the_embedding_departure_rescales_the_sphere_draws_only():
+    """Gaussian and unit-norm embeddings are the same draws, scaled per token; no other weight moves."""
+    standard, gaussian = weights("standard"), weights("standard+embedding")
+    assert differing(standard, gaussian) == {"embed.W_E", "unembed.W_U"}
+    ratio = gaussian["embed.W_E"] / standard["embed.W_E"]  # [V, d]: one factor per token
+    torch.testing.assert_close(ratio, ratio[:, :1].expand_as(ratio))
+    assert ModelConfig(parameterisation="standard+embedding").resolved().embedding == "gaussian"
+    assert ModelConfig(parameterisation="authors-embedding").resolved().embedding == "sphere"
+
+
+def test_the_mlp_init_departure_truncates_the_mlp_draws_at_two_deviations():
+    standard, truncated = weights("standard"), weights("standard+mlp_init")
+    assert differing(standard, truncated) == {MLP + "W_in", MLP + "W_out"}
+    for key, fan_in in ((MLP + "W_in", SIZES["d_model"]), (MLP + "W_out", SIZES["d_mlp"])):
+        std = 1 / math.sqrt(fan_in) / 0.87962566103423978
+        assert truncated[key].abs().max() <= 2 * std
+        assert standard[key].abs().max() > 2 * std  # the untruncated draws pass it somewhere
+        assert truncated[key].std().item() == pytest.approx(1 / math.sqrt(fan_in), rel=0.1)
+
+
+def test_the_residual_departure_makes_the_last_residual_the_attention_output():
+    """Only b_O changes, and through the TransformerLens model's hooks the last position's
+    residual after attention is exactly the attention output (EOS embedding cancelled)."""
+    standard, residual = weights("standard"), weights("standard+residual")
+    assert differing(standard, residual) == {ATTN + "b_O"}
+    cfg = ModelConfig(parameterisation="standard+residual", **SIZES)
+    bridge = build_bridge(cfg.checkpoint_section(TASK), residual)
+    tokens = TASK.sample(16, torch.Generator().manual_seed(1)).tokens
+    _, cache = bridge.run_with_cache(tokens)
+    mid = cache["blocks.0.hook_resid_mid"][:, -1]  # [batch, d]
+    attn = cache["blocks.0.hook_attn_out"][:, -1] - residual[ATTN + "b_O"]  # the heads' output, bias apart
+    torch.testing.assert_close(mid, attn, atol=1e-6, rtol=0)
+
+
+def test_only_the_mlp_bias_departure_trains_b_in():
+    for variant in param.variants():
+        cfg = ModelConfig(parameterisation=variant, **SIZES)
+        trains_bias = MLP + "b_in" in trainable_keys(weights(variant), cfg)
+        assert trains_bias == ("mlp_bias" in param.departures(variant)), variant
+    assert differing(weights("standard"), weights("standard+mlp_bias")) == set()
+
+
+def test_a_variant_is_recorded_and_read_back_from_config_json():
+    cfg = ModelConfig(parameterisation="authors-residual", **SIZES)
+    assert cfg.recorded()["parameterisation"] == "authors-residual"
+    section = cfg.checkpoint_section(TASK)
+    assert ModelSection.from_json(section.to_json()).parameterisation == "authors-residual"
+    assert "parameterisation" not in ModelConfig(**SIZES).checkpoint_section(TASK).to_json()
