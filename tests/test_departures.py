@@ -1,7 +1,9 @@
 """Each of the authors' departures from the standard model, taken alone, changes what it says
 and nothing else: the one-at-a-time study rests on it."""
+import json
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -116,3 +118,74 @@ def test_a_variant_is_recorded_and_read_back_from_config_json():
     section = cfg.checkpoint_section(TASK)
     assert ModelSection.from_json(section.to_json()).parameterisation == "authors-residual"
     assert "parameterisation" not in ModelConfig(**SIZES).checkpoint_section(TASK).to_json()
+
+
+# ------------------------------------------------------------------ the one-at-a-time study
+def test_the_standard_models_mlp_starts_half_dead_and_the_residual_departure_revives_it():
+    """At (1, 1, 8), d = 32 the EOS embedding dominates the standard model's MLP input: a large
+    share of units is off on every prompt or on for every prompt. Reading the attention output
+    alone (the residual departure) leaves almost none stuck, and none in the authors' model."""
+    from analyses.capacity.departures import initial_state
+    from models.config import shape_model
+
+    task = TaskConfig(n_subjects=24, n_relations=24, answers_per_relation=8, n_noise=48, seq_len=32).build()
+    tokens = task.sample(512, torch.Generator().manual_seed(0)).tokens
+    state = {}
+    for variant in ("standard", "standard+residual", "authors", "authors-residual"):
+        cfg = shape_model(1, 1, 8, 32, variant).resolved()
+        bridge = build_bridge(cfg.checkpoint_section(task), init_weights(cfg, task, 0))
+        state[variant] = initial_state(bridge, tokens)
+    stuck = {v: s["dead_units"] + s["always_on_units"] for v, s in state.items()}  # units that never switch
+    assert stuck["standard"] > 0.3
+    assert stuck["standard+residual"] < 0.05 and stuck["authors"] == 0
+    assert stuck["authors-residual"] > stuck["authors"]
+    # the residual after attention loses the EOS embedding: its norm falls from ~1 to the heads' output
+    assert state["standard+residual"]["mlp_input_norm"] < 0.5 * state["standard"]["mlp_input_norm"]
+    # Q and K entries N(0, 1/d_h) instead of N(0, 1/d), d / d_h = 8: scores about 8 times wider
+    assert state["authors"]["score_std"] > 4 * state["standard"]["score_std"]
+
+
+def test_the_verdicts_name_the_departures_that_flip_a_size():
+    from analyses.capacity.departures import verdicts
+
+    table = pd.DataFrame({"variant": ["standard", "standard+qkv_init", "standard+o_init", "authors",
+                                      "authors-residual", "authors-qkv_init", "standard"],
+                          "S": [30] * 6 + [20], "stored": [False, True, False, True, True, False, True]})
+    out = verdicts(table)
+    assert out[30] == {"standard_stores": False, "authors_stores": True, "added_to_standard_flips": ["qkv_init"],
+                       "removed_from_authors_flips": ["qkv_init"]}
+    assert out[20]["standard_stores"] and out[20]["authors_stores"] is None
+    assert out[20]["removed_from_authors_flips"] is None and out[20]["added_to_standard_flips"] == []
+
+
+def test_the_study_trains_each_variant_once_and_resumes(tmp_path, capsys):
+    from tests.test_capacity_memory import _cli
+
+    argv = ["departures", "--shape", "1,1,2", "--d", "8", "--sizes", "3,4", "--variants",
+            "standard,standard+residual,authors", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+            "--steps", "40", "--batch-size", "32", "--eval-every", "20", "--eval-size", "32", "--prompts", "32",
+            "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "(6 new training runs)" in out
+    table = pd.read_csv(tmp_path / "departures.csv")
+    assert sorted(zip(table["variant"], table["S"])) == sorted(
+        (v, S) for v in ("standard", "standard+residual", "authors") for S in (3, 4))
+    assert table.set_index("variant").loc["standard+residual", "departures"].tolist() == ["residual"] * 2
+    assert (table["stored"] == (table["best_accuracy"] >= 0.99)).all()
+    assert table["steps_to_target"].isna().tolist() == (~table["stored"]).tolist()
+    assert (tmp_path / "departures.png").exists()
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["analysis"] == "capacity departures" and settings["shape"] == [1, 1, 2] and settings["d"] == 8
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "(0 new training runs)" in out
+
+
+@pytest.mark.parametrize("flags, problem", [(["--variants", "standard+foo"], "unknown departure 'foo'"),
+                                            (["--variants", "authors,authors"], "--variants must be without repeats"),
+                                            (["--shape", "1,1"], "--shape must be ALPHA,BETA,H")])
+def test_the_study_refuses_bad_input_in_one_line(tmp_path, capsys, flags, problem):
+    from tests.test_capacity_memory import _cli
+
+    code, _, err = _cli(["departures", *flags, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and problem in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

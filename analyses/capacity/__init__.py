@@ -1,4 +1,4 @@
-"""python -m analyses.capacity memory|transformer : how many associations / facts fit?
+"""python -m analyses.capacity memory|transformer|departures : how many associations / facts fit?
 
 memory       For each size, binary-search the largest number N* of associations an
              associative memory (models/memories.py) stores at >= 99% accuracy (best over
@@ -8,8 +8,12 @@ transformer  For each shape (alpha = H*d_h/d, beta = m/d, H) and each d, binary-
              largest S = R (D fixed) a one-layer transformer learns to >= 99% held-out
              accuracy, the learning rates trained as one batched run; facts stored S*R
              against the parameter count 4*H*d_h*d + 2*m*d (paper Figure 4 left).
+departures   Which of the authors' departures from the standard model (models/parameterisation.py)
+             changes that: each variant (standard, standard + one departure, authors,
+             authors - one) trained at one shape, size and S = R as a transformer probe,
+             with the state it starts from (dead MLP units, attention-score spread).
 
-Both fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
+memory and transformer fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3

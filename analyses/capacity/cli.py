@@ -45,8 +45,9 @@ def parser():
     cli.add_recorded_only(t)
     v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
                                           "facts stored (each variant trained at one shape, size and S = R)")
+    cli.add_seed(v, "initialisation and data")
     cli.add_settings(v, DepartureStudy, "the study")
-    cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=UNTRAINED)
+    cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=(*UNTRAINED, "seed"))
     for q in (m, t, v):
         cli.add_out(q)
         cli.add_device(q)
