@@ -131,17 +131,19 @@ def test_the_standard_models_mlp_starts_half_dead_and_the_residual_departure_rev
     task = TaskConfig(n_subjects=24, n_relations=24, answers_per_relation=8, n_noise=48, seq_len=32).build()
     tokens = task.sample(512, torch.Generator().manual_seed(0)).tokens
     state = {}
-    for variant in ("standard", "standard+residual", "authors", "authors-residual"):
+    for variant in ("standard", "standard+residual", "standard+qkv_init", "authors", "authors-residual"):
         cfg = shape_model(1, 1, 8, 32, variant).resolved()
         bridge = build_bridge(cfg.checkpoint_section(task), init_weights(cfg, task, 0))
         state[variant] = initial_state(bridge, tokens)
     stuck = {v: s["dead_units"] + s["always_on_units"] for v, s in state.items()}  # units that never switch
     assert stuck["standard"] > 0.3
     assert stuck["standard+residual"] < 0.05 and stuck["authors"] == 0
+    assert stuck["standard+qkv_init"] < stuck["standard"]  # larger values: the heads' output weighs more
     assert stuck["authors-residual"] > stuck["authors"]
     # the residual after attention loses the EOS embedding: its norm falls from ~1 to the heads' output
     assert state["standard+residual"]["mlp_input_norm"] < 0.5 * state["standard"]["mlp_input_norm"]
-    # Q and K entries N(0, 1/d_h) instead of N(0, 1/d), d / d_h = 8: scores about 8 times wider
+    # Q and K entries N(0, 1/d_h) instead of N(0, 1/d), the same draws: scores exactly d / d_h = 8 times wider
+    assert state["standard+qkv_init"]["score_std"] == pytest.approx(8 * state["standard"]["score_std"], rel=1e-4)
     assert state["authors"]["score_std"] > 4 * state["standard"]["score_std"]
 
 

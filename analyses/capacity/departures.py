@@ -57,7 +57,10 @@ def initial_state(model, tokens: torch.Tensor) -> dict:
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     pre = cache["blocks.0.mlp.hook_pre"][:, -1]  # [batch, m]
-    scores = cache["blocks.0.attn.hook_attn_scores"][:, :, -1]  # [batch, head, key]
+    q = cache["blocks.0.attn.hook_q"][:, -1]  # [batch, head, d_h]
+    k = cache["blocks.0.attn.hook_k"]  # [batch, key, head, d_h]
+    # from q and k: the bridge's hook_attn_scores fires after the softmax (docs/checkpoint_format.md)
+    scores = torch.einsum("bhe,bkhe->bhk", q, k) / q.shape[-1] ** 0.5  # [batch, head, key]
     mid = cache["blocks.0.hook_resid_mid"][:, -1]  # [batch, d]
     on = pre > 0
     return {"dead_units": on.any(0).logical_not().float().mean().item(),
