@@ -65,6 +65,9 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
     alone = {key for (key,) in groups}
     groups += [keys for h in grid.heads  # one stack per H, of its cells not yet recorded
                if (keys := tuple(k for k, r in runs.items() if k not in alone and r.model.n_heads == h))]
+    # many heads first: those rows reach 99% in a few hundred steps, so a sweep cut short
+    # already has the frontier; the rows of few heads train their full budget
+    groups.sort(key=lambda keys: -runs[keys[0]].model.n_heads)
     jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating))) if keys[0] in alone else
             one(Cell(f"stack_{keys[0]}", train_and_locate_stack, (tuple(runs[k] for k in keys), keys, locating),
                      parts=keys)) for keys in groups]
