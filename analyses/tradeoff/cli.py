@@ -1,10 +1,13 @@
-"""The command line of `python -m analyses.tradeoff grid|swap|shrink`."""
+"""The command line of `python -m analyses.tradeoff grid|swap|shrink|compare`."""
 from __future__ import annotations
+
+from pathlib import Path
 
 from analyses import cli, tradeoff
 from analyses.locate_facts import LocateSettings
 from analyses.sweep import Cells
 from analyses.tradeoff.common import BASE, base_run, sweep_settings
+from analyses.tradeoff.compare import compare_grids, compare_text, read_grid, write_compare
 from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
 from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
@@ -33,11 +36,30 @@ def parser():
         add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model)
         add_config_flags(q, TrainConfig, f"training ({BASE} preset; snapshots off)", exclude=("device",),
                          base=base.train)
+    compare = sub.add_parser("compare", help="two recorded grids side by side: frontiers, floors, storage shares")
+    compare.add_argument("grids", nargs=2, type=Path, metavar="GRID", help="output directories of two grids")
+    compare.add_argument("--labels", type=cli.comma_list(str), default=None,
+                         help="A,B: the two grids' names in tables and figure (default: their directory names)")
+    compare.add_argument("--out", type=cli.directory, required=True,
+                         help="output directory (compare.csv, frontier.csv, summary.json, compare.png)")
     return p
+
+
+def compare_main(args) -> int:
+    labels = args.labels or [p.name if p.name != args.grids[1 - i].name else str(p) for i, p in enumerate(args.grids)]
+    if len(labels) != 2 or labels[0] == labels[1]:
+        raise ValueError(f"--labels needs two different names, got {','.join(labels)!r}.")
+    a, b = (read_grid(path, label) for path, label in zip(args.grids, labels))
+    result = compare_grids(a, b)
+    write_compare(result, a, args.out)
+    print(compare_text(result, args.out))
+    return 0
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "compare":
+        return compare_main(args)
     locating = cli.settings(args, LocateSettings, seed=args.seed_locate)
     run = base_run(args)  # --device is the training's
     executor = cli.executor(args)

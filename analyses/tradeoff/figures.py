@@ -2,6 +2,8 @@
 survival curves."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from analyses.output import save_figure, subplots
@@ -14,51 +16,81 @@ PAPER_FLOOR = 1280  # attention parameters (d d_h H at H = 5) below which the au
 PAPER_LINE = 2300  # the authors' frontier: MLP parameters = 2300 - attention parameters / 2
 
 
+def paper_grid(task: dict, model: dict) -> bool:
+    """Whether a grid is the paper's Figure 4 right grid (task and model settings as dicts)."""
+    return all(task.get(k) == v or model.get(k) == v for k, v in PAPER_GRID.items())
+
+
 def grid_figure(table, frontier, path, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
     distributed: recalled only by the two paths together), H and m labelled with the attention
     (d d_h H) and MLP (d m) parameters, the measured 99% frontier, and, on the paper's Figure 4
     right grid, the authors' frontier and floor; the legend below the panels."""
 
-    heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
     score = accuracy_column(table)
     panels = [(score, f"held-out accuracy ({'best over the run' if score == 'best_accuracy' else 'final'})",
                "viridis"), ("share_attention", "share of facts in attention", "Blues"),
               ("share_mlp", "share of facts in the MLP", "Oranges"),
               ("share_distributed", "share of facts distributed", "Greens")]
-    paper = run is not None and all(getattr(run.task, k, None) == v or getattr(run.model, k, None) == v
-                                    for k, v in PAPER_GRID.items())
-    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
-    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
+    paper = run is not None and paper_grid(asdict(run.task), asdict(run.model))
     fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
     fig.set_layout_engine("constrained")  # room below the panels for the legend
     for ax, (col, title, cmap) in zip(axes, panels):
-        grid = table.pivot(index="heads", columns="width", values=col).reindex(index=heads, columns=widths)
-        image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=0, vmax=1, aspect="auto")
-        for i in range(len(heads)):
-            for j in range(len(widths)):
-                value = grid.iloc[i, j]
-                if np.isnan(value):  # a cell not recorded (yet)
-                    continue
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                        color="white" if value > 0.6 and col != score else "black")
-        xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
-        ax.plot(xs, range(len(heads)), "r.-", lw=1.5, label="measured 99% frontier (smallest m)")
-        if paper:  # the authors' annotations, in grid coordinates (piecewise linear between cells)
-            floor = np.interp(PAPER_FLOOR, [attention[h] for h in heads], range(len(heads)))
-            ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
-            rows = np.linspace(0, len(heads) - 1, 200)
-            at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
-            cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)),
-                             left=np.nan, right=np.nan)
-            ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
-        ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
-                      rotation=90 if len(widths) > 6 else 0)
-        ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
-        ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)", title=title)
+        image = heat_map(ax, table, col, cmap, (0, 1), dark=lambda v, c=col: v > 0.6 and c != score)
+        frontier_line(ax, table, frontier, "r.-", "measured 99% frontier (smallest m)")
+        if paper:
+            paper_lines(ax, table)
+        ax.set_title(title)
         fig.colorbar(image, ax=ax)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     save_figure(fig, path)
+
+
+def _axes_of(table):
+    """The grid's H and m (sorted), and their parameters: d d_h H and d m."""
+    heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
+    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
+    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
+    return heads, widths, attention, mlp
+
+
+def heat_map(ax, table, column, cmap, limits, dark):
+    """One column of a grid table as an H x m heat map, each recorded cell's value written in
+    it (white where `dark(value)`), the axes labelled with H, m and their parameters."""
+    heads, widths, attention, mlp = _axes_of(table)
+    grid = table.pivot(index="heads", columns="width", values=column).reindex(index=heads, columns=widths)
+    image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=limits[0], vmax=limits[1],
+                      aspect="auto")
+    for i in range(len(heads)):
+        for j in range(len(widths)):
+            value = grid.iloc[i, j]
+            if np.isnan(value):  # a cell not recorded (yet)
+                continue
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if dark(value) else "black")
+    ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
+                  rotation=90 if len(widths) > 6 else 0)
+    ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
+    ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)")
+    return image
+
+
+def frontier_line(ax, table, frontier, style, label):
+    """A 99% frontier ({H: smallest m, or None}) drawn over the grid's heat map."""
+    heads, widths, _, _ = _axes_of(table)
+    xs = [widths.index(frontier[h]) if frontier.get(h) is not None else np.nan for h in heads]
+    ax.plot(xs, range(len(heads)), style, lw=1.5, label=label)
+
+
+def paper_lines(ax, table):
+    """The authors' floor and frontier, in grid coordinates (piecewise linear between cells)."""
+    heads, widths, attention, mlp = _axes_of(table)
+    floor = np.interp(PAPER_FLOOR, [attention[h] for h in heads], range(len(heads)))
+    ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
+    rows = np.linspace(0, len(heads) - 1, 200)
+    at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
+    cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
+    ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
 
 
 def stacked_shares(table, path):

@@ -80,12 +80,18 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
 
 
 # --------------------------------------------------------------------------- tables
+def frontier_of(table: pd.DataFrame) -> dict[int, int | None]:
+    """The 99% frontier: per H, the smallest m whose accuracy reaches 0.99 (None: no m does)."""
+    score = accuracy_column(table)
+    return {int(h): (int(g.loc[g[score] >= 0.99, "width"].min()) if (g[score] >= 0.99).any() else None)
+            for h, g in table.groupby("heads")}
+
+
 def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> Result:
     """grid.csv, and the 99% frontier (smallest m reaching 99% at each H) and the corners."""
     table = pd.DataFrame(rows)
     score = accuracy_column(table)
-    frontier = {int(h): (int(g.loc[g[score] >= 0.99, "width"].min()) if (g[score] >= 0.99).any() else None)
-                for h, g in table.groupby("heads")}
+    frontier = frontier_of(table)
     corners = {name: corner.iloc[0].to_dict()
                for name, h, m in (("attention_heavy", max(grid.heads), min(grid.widths)),
                                   ("mlp_heavy", min(grid.heads), max(grid.widths)))
