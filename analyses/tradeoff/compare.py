@@ -76,7 +76,8 @@ def compare_grids(a: RecordedGrid, b: RecordedGrid) -> Result:
     cells = cells[["grid", *columns]]
     frontiers = {g.label: frontier_of(cells[cells["grid"] == g.label]) for g in (a, b)}
     heads = sorted(common["heads"].unique())
-    frontier = pd.DataFrame({"heads": heads, **{label: [f[h] for h in heads] for label, f in frontiers.items()}})
+    frontier = pd.DataFrame({"heads": heads, **{label: pd.array([f[h] for h in heads], dtype="Int64")
+                                                for label, f in frontiers.items()}})  # <NA>: no m reaches 99%
     per_grid = {}
     for label, g in cells.groupby("grid", sort=False):
         stored = g[g[score] >= 0.99]
@@ -124,7 +125,7 @@ def write_compare(result: Result, a: RecordedGrid, out: Path) -> None:
 
 def compare_text(result: Result, out: Path) -> str:
     s = result.summary
-    frontier = result.tables["frontier.csv"].astype(object).where(result.tables["frontier.csv"].notna(), "none")
+    frontier = result.tables["frontier.csv"].astype(object).fillna("none")
     lines = [f"{s['cells_compared']} cells in both grids; settings that differ: "
              + (", ".join(f"{k} ({v[0]} / {v[1]})" for k, v in s["setting_differences"].items()) or "none"),
              "smallest m at 99% per H:", frontier.to_string(index=False)]
