@@ -31,6 +31,7 @@ from models.aot_forward import population_logits
 from models.aot_weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
 from models.config import AoTModelConfig, AoTTrainConfig
+from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.trainer import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
@@ -42,6 +43,29 @@ def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
     """Accuracy and loss [K] of every stacked model on all T_0 sequences."""
     with torch.no_grad():
         return task.scores(population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn))
+
+
+def population_step(stack: Stack, task: SequenceTask, optimizer: Optimizer, data_all: torch.Tensor,
+                    order: torch.Tensor):
+    """One update of every model on its batch of this step, as a function of no arguments
+    (models.graphed.Step runs or replays it). `data_all` [n_seeds, batches, B] holds each
+    seed's data set; the batch is the one at the optimizer's device step count `t` (modulo
+    the number of batches), so a replay reads the next one. Returns the batch's population
+    logits before the update (detached) [K, T_0, N] and each model's count of every sequence
+    in its batch [K, T_0]."""
+    n_seeds, batches, batch_size = data_all.shape
+    ones = torch.ones(n_seeds, batch_size, device=data_all.device)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        batch = data_all.index_select(1, optimizer.t % batches).squeeze(1)  # [n_seeds, B] sequence indices
+        counts = torch.zeros(n_seeds, task.n_sequences, device=data_all.device)
+        counts = counts.scatter_add_(1, batch, ones)[order]  # [K, T_0] this step's batch
+        # [K, T_0, N]
+        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)
+        (task.sequence_losses(logits) * counts).sum().div(batch_size).backward()
+        optimizer.step()
+        return logits.detach(), counts
+    return step
 
 
 def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
@@ -81,29 +105,23 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
                               "seconds": round(time.perf_counter() - start, 2)})
         return acc
 
-    ones = torch.ones(len(seeds), cfg.batch_size, device=device)
+    step_once = Step(population_step(stack, task, optimizer, data_all, order), use_cuda_graph(cfg.cuda_graph, device))
     batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
     window = min(BATCH_ACCURACY_STEPS, cfg.steps)
     bar = tqdm(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
     for step in range(cfg.steps):
-        counts = torch.zeros(len(seeds), task.n_sequences, device=device)
-        counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
-        # [K, T_0, N]
-        logits = population_logits(stack.transformer_lens(), task.context, stack.score_scale, stack.act_fn)
-        losses = task.sequence_losses(logits)  # [K, T_0]
+        logits, counts = step_once()  # this batch's logits before the update [K, T_0, N], counts [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
-            batch_correct += (task.sequence_correct(logits.detach()) * counts[order]).sum(-1)
+            batch_correct += (task.sequence_correct(logits) * counts).sum(-1)
         if step % cfg.eval_every == 0:
-            acc = record(step, task.scores(logits.detach()))
+            acc = record(step, task.scores(logits))
             bar.set_postfix(mean_acc=f"{sum(acc) / len(acc):.3f}")
-        (losses * counts[order]).sum().div(cfg.batch_size).backward()
-        optimizer.step()
         bar.update(1)
     record(cfg.steps, scores(stack, task))
     bar.close()
     weights = {k: v.detach() for k, v in stack.effective().items()}
     batch_accuracy = (batch_correct / (window * cfg.batch_size)).tolist()
-    training = {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps}
+    training = {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps, "graphed": step_once.graphed}
     return [TrainResult(task, sections[k], stack.checkpoint(k, weights),
                         {**training, "seed": seed, "final_accuracy": curves[k][-1]["accuracy"],
                          "final_loss": curves[k][-1]["loss"], "batch_accuracy": batch_accuracy[k],

@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from models import parameterisation as param
+from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from models.section import HEAD_LAYOUTS, ModelSection
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
@@ -145,6 +146,7 @@ class TrainConfig:
     sampler: str = setting("generator", "training data: generator (one torch.Generator per seed, drawn in turn) | "
                            "counter (a hash of seed, step, row and column: every seed's batch in one call, the "
                            "same alone or stacked, on a CPU or a GPU)", choices=SAMPLERS)
+    cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
 
     @property
     def runs(self) -> list[tuple[float, int]]:
@@ -161,6 +163,8 @@ class TrainConfig:
             raise ValueError("snapshots_per_octave must be >= 0.")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}.")
+        if self.cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}.")
         if math.isnan(self.target_accuracy):
             raise ValueError("target_accuracy must be a number (> 1: never stop early), got nan.")
 
@@ -288,6 +292,7 @@ class AoTTrainConfig:
     epochs: int = setting(10, "passes over the data set")
     eval_every: int = setting(500, "score every model on all T_0 sequences every this many steps")
     device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
+    cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
 
     @property
     def steps(self) -> int:
@@ -299,3 +304,5 @@ class AoTTrainConfig:
         for name in ("batch_size", "batches", "epochs", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+        if self.cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}.")

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from models.bridge import resolve_device
 from models.config import RunConfig
 from models.forward import has_positions
+from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.section import ModelSection
 from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
@@ -24,7 +25,7 @@ from models.trainer import (
     evaluate,
     kept_result,
     snapshot_schedule,
-    train_step,
+    training_step,
 )
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from tasks.factual_recall import Batch, FactualRecallTask
@@ -77,6 +78,7 @@ class _ShapeTraining:
     positional: bool
     optimizer: Optimizer
     data: TrainingData
+    step_once: Step  # one update of every model: eager, or a CUDA graph's replay
     held_out: Batch
     step: int = 0
     start: float = field(default_factory=time.perf_counter)
@@ -101,9 +103,12 @@ def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining
         params[key].register_hook(functools.partial(torch.mul, mask.to(device)))
     lr = torch.tensor([lr for lr, _ in pairs], device=device)
     scale = query_scales(sections)
-    return _ShapeTraining(cells, task, device, weights, params, lr, None if scale is None else scale.to(device),
-                          has_positions(weights), Optimizer(params, lr, cfg.optimizer),
-                          TrainingData(task, pairs, cfg.batch_size, device, cfg.sampler),
+    scale = None if scale is None else scale.to(device)
+    positional, optimizer = has_positions(weights), Optimizer(params, lr, cfg.optimizer)
+    data = TrainingData(task, pairs, cfg.batch_size, device, cfg.sampler)
+    step_once = Step(training_step(weights, optimizer, data, runs[0].model.attention, positional, scale),
+                     use_cuda_graph(cfg.cuda_graph, device, cfg.sampler))
+    return _ShapeTraining(cells, task, device, weights, params, lr, scale, positional, optimizer, data, step_once,
                           task.eval_set(cfg.eval_size, EVAL_SEED, device))
 
 
@@ -126,8 +131,7 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
                 _evaluate_cell(state, cell, loss[cell.rows].tolist(), acc[cell.rows].tolist())
         if all(c.stopped is not None for c in state.cells):
             break
-        tokens, answers = state.data.batch(state.step)
-        train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional, state.query_scale)
+        state.step_once()
         state.step += 1
         bar.update(1)
     bar.close()
@@ -165,7 +169,7 @@ def _cell_result(state: _ShapeTraining, cell: _Cell, subnormals: str) -> TrainRe
     stacked = own({k: t[cell.rows] for k, t in state.weights.items()})
     snapshots = {s: own(snap) for s, snap in cell.snapshots.items()}
     result = kept_result(cell.run, state.task, str(state.device), stacked, sorted(state.params), cell.metrics,
-                         snapshots, cell.stopped, cell.seconds, None, subnormals)
+                         snapshots, cell.stopped, cell.seconds, None, subnormals, state.step_once.graphed)
     padded = padded_section([c.section for c in state.cells])
     result.training["stack"] = {"models": len(state.lr), **{k: getattr(padded, k) for k in sizes(padded)}}
     return result

@@ -15,6 +15,7 @@ from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
+from models.graphed import use_cuda_graph
 from models.presets import PRESETS
 from models.train_state import state_dir
 from models.trainer import train
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
         run, preset_name = run_config(args), args.preset
         run.train.validate()
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
-        resolve_device(run.train.device)
+        use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
         out = cli.prepare_out(args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_"), args.force)
         write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
     result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,

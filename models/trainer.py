@@ -25,6 +25,7 @@ from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
 from models.forward import has_positions, last_position_logits
+from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.section import ModelSection
 from models.subnormals import flushed, flushing
@@ -124,6 +125,7 @@ class _Training:
     positional: bool  # W_pos is non-zero (it is frozen: decided once, no per-step host sync)
     optimizer: Optimizer
     data: TrainingData  # every model's data stream
+    step_once: Step  # one update of every model: eager, or a CUDA graph's replay
     held_out: Batch
     schedule: set[int]  # snapshot steps
     step: int  # steps taken
@@ -143,6 +145,8 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
     positional = has_positions(weights)
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
     data = TrainingData(task, runs, cfg.batch_size, device, cfg.sampler)
+    step_once = Step(training_step(weights, optimizer, data, run.model.attention, positional),
+                     use_cuda_graph(cfg.cuda_graph, device, cfg.sampler))
     held_out = task.eval_set(cfg.eval_size, EVAL_SEED, device)
     schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
 
@@ -155,14 +159,14 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
                                 cfg.sampler)
         snapshots = saved_snapshots(state_folder, params)
     start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
-    return _Training(run, task, device, weights, params, positional, optimizer, data, held_out, schedule,
-                     step, metrics, snapshots, start)
+    return _Training(run, task, device, weights, params, positional, optimizer, data, step_once, held_out,
+                     schedule, step, metrics, snapshots, start)
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
     """Step until the step budget is spent or the best model reaches the target accuracy,
     evaluating every eval_every steps and taking the scheduled snapshots."""
-    cfg, runs, attention = state.run.train, state.run.train.runs, state.run.model.attention
+    cfg, runs = state.run.train, state.run.train.runs
     K = len(runs)
     bar = tqdm(total=cfg.steps, initial=state.step, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}",
                unit="step")
@@ -174,8 +178,7 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
             bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
             if state.step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
                 break
-        tokens, answers = state.data.batch(state.step)
-        train_step(state.weights, state.optimizer, tokens, answers, attention, state.positional)
+        state.step_once()
         state.step += 1
         bar.update(1)
     bar.close()
@@ -214,15 +217,17 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
     curve and snapshots; all K final models under `stacked`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
     return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
-                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals)
+                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals,
+                       state.step_once.graphed)
 
 
 def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
                 metrics: list[dict], snapshots: dict, steps_run: int, seconds: float, preset_name: str | None,
-                subnormals: str) -> TrainResult:
+                subnormals: str, graphed: bool) -> TrainResult:
     """The kept model's TrainResult (`_result`, and models.shape_trainer's per run) from its
     parts: the run's final models `stacked` [K, ...] (CPU), their curve, their trainable
-    weights' snapshots [K, ...] by step, the steps and seconds they ran."""
+    weights' snapshots [K, ...] by step, the steps and seconds they ran, and whether their
+    step was a CUDA graph's replay."""
     cfg, runs = run.train, run.train.runs
     final = metrics[-1]["models"]
     kept = max(range(len(runs)), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
@@ -236,7 +241,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
         "kept_model": kept, "runs": final, "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
-        "trainer": "models.trainer", "trainable": trainable, "subnormals": subnormals,
+        "trainer": "models.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
         "task_config": asdict(run.task), "model_config": asdict(run.model.resolved()),
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()}
@@ -266,6 +271,17 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
     loss.backward()
     optimizer.step()
     return loss.detach()
+
+
+def training_step(weights: dict, optimizer: Optimizer, data: TrainingData, attention: str, positional: bool,
+                  query_scale: torch.Tensor | None = None):
+    """One update of every model on its batch of this step, as a function of no arguments
+    (models.graphed.Step runs or replays it): the step count is read from the optimizer's
+    device counter `t` (steps taken), never from the host, so a replay draws the next batch."""
+    def step() -> tuple[torch.Tensor]:
+        tokens, answers = data.batch(optimizer.t)  # [K, B, T], [K, B]
+        return (train_step(weights, optimizer, tokens, answers, attention, positional, query_scale),)
+    return step
 
 
 def training_batch(task, generators, runs, batch_size):

@@ -69,8 +69,11 @@ def test_each_shape_equals_its_run_alone(parameterisation):
         assert result.training["stack"] == {"models": 4, "n_heads": 4, "d_head": 8, "d_mlp": 64}
         assert result.snapshots.keys() == alone.snapshots.keys()
         assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
-        for key, value in alone.stacked.items():  # equal up to the summation order of the padded products
-            torch.testing.assert_close(result.stacked[key], value, rtol=1e-4, atol=1e-5,
+        # Equal up to the summation order of the padded products, which Adam amplifies where a
+        # gradient entry is near zero (m / sqrt(v) of a rounding error is O(1)): up to 8e-5 after
+        # 40 steps on an AMD EPYC; a wrong mask, batch or learning rate moves weights by 1e-2.
+        for key, value in alone.stacked.items():
+            torch.testing.assert_close(result.stacked[key], value, rtol=1e-3, atol=2e-4,
                                        msg=lambda m, key=key: f"{key}: {m}")
         for mine, theirs in zip(result.metrics, alone.metrics):
             for m, t in zip(mine["models"], theirs["models"]):

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     if not sweep.skip_instruments and (result.runs.sweep == "heads").any():
         add_head_roles(result, out, sweep.task(), args.device, progress)
     recorded = {"out": str(out), **asdict(sweep), "head_layout": sweep.layouts,
-                **{k: v for k, v in asdict(cfg).items() if k != "device"}, "device": args.device, "quiet": args.quiet,
+                **{k: v for k, v in asdict(cfg).items() if k not in ("device", "cuda_graph")},
+                "device": args.device, "quiet": args.quiet,
                 **asdict(executor)}
     result.summary["settings"] = {k: list(v) if isinstance(v, tuple) else v for k, v in recorded.items()}
     result.summary["train"] = {**asdict(cfg), "steps": cfg.steps}

@@ -16,7 +16,8 @@ from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search
 from models import parameterisation as param
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from models.trainer import train
 from models.weights import parameter_count
 
@@ -42,6 +43,9 @@ class TransformerSweep:
     embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian where it takes the "
                              "authors' embedding, sphere otherwise) | sphere | gaussian",
                              choices=("auto", "sphere", "gaussian"))
+    sampler: str = setting("generator", "training data: generator | counter (every seed's batch a hash of seed and "
+                           "step: the sampler a CUDA graph can replay)", choices=SAMPLERS)
+    cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
@@ -78,7 +82,7 @@ class TransformerSweep:
                          train=TrainConfig(lr=tuple(self.lr), seed=(self.seed,), steps=self.steps,
                                            batch_size=self.batch_size, eval_every=self.eval_every,
                                            eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
-                                           device=device))
+                                           device=device, sampler=self.sampler, cuda_graph=self.cuda_graph))
 
     def model(self, shape: tuple, d: int) -> ModelConfig:
         """The shape's model at size d, in this sweep's parameterisation and embeddings."""
@@ -88,14 +92,16 @@ class TransformerSweep:
     def recorded(self) -> dict:
         """What every training run shares (settings.json); shapes and sizes are in the cell keys,
         and the search bounds choose cells without changing any. The model is recorded only
-        where it is not the standard one with sphere embeddings, which every sweep recorded
-        before the choice existed trained: those sweeps resume."""
+        where it is not the standard one with sphere embeddings, and the sampler only where it
+        is not the generator, which every sweep recorded before the choice existed trained:
+        those sweeps resume. Whether the step was a CUDA graph's replay changes no number."""
         model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
         chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
         return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
                 "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size,
-                **({"model": chosen} if chosen != {"embedding": "sphere"} else {})}
+                **({"model": chosen} if chosen != {"embedding": "sphere"} else {}),
+                **({"sampler": self.sampler} if self.sampler != "generator" else {})}
 
 
 def _largest_d(shape: tuple) -> float:

@@ -44,7 +44,8 @@ def base_run(args) -> RunConfig:
 def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
     """settings.json of a trade-off sweep: what every cell shares."""
     recorded = {**asdict(run), "model": run.model.recorded()}
-    recorded["train"].pop("device")  # where it runs does not change what a cell holds
+    recorded["train"].pop("device")  # where and how it runs does not change what a cell holds
+    recorded["train"].pop("cuda_graph")
     if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
         recorded["train"].pop("sampler")
     return {"analysis": f"tradeoff {command}", "run": recorded, "contexts": locating.contexts,
