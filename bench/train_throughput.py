@@ -22,13 +22,12 @@ torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With 
 ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
-        [--trained-steps 8192] [--trained-state DIR] [--counter]
+        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed]
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import math
 import multiprocessing as mp
 import re
@@ -43,10 +42,11 @@ import torch.nn.functional as F
 from models.bridge import build_bridge, resolve_device
 from models.config import RunConfig, override, preset
 from models.forward import has_positions, last_position_logits
+from models.graphed import Step
 from models.optimizer import Optimizer
 from models.subnormals import flushed
 from models.train_state import load_state
-from models.trainer import DATA_SEED_OFFSET, TrainingData, train, train_step
+from models.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step
 from models.weights import init_weights, stack, trainable_keys
 
 MEMORY_STEPS = 3
@@ -60,10 +60,11 @@ def bench_run(preset_name: str, seq_len: int | None = None) -> RunConfig:
 
 
 def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
-              trained: dict | None = None, sampler: str = "generator"):
+              trained: dict | None = None, sampler: str = "generator", graphed: bool = False):
     """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1), from
     fresh weights or, given `trained` (a saved training state of one model), K copies of it;
-    the data from `sampler` (models.trainer.TrainingData)."""
+    the data from `sampler` (models.trainer.TrainingData); with `graphed`, the step captured
+    in a CUDA graph and replayed, as the trainer does (models.graphed.Step)."""
     run = bench_run(preset_name, seq_len)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
@@ -82,12 +83,7 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
         if data.generators:
             data.generators[0].set_state(trained["rng"])
     positional = has_positions(weights)  # as models.trainer.train: decided once
-    steps = itertools.count(trained["t"] if trained is not None else 0)
-
-    def step():
-        tokens, answers = data.batch(next(steps))  # [K, B, T], [K, B]
-        train_step(weights, optimizer, tokens, answers, run.model.attention, positional)
-    return step
+    return Step(training_step(weights, optimizer, data, run.model.attention, positional), graphed)
 
 
 def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
@@ -129,8 +125,8 @@ def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len:
 
 
 VARIANTS = {"ours": make_ours, "tl": make_tl}
-FLUSHED = {"ours": True, "ours-counter": True, "tl": False, "ours-trained": True, "ours-trained-kept": False,
-           "tl-trained": False}
+FLUSHED = {"ours": True, "ours-counter": True, "ours-graphed": True, "tl": False, "ours-trained": True,
+           "ours-trained-kept": False, "tl-trained": False}
 
 
 def trained_state(preset_name: str, steps: int, folder: Path, device: torch.device) -> dict:
@@ -251,8 +247,13 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--counter", action="store_true",
                         help="also time ours with the counter sampler (variant ours-counter)")
+    parser.add_argument("--graphed", action="store_true",
+                        help="CUDA: also time ours with the counter sampler, its whole step captured in a CUDA graph "
+                             "and replayed (variant ours-graphed, against ours-counter: the same step eager)")
     parser.add_argument("--memory-seq-lens", type=lambda t: [int(x) for x in t.split(",")], default=[32, 256],
                         help="sequence lengths T at which to measure our peak memory (default 32,256)")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the peak-memory measurements (each one a fresh process)")
     parser.add_argument("--trained-steps", type=int, default=8192,
                         help="also time both on a model trained this many steps "
                              "(a power of two; 0: fresh weights only)")
@@ -261,6 +262,9 @@ def main() -> None:
                              "(default: PRESET-STEPS-DEVICE in the temporary folder)")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    if args.graphed and device.type != "cuda":
+        parser.error(f"--graphed needs a CUDA device, got {device}")
+    args.counter = args.counter or args.graphed
     if args.trained_steps and 2 ** round(math.log2(args.trained_steps)) != args.trained_steps:
         parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
 
@@ -268,6 +272,8 @@ def main() -> None:
     ours = functools.partial(make_ours, args.preset, args.batch, args.k, device)
     if args.counter:
         steps["ours-counter"] = ours(sampler="counter")
+    if args.graphed:
+        steps["ours-graphed"] = ours(sampler="counter", graphed=True)
     if args.trained_steps:
         folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
             f"{args.preset}-{args.trained_steps}-{device.type}"
@@ -275,9 +281,9 @@ def main() -> None:
         trained = trained_state(args.preset, args.trained_steps, folder, device)
         steps.update({"ours-trained": ours(trained=trained), "ours-trained-kept": ours(trained=trained),
                       "tl-trained": make_tl(args.preset, args.batch, args.k, device, trained=trained)})
-    for name, step in steps.items():  # warm-up
+    for name, step in steps.items():  # warm-up (and a graphed step's capture)
         with flushed(device, FLUSHED[name]):
-            steps_per_second(step, 1, device)
+            steps_per_second(step, 5, device)
     rates = {name: [] for name in steps}
     cpu_rates = {name: [] for name in steps}
     matmul_rates = []  # measured in every round, next to ours: the floor moves with the machine
@@ -291,8 +297,8 @@ def main() -> None:
     def memory_of(name: str, seq_len: int | None = None) -> float:
         with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
             return pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device), seq_len))
-    memory = {name: memory_of(name) for name in VARIANTS}
-    memory_by_length = {T: memory_of("ours", T) for T in args.memory_seq_lens}
+    memory = {} if args.no_memory else {name: memory_of(name) for name in VARIANTS}
+    memory_by_length = {} if args.no_memory else {T: memory_of("ours", T) for T in args.memory_seq_lens}
 
     run = preset(args.preset)
     task, model = run.task, run.model
@@ -320,8 +326,8 @@ def main() -> None:
           f"{floor_ms:.2f} ms/step, ours {step_ms:.2f} ms/step")
     print("step time over the floor per round: " + ", ".join(f"{r:.2f}" for r in floor_ratios))
     print(f"floor_ratio {statistics.median(floor_ratios):.2f}")
-    print("peak memory of ours by sequence length: " + ", ".join(
-        f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()))
+    print("peak memory of ours by sequence length: " + (", ".join(
+        f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()) or "not measured"))
     # each round's ratio compares two runs seconds apart, so the machine's drift (measured here:
     # +-25% over minutes) cancels; the median over rounds is the figure
     if args.trained_steps:
@@ -340,6 +346,11 @@ def main() -> None:
     if args.counter:
         per_round, median = median_ratio(rates["ours-counter"], rates["ours"])
         print(f"ours_counter_over_generator {median:.2f}  (per round: {per_round})")
+    if args.graphed:
+        per_round, median = median_ratio(rates["ours-graphed"], rates["ours-counter"])
+        print(f"ours_graphed_over_eager {median:.2f}  (per round: {per_round})")
+        per_round, median = median_ratio(rates["ours-graphed"], rates["tl"], args.k, digits=1)
+        print(f"speedup_graphed_vs_transformerlens {median:.1f}  (per round: {per_round})")
     per_round, median = median_ratio(rates["ours"], rates["tl"], args.k, digits=1)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + per_round)
     print(f"speedup_vs_transformerlens {median:.1f}")

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# A GPU's work for the toolkit in one call of at most GPU_RUN_SECONDS (default 540: 9 minutes),
+# resumable across calls on fresh machines:
+#
+#   bash scripts/gpu_run.sh OUT [STATE]        STATE: the OUT/state.tar.gz an earlier call left
+#   bash scripts/gpu_run.sh --dry-run OUT [STATE]   the same steps at tiny sizes on the CPU
+#
+# Set up first (no network needed): PYTHON=python3 bash scripts/setup.sh --offline WHEELS.
+# Steps, each bounded by the time left and recorded as it finishes; a later call skips the
+# steps an earlier one finished and goes on with the sweeps where they stopped:
+#   env        the GPU, driver and torch
+#   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): summary in tests_cuda.txt
+#   bench      bench/train_throughput.py: graphed, eager and the TransformerLens loop at config
+#              A; tiny graphed at K = 1 and K = 64 (bench.txt)
+#   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
+#   grid       Figure 4 right: the 169-cell grid with storage shares, stacked, timed (grid.png)
+#   fig4_left  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
+#              learning rates), shapes searched in GPU_RUN_JOBS parallel processes until the
+#              time is up (fig4_left.png, fig4_left.csv)
+# OUT then holds at most 8 plain files: report.txt (what ran, for how long, the headline
+# numbers), the files named above and state.tar.gz (every step's output and the sweeps'
+# cells, packed again every GPU_RUN_PACK_SECONDS, written atomically: a kill at any moment
+# leaves the last whole archive, and loses only the cells in flight).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+usage() { echo "usage: bash scripts/gpu_run.sh [--dry-run] OUT [STATE]" >&2; exit 2; }
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+[ $# -ge 1 ] && [ $# -le 2 ] && [ "${1#-}" = "$1" ] || usage
+out=$1; state=${2:-}
+[ -z "$state" ] || [ -f "$state" ] || { echo "gpu_run: $state: no such archive" >&2; exit 2; }
+if [ -n "$state" ]; then
+  tar -tzf "$state" >/dev/null 2>&1 || { echo "gpu_run: $state: not a readable state archive" >&2; exit 2; }
+fi
+python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+"$python" -c "import torch, transformer_lens" 2>/dev/null \
+  || { echo "gpu_run: $python cannot import torch and transformer_lens; run scripts/setup.sh first" >&2; exit 2; }
+budget=${GPU_RUN_SECONDS:-$([ $dry = 1 ] && echo 300 || echo 540)}
+pack_every=${GPU_RUN_PACK_SECONDS:-$([ $dry = 1 ] && echo 2 || echo 60)}
+jobs=${GPU_RUN_JOBS:-8}
+start=$(date +%s)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "$state" ]; then tar -xzf "$state" -C "$work"; fi
+mkdir -p "$work/done"
+export PYTHONUNBUFFERED=1
+
+left() { echo $(( budget - ($(date +%s) - start) )); }
+log() { echo "$*" | tee -a "$work/report.txt"; }
+put() {  # copy a file of the run into OUT atomically
+  [ -f "$work/$1" ] || return 0
+  cp "$work/$1" "$out/.$2.tmp" && mv "$out/.$2.tmp" "$out/$2"
+}
+pack() {  # the run's state, atomically: a whole archive or the previous one
+  tar -czf "$out/.state.tar.gz.tmp" --exclude='*.tmp' -C "$work" . 2>/dev/null \
+    && mv "$out/.state.tar.gz.tmp" "$out/state.tar.gz"
+  put report.txt report.txt
+}
+# step NAME CAP COMMAND...: run COMMAND (output to NAME.txt) for at most CAP seconds and the
+# time left (keeping `reserve` seconds to pack); record its exit status and seconds.
+reserve=$([ $dry = 1 ] && echo 5 || echo 20)
+step() {
+  local name=$1 cap=$2; shift 2
+  if [ -f "$work/done/$name" ]; then log "$name: done in an earlier call ($(cat "$work/done/$name"))"; return 0; fi
+  local limit=$(( $(left) - reserve )); [ "$limit" -lt "$cap" ] || limit=$cap
+  if [ "$limit" -le 0 ]; then log "$name: no time left"; return 1; fi
+  local t0=$(date +%s) rc=0
+  timeout -k 10 "$limit" "$@" >>"$work/$name.txt" 2>&1 || rc=$?
+  local seconds=$(( $(date +%s) - t0 ))
+  if [ $rc = 0 ] || [ "${finish_anyway:-0}" = 1 ]; then echo "exit $rc, ${seconds} s" > "$work/done/$name"; fi
+  log "$name: exit $rc in ${seconds} s (limit ${limit} s)$([ $rc = 124 ] && echo ', cut by the time limit')"
+  pack
+  return $rc
+}
+
+log "gpu_run $(date -u +%FT%TZ): budget ${budget} s, $([ $dry = 1 ] && echo 'dry run (CPU, tiny sizes)' || echo GPU)\
+$([ -n "$state" ] && echo ", resuming $state")"
+pack
+
+# --------------------------------------------------------------------------- the sizes
+if [ $dry = 1 ]; then
+  export FACTUAL_RECALL_TEST_DEVICE=cpu
+  device=(--device cpu)
+  tests=(tests/test_graphed.py -k "refuses or auto_captures")
+  bench_a=(--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory)
+  bench_k=()
+  grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1)
+  shapes=(1,1,2 2,2,2)
+  fig4=(--d 8,11,16 --steps 60 --eval-every 30 --eval-size 128 --batch-size 64 --min-size 3 --max-size 12)
+else
+  export FACTUAL_RECALL_TEST_DEVICE=cuda
+  device=(--device cuda)
+  tests=(-n 8 tests/test_graphed.py tests/test_parity.py tests/test_trainer.py tests/test_shape_stack.py
+         tests/test_grid_stack.py tests/test_counter.py tests/test_authors_model.py tests/test_locate_facts.py
+         tests/test_reliability.py)
+  bench_a=(--device cuda --graphed --trained-steps 0 --repeats 3)
+  bench_k=(--device cuda --graphed --trained-steps 0 --repeats 3 --preset tiny --no-memory)
+  grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128)
+  shapes=()
+  for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
+  fig4=(--d 8,11,16,22,32,45,64,90,128,181 --answers 8 --seq-len 32 --eval-size 1024)
+fi
+
+# --------------------------------------------------------------------------- the steps
+finish_anyway=1 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+  2>/dev/null || echo 'no GPU (nvidia-smi absent)'; $python -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'"
+
+finish_anyway=1 step tests 180 "$python" -m pytest -p no:cacheprovider "${tests[@]}"
+tail -n 30 "$work/tests.txt" > "$work/tests_cuda.txt" 2>/dev/null; put tests_cuda.txt tests_cuda.txt
+
+finish_anyway=1 step bench 150 bash -c "$python bench/train_throughput.py ${bench_a[*]} && \
+  if [ -n '${bench_k[*]}' ]; then for k in 1 64; do $python bench/train_throughput.py ${bench_k[*]} --k \$k; done; fi"
+put bench.txt bench.txt
+
+if [ $dry = 0 ]; then
+  finish_anyway=1 step checks 120 "$python" bench/gpu_checks.py --out "$work/checks"
+  put checks/gpu_checks.json gpu_checks.json
+fi
+
+t0=$(date +%s)
+step grid 600 "$python" -m analyses.tradeoff grid "${grid[@]}" "${device[@]}" --sampler counter --quiet \
+  --out "$work/grid" && log "grid: $(( $(date +%s) - t0 )) s for every cell not recorded before this call"
+put grid/grid.png grid.png
+
+fig4_flags=("${fig4[@]}" --sampler counter "${device[@]}" --quiet --out "$work/fig4_left")
+all_shapes=()
+for s in "${shapes[@]}"; do all_shapes+=(--shape "$s"); done
+# one search per shape, GPU_RUN_JOBS at a time, their cells shared in fig4_left/; the flags
+# reach them through a file (an array does not cross bash -c)
+printf '%s\n' "${fig4_flags[@]}" > "$work/fig4_flags.txt"
+fig4_search() { mapfile -t flags < "$1"; "$python" -m analyses.capacity transformer --shape "$2" "${flags[@]}"; }
+export -f fig4_search
+export python
+( while sleep "$pack_every"; do pack; done ) & packer=$!
+step fig4_left 100000 bash -c "printf '%s\n' ${shapes[*]} | xargs -P $jobs -I{} bash -c 'fig4_search $work/fig4_flags.txt {}'"
+kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
+"$python" -m analyses.capacity transformer "${all_shapes[@]}" "${fig4_flags[@]}" --recorded-only \
+  >>"$work/fig4_left.txt" 2>&1 && log "fig4_left: $(ls "$work/fig4_left/cells" 2>/dev/null | wc -l) probes recorded"
+put fig4_left/facts_vs_parameters.png fig4_left.png
+put fig4_left/capacity.csv fig4_left.csv
+log "gpu_run: $(( $(date +%s) - start )) s in all; $(ls "$work/done" | tr '\n' ' ')done"
+pack
