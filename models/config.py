@@ -1,7 +1,7 @@
 """Frozen configs of the factual-recall family: what a model is and how it is trained, a run
 (TaskConfig, ModelConfig, TrainConfig = RunConfig), and the Figure 4 left shape family
-(`shape_model`); the named presets are models/presets.py, the attention-only family's configs
-models/aot/config.py.
+(`shape_model`); the named presets and `preset` are models/presets.py, the attention-only
+family's configs models/aot/config.py.
 
 Every field carries its help text, so `python -m models.train --help` documents it and a
 flag `--field-name` overrides it (see models/cli.py).
@@ -181,23 +181,6 @@ def shape_model(alpha: float, beta: float, n_heads: int, d_model: int,
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "
                          f"d_mlp={d_mlp} at d={d_model} (rounded down); both must be >= 1.")
     return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp, parameterisation=parameterisation)
-
-
-def preset(name: str) -> RunConfig:
-    """A named preset, or a shape family member `shape:ALPHA,BETA,H,D` on the paper's task
-    with the Figure 4 left learning-rate sweep (the authors' parameterisation)."""
-    from models.presets import PAPER_TASK, PRESETS  # they are built from the configs above
-
-    if name.startswith("shape:"):
-        try:
-            alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))
-        except ValueError:
-            raise ValueError(f"shape preset must read shape:ALPHA,BETA,H,D, got {name!r}.") from None
-        return RunConfig(task=PAPER_TASK, model=shape_model(alpha, beta, int(heads), int(d)),
-                         train=TrainConfig(lr=(1e-3, 3e-3, 1e-2), steps=16384, eval_every=128))
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D.")
-    return PRESETS[name]
 
 
 def override(config, values: dict):
