@@ -28,7 +28,8 @@ import torch
 
 from analyses.output import write_csv
 from models.checkpoint import write_json
-from models.config import RunConfig, override, preset
+from models.config import RunConfig, override
+from models.presets import preset
 from models.trainer import train
 
 VARIANTS = ("flushed", "kept")

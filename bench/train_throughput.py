@@ -40,10 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from models.bridge import build_bridge, resolve_device
-from models.config import RunConfig, override, preset
+from models.config import RunConfig, override
 from models.forward import has_positions, last_position_logits
 from models.graphed import Step
 from models.optimizer import Optimizer
+from models.presets import preset
 from models.subnormals import flushed
 from models.train_state import load_state
 from models.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step

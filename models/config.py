@@ -1,8 +1,7 @@
-"""Frozen configs: what a model is and how it is trained, for both model families.
-
-- factual recall: a run (TaskConfig, ModelConfig, TrainConfig = RunConfig) and `preset` (the
-  named presets are models/presets.py);
-- attention-only memorisation (Dana et al.): AoTModelConfig and AoTTrainConfig.
+"""Frozen configs of the factual-recall family: what a model is and how it is trained, a run
+(TaskConfig, ModelConfig, TrainConfig = RunConfig), and the Figure 4 left shape family
+(`shape_model`); the named presets and `preset` are models/presets.py, the attention-only
+family's configs models/aot/config.py.
 
 Every field carries its help text, so `python -m models.train --help` documents it and a
 flag `--field-name` overrides it (see models/cli.py).
@@ -14,8 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from models import parameterisation as param
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
-from models.section import HEAD_LAYOUTS, ModelSection
-from tasks.association import SequenceTask
+from models.section import ModelSection
 from tasks.factual_recall import FactualRecallTask
 
 SAMPLERS = ("generator", "counter")
@@ -189,23 +187,6 @@ def shape_model(alpha: float, beta: float, n_heads: int, d_model: int,
     return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp, parameterisation=parameterisation)
 
 
-def preset(name: str) -> RunConfig:
-    """A named preset, or a shape family member `shape:ALPHA,BETA,H,D` on the paper's task
-    with the Figure 4 left learning-rate sweep (the authors' parameterisation)."""
-    from models.presets import PAPER_TASK, PRESETS  # they are built from the configs above
-
-    if name.startswith("shape:"):
-        try:
-            alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))
-        except ValueError:
-            raise ValueError(f"shape preset must read shape:ALPHA,BETA,H,D, got {name!r}.") from None
-        return RunConfig(task=PAPER_TASK, model=shape_model(alpha, beta, int(heads), int(d)),
-                         train=TrainConfig(lr=(1e-3, 3e-3, 1e-2), steps=16384, eval_every=128))
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D.")
-    return PRESETS[name]
-
-
 def override(config, values: dict):
     """`config` with the given fields replaced; a name that is not one of its fields is refused."""
     unknown = sorted(set(values) - {f.name for f in fields(config)})
@@ -213,96 +194,3 @@ def override(config, values: dict):
         raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
     return replace(config, **values)
 
-
-# --------------------------------------------------------------------------- attention-only memorisation
-
-
-@dataclass(frozen=True)
-class AoTModelConfig:
-    """A model of the memorisation tasks (Dana et al.): one attention layer with trainable
-    embeddings, optionally followed by a GELU MLP; the head layouts are models.aot_weights'."""
-
-    d_model: int = setting(10, "d, embedding dimension")
-    n_heads: int = setting(1, "H, number of attention heads")
-    d_head: int = setting(10, "d_h, head dimension")
-    d_mlp: int = setting(0, "m, MLP width after the heads (0: attention-only)")
-    act_fn: str = setting("gelu", "MLP non-linearity (the paper's GELU, or relu)")
-    head_layout: str = setting("standard", "standard (the paper's equations) | dana (the authors' code: shared "
-                               "d -> d_h compression, d_h-dimensional positions, shared d_h -> d decompression)")
-
-    @property
-    def attn_only(self) -> bool:
-        return self.d_mlp == 0
-
-    @property
-    def dana(self) -> bool:
-        return self.head_layout == "dana"
-
-    def validate(self) -> None:
-        for name in ("d_model", "n_heads", "d_head"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        if isinstance(self.d_mlp, bool) or not isinstance(self.d_mlp, int) or self.d_mlp < 0:
-            raise ValueError(f"d_mlp must be an integer >= 0, got {self.d_mlp!r}.")
-        if self.act_fn not in ("gelu", "relu"):
-            raise ValueError(f"act_fn must be 'gelu' or 'relu', got {self.act_fn!r}.")
-        if self.head_layout not in HEAD_LAYOUTS:
-            raise ValueError(f"head_layout must be one of {', '.join(HEAD_LAYOUTS)}, got {self.head_layout!r}.")
-
-    def checkpoint_section(self, task: SequenceTask) -> ModelSection:
-        """The `model` section of config.json for `task`. The dana layout is saved as its
-        TransformerLens form: d_model = d + d_h, `d_embed` = d."""
-        self.validate()
-        return ModelSection(self.d_model + self.d_head if self.dana else self.d_model, self.n_heads, self.d_head,
-                            None if self.attn_only else self.d_mlp, self.attn_only, self.act_fn, task.seq_len,
-                            task.d_vocab, task.d_vocab_out, positional_embedding="trainable",
-                            head_layout=self.head_layout, d_embed=self.d_model if self.dana else None)
-
-    def parameters(self, task: SequenceTask) -> int:
-        """Trainable parameters. standard: d(S + 2N) embeddings, 4 H d_h d attention, 2 m d
-        MLP. dana: 2 N d embedding and unembedding, S d_h positions, 2 d d_h compression and
-        decompression, H (4 d_h^2 + 4 d_h) attention (nn.MultiheadAttention(d_h, 1) with
-        biases), 2 m d MLP."""
-        d, dh, H = self.d_model, self.d_head, self.n_heads
-        if self.dana:
-            return 2 * task.n_tokens * d + task.seq_len * dh + 2 * d * dh + H * 4 * dh * (dh + 1) + 2 * self.d_mlp * d
-        return d * (task.seq_len + 2 * task.n_tokens) + 4 * H * dh * d + 2 * self.d_mlp * d
-
-    def matched_mlp_width(self, n_heads: int) -> int:
-        """MLP width m at which this model with one head + the MLP has as many parameters
-        as with `n_heads` heads and no MLP: 2 m d = (n_heads - 1) x (parameters per head),
-        rounded (exact for the standard layout, and for dana when d = d_h)."""
-        per_head = 4 * self.d_head * (self.d_head + 1) if self.dana else 4 * self.d_head * self.d_model
-        return round((n_heads - 1) * per_head / (2 * self.d_model))
-
-    @property
-    def name(self) -> str:
-        return (f"d{self.d_model}_H{self.n_heads}_dh{self.d_head}" + (f"_m{self.d_mlp}" if self.d_mlp else "")
-                + ("_dana" if self.dana else ""))
-
-
-@dataclass(frozen=True)
-class AoTTrainConfig:
-    """Dana et al.'s recipe (appendix B): per seed, `batches` batches drawn once, `epochs` passes, Adam."""
-
-    lr: float = setting(1e-3, "Adam learning rate")
-    batch_size: int = setting(1024, "sequences per batch")
-    batches: int = setting(1000, "batches drawn once per seed (the data set)")
-    epochs: int = setting(10, "passes over the data set")
-    eval_every: int = setting(500, "score every model on all T_0 sequences every this many steps")
-    device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
-    cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
-
-    @property
-    def steps(self) -> int:
-        return self.batches * self.epochs
-
-    def validate(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}.")
-        for name in ("batch_size", "batches", "epochs", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
-        if self.cuda_graph not in CUDA_GRAPH_MODES:
-            raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}.")

@@ -1,5 +1,6 @@
-"""The named factual-recall presets (models.config.preset reads them, with the shape family)."""
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+"""The named factual-recall presets, and `preset`: a name (or a member of the shape family) ->
+its RunConfig."""
+from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, shape_model
 
 PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
 _FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32,
@@ -47,3 +48,18 @@ PRESETS: dict[str, RunConfig] = {
         train=TrainConfig(optimizer="adam", lr=(1e-2,), steps=8192, eval_every=64, eval_size=2048,
                           target_accuracy=2.0, snapshots_per_octave=8)),
 }
+
+
+def preset(name: str) -> RunConfig:
+    """A named preset, or a shape family member `shape:ALPHA,BETA,H,D` on the paper's task
+    with the Figure 4 left learning-rate sweep (the authors' parameterisation)."""
+    if name.startswith("shape:"):
+        try:
+            alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))
+        except ValueError:
+            raise ValueError(f"shape preset must read shape:ALPHA,BETA,H,D, got {name!r}.") from None
+        return RunConfig(task=PAPER_TASK, model=shape_model(alpha, beta, int(heads), int(d)),
+                         train=TrainConfig(lr=(1e-3, 3e-3, 1e-2), steps=16384, eval_every=128))
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D.")
+    return PRESETS[name]

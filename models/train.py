@@ -14,9 +14,9 @@ from pathlib import Path
 from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import load_checkpoint, write_json
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override, preset
+from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
 from models.graphed import use_cuda_graph
-from models.presets import PRESETS
+from models.presets import PRESETS, preset
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count

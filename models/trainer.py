@@ -6,7 +6,7 @@ data stream equal those of its separate run. Training reads only the last positi
 models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
 Runs of different H, d_h or m train as one zero-padded stack in models.shape_trainer.
 
-Shared with the attention-only trainer (models.aot_trainer): the data-seed offset and the
+Shared with the attention-only trainer (models.aot.trainer): the data-seed offset and the
 result type (TrainResult, one trained model ready to be saved); the optimizer is models.optimizer.
 """
 from __future__ import annotations

@@ -12,11 +12,11 @@ import sys
 import torch
 
 import analyses.aot_capacity
-import models.aot_trainer
-import models.aot_weights
+import models.aot.trainer
+import models.aot.weights
 from models.cli import run_cli
 
-_stack_models = models.aot_weights.stack_models
+_stack_models = models.aot.weights.stack_models
 
 
 def unscaled_stack(weights, sections):
@@ -29,5 +29,5 @@ if __name__ == "__main__":
     if "--skip-instruments" not in sys.argv:
         print("error: pass --skip-instruments (this script's checkpoints read back with the scale).", file=sys.stderr)
         sys.exit(2)
-    models.aot_trainer.stack_models = unscaled_stack
+    models.aot.trainer.stack_models = unscaled_stack
     run_cli(analyses.aot_capacity.main)

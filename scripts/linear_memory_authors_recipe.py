@@ -6,7 +6,7 @@ at lr 1000 for 2^12 steps, accuracy measured every 32 steps (the best measuremen
 99%), seeds {0, 1, 11, 111, 42}, bisection to 1%. `analyses.capacity memory --kind linear`
 differs in the optimiser settings (lr 0.1, 2000 steps, accuracy at every step), the seeds
 (0..N-1) and the bisection (5%). Same cells, report and figure as that command, so the two
-summaries read alike (docs/capacity.md, results/README.md).
+summaries read alike (docs/capacity.md, results/capacity/README.md).
 """
 from __future__ import annotations
 

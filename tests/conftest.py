@@ -3,7 +3,8 @@ import os
 import pytest
 import torch
 
-from models.config import RunConfig, override, preset
+from models.config import RunConfig, override
+from models.presets import preset
 from models.trainer import train
 
 # The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with

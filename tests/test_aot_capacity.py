@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models import CheckpointError, load
-from models.aot_trainer import train_aot
-from models.config import AoTModelConfig, AoTTrainConfig
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.trainer import train_aot
 from probe.head_roles import head_roles
 from probe.kl_floor import rank_d_kl_floor
 from tasks.association import AssociationTask, DistributionTask
@@ -31,7 +31,7 @@ def test_checkpoint_round_trip_and_head_roles(association_ckpt):
     ckpt, trained, task = association_ckpt
     config = json.loads((ckpt / "config.json").read_text())
     assert config["task"]["kind"] == "association" and config["model"]["n_ctx"] == 2
-    assert config["training"]["trainer"] == "models.aot_trainer" and config["training"]["seed"] == 0
+    assert config["training"]["trainer"] == "models.aot.trainer" and config["training"]["seed"] == 0
     assert config["training"]["batch_accuracy"] == trained.training["batch_accuracy"]
     model, loaded = load(ckpt, device="cpu")
     with torch.no_grad():

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from models import load
-from models.aot_forward import population_logits
-from models.aot_trainer import train_aot
-from models.aot_weights import init_aot_weights, stack_models, to_transformer_lens
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.forward import population_logits
+from models.aot.trainer import train_aot
+from models.aot.weights import init_aot_weights, stack_models, to_transformer_lens
 from models.bridge import build_bridge
-from models.config import AoTModelConfig, AoTTrainConfig
 from probe.kl_floor import rank_d_kl_floor
 from tasks import task_from_config
 from tasks.association import AssociationTask, DistributionTask
@@ -166,7 +166,7 @@ DANA = [AoTModelConfig(d_model=3, n_heads=2, d_head=4, head_layout="dana"),  # d
 
 
 def dana_reference(w: dict, tokens: torch.Tensor) -> torch.Tensor:
-    """The authors' layout written with torch.nn modules, independently of models.aot_weights: a
+    """The authors' layout written with torch.nn modules, independently of models.aot.weights: a
     shared nn.Linear compression, d_h-dimensional positions, one nn.MultiheadAttention(d_h, 1)
     per head (causal), heads summed, a shared decompression added to the token embedding,
     GELU MLP, unembedding. Logits [batch, S, N] at every position, in w's dtype."""

@@ -1,14 +1,17 @@
 """Checkpoint round trip and every bad-input case of the format's spec."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from models import CheckpointError, ModelSection, build_bridge, load, load_checkpoint
+from models.aot.config import AoTModelConfig
 from models.checkpoint import read_metrics, snapshot_steps
-from models.config import AoTModelConfig, ModelConfig, TaskConfig
+from models.config import ModelConfig, TaskConfig
+from models.trainer import EVAL_SEED
 from tasks.association import AssociationTask
 
 
@@ -148,3 +151,26 @@ def test_model_section_refuses_in_one_line():
         with pytest.raises(ValueError, match=message):
             ModelSection.from_json({**data, **edit})
     assert ModelSection.from_json({**data, "act_fn": "gelu", "positional_embedding": "trainable"}).act_fn == "gelu"
+
+
+OLD = Path(__file__).parent / "data" / "pre_aot_package"
+
+
+@pytest.mark.parametrize("name", ["factual_recall", "attention_only", "attention_only_dana"])
+def test_checkpoints_written_before_the_aot_package_still_load(name):
+    """Committed checkpoints written when the attention-only family lived in models/aot_*.py
+    (one training step each) load as a bridge whose scores are the recorded final ones."""
+    ckpt = OLD / name
+    training = json.loads((ckpt / "config.json").read_text())["training"]
+    bridge, task = load(ckpt, device="cpu")
+    with torch.no_grad():
+        if name == "factual_recall":
+            held_out = task.eval_set(training["eval_size"], EVAL_SEED)
+            logits = bridge(held_out.tokens)[:, -1]  # [batch, answer]
+            loss = torch.nn.functional.cross_entropy(logits, held_out.answers).item()
+            accuracy = (logits.argmax(-1) == held_out.answers).float().mean().item()
+        else:
+            scores = task.scores(bridge(task.sequences())[:, -1])
+            loss, accuracy = scores["loss"].item(), scores["accuracy"].item()
+    assert loss == pytest.approx(training["final_loss"], abs=1e-5)
+    assert accuracy == pytest.approx(training["final_accuracy"])

@@ -1,5 +1,10 @@
-"""The user-facing Markdown: every relative link (and its #anchor) resolves, and the README
-stays short enough to read in five minutes."""
+"""The user-facing Markdown: every relative link (and its #anchor) resolves, every quoted
+`python -m` command of the toolkit names a command that takes each of its flags, and the
+README stays short enough to read in five minutes."""
+import contextlib
+import functools
+import importlib
+import io
 import re
 from pathlib import Path
 
@@ -47,6 +52,48 @@ def test_a_broken_link_is_found(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# A heading\n[ok](#a-heading) [gone](missing.md) [no anchor](#elsewhere)\n")
     assert broken_links(page) == ["missing.md", "#elsewhere"]
+
+
+def quoted_commands(page: Path) -> list[tuple[str, str | None, list[str]]]:
+    """Every `python -m MODULE [SUBCOMMAND] --flag ...` of the toolkit in the page's code
+    blocks: (module, subcommand, long flags)."""
+    commands = []
+    for block in FENCE.findall(page.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            m = re.search(r"python -m ((?:models|analyses)\.[\w.]+)(.*)", line)
+            if m:
+                words = m.group(2).split("#")[0].split()
+                sub = words[0] if words and re.fullmatch(r"[a-z]+", words[0]) else None
+                commands.append((m.group(1), sub, [w.split("=")[0] for w in words if w.startswith("--")]))
+    return commands
+
+
+@functools.cache
+def help_text(module: str, sub: str | None) -> str:
+    """What `python -m MODULE [SUBCOMMAND] --help` prints, run in this process."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, "__path__"):  # a package: its __main__ runs its cli
+        mod = importlib.import_module(module + ".__main__")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        mod.main([sub, "--help"] if sub else ["--help"])
+    return out.getvalue()
+
+
+def unknown_flags(page: Path) -> list[str]:
+    return [f"{module} {sub or ''} {flag}" for module, sub, flags in quoted_commands(page) for flag in flags
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text(module, sub))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_quoted_commands_take_their_flags(page):
+    assert unknown_flags(page) == []
+
+
+def test_an_unknown_flag_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\npython -m analyses.tradeoff grid --heads 1,2 \\\n  --no-such-flag 3 --out x\n```\n")
+    assert unknown_flags(page) == ["analyses.tradeoff grid --no-such-flag"]
 
 
 def test_readme_is_short():

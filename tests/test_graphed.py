@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from models.aot_trainer import train_aot
-from models.config import AoTModelConfig, AoTTrainConfig, TrainConfig, preset
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.trainer import train_aot
+from models.config import TrainConfig
 from models.graphed import WARMUP_STEPS, Step, use_cuda_graph
 from models.optimizer import Optimizer
+from models.presets import preset
 from models.shape_trainer import train_shapes
 from models.train_state import load_state, restore, save_state
 from models.trainer import train

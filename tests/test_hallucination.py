@@ -10,7 +10,7 @@ import torch
 from analyses import hallucination
 from models.bridge import build_bridge, load
 from models.checkpoint import write_checkpoint
-from models.config import preset
+from models.presets import preset
 from models.trainer import train
 from models.weights import init_weights, trainable_keys
 from probe.hallucination import conditional_entropy, recall_metrics, relation_prior

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.aot.config import AoTModelConfig
 from models.bridge import build_bridge
-from models.config import AoTModelConfig
 from models.weights import shapes
 from probe.head_roles import THRESHOLD, _variance_shares, head_roles, key_token_table, sequences_run
 from probe.hooks import clean_run
@@ -264,7 +264,7 @@ def test_kl_floor_restarts_keep_the_best_and_are_seeded():
 def test_head_roles_shares_are_of_the_mass_on_position_0():
     """With S = 3 (where the mass on position 1 is not 1 - the mass on position 0), head_roles'
     variance shares are those of the last query's mass on position 0 (random weights)."""
-    from models.aot_weights import init_aot_weights
+    from models.aot.weights import init_aot_weights
 
     task = AssociationTask(n_tokens=3, context=3)
     cfg = AoTModelConfig(d_model=4, n_heads=2, d_head=2)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.config import preset
+from models.presets import preset
 from models.trainer import train
 from probe.ablation import ablation_hooks, ablations
 from probe.accuracy import per_fact_accuracy

@@ -10,8 +10,9 @@ import pytest
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.config import RunConfig, override, preset
+from models.config import RunConfig, override
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.presets import preset
 from models.trainer import train
 from probe.prompts import fact_batch
 from tests.conftest import quick

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from models import load, load_checkpoint
 from models.checkpoint import CheckpointError
-from models.config import preset
+from models.presets import preset
 from models.train_state import complete_steps, load_state
 from models.trainer import train
 from tests.conftest import quick

@@ -26,7 +26,8 @@ def flushed_share():
 
 before = flushed_share()  # starts torch's OpenMP threads
 import models.trainer as trainer
-from models.config import RunConfig, override, preset
+from models.config import RunConfig, override
+from models.presets import preset
 from models.forward import last_position_logits
 
 during, train_step = [], trainer.train_step

@@ -91,3 +91,43 @@ def test_two_grids_of_one_name_are_told_apart_by_their_paths(tmp_path, capsys):
     code, _, err = _cli([str(tmp_path / "x" / "grid"), str(tmp_path / "y" / "grid"), "--labels", "a,a",
                          "--out", str(tmp_path / "d")], capsys)
     assert code == 2 and "--labels needs two different names" in err
+
+
+def _drawn(monkeypatch, module):
+    """The figures `module` saves, kept instead of written: a list filled as they are drawn."""
+    figures = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig))
+    return figures
+
+
+def test_compare_figure_writes_only_the_frontier_cells_on_a_scale_fitted_to_the_differences(tmp_path, monkeypatch):
+    import analyses.tradeoff.compare as compare
+
+    write_grid(tmp_path / "standard", A, "standard", mlp_share=0.25)
+    write_grid(tmp_path / "authors", {k: v for k, v in B.items() if k != (1, 1)}, "authors", mlp_share=0.75)
+    a, b = compare.read_grid(tmp_path / "standard", "standard"), compare.read_grid(tmp_path / "authors", "authors")
+    figures = _drawn(monkeypatch, compare)
+    compare.compare_figure(compare.compare_grids(a, b), a, tmp_path / "compare.png")
+    panels = [ax for ax in figures[0].axes if ax.images]
+    assert len(panels) == 4
+    # the frontiers: standard (2, 8), (4, 1); authors (4, 8); of the 5 cells in both, these 3 are written
+    accuracy = [float(t.get_text()) for t in panels[0].texts]
+    assert sorted(accuracy) == pytest.approx(sorted([B[2, 8] - A[2, 8], B[4, 1] - A[4, 1], B[4, 8] - A[4, 8]]),
+                                             abs=0.005)
+    assert all(len(ax.texts) == 3 for ax in panels)
+    # the largest difference: the share in attention at (4, 8), 0.25 x 0.995 - 0.75 x 1.0 = -0.50
+    assert all(ax.images[0].get_clim() == pytest.approx((-0.55, 0.55)) for ax in panels)
+
+
+def test_grid_figure_writes_only_the_frontier_cells(tmp_path, monkeypatch):
+    import analyses.tradeoff.figures as figures_module
+
+    write_grid(tmp_path / "g", A, "standard", mlp_share=0.25)
+    table = pd.read_csv(tmp_path / "g" / "grid.csv")
+    figures = _drawn(monkeypatch, figures_module)
+    figures_module.grid_figure(table, {1: None, 2: 8, 4: 1}, tmp_path / "grid.png")
+    panels = [ax for ax in figures[0].axes if ax.images]
+    # the frontier cells (2, 8) and (4, 1): accuracy 0.995 and 0.999, shares in attention 0.75 of them
+    written = [sorted(float(t.get_text()) for t in ax.texts) for ax in panels[:2]]
+    assert written == [pytest.approx([0.995, 0.999], abs=0.006), pytest.approx([0.746, 0.749], abs=0.006)]
+    assert all(len(ax.texts) == 2 for ax in panels)

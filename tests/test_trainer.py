@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.config import preset
 from models.forward import has_positions, last_position_logits
 from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
+from models.presets import preset
 from models.trainer import TrainingData, snapshot_schedule, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 from tasks.factual_recall import FactualRecallTask

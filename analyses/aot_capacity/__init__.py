@@ -10,7 +10,7 @@ Trains, on bigrams over N tokens with a random next token each (T_0 = N^S associ
   d_equal  d = d_h in --equal-dims, H in --heads (the paper's Figure 2b; none by default)
 in each --head-layout: standard (the paper's equations: every head its own maps from the
 d-dimensional stream) and/or dana (the authors' code: one shared d -> d_h compression,
-d_h-dimensional positions, one shared d_h -> d decompression; models/aot_weights.py).
+d_h-dimensional positions, one shared d_h -> d decompression; models/aot/weights.py).
 Measures the accuracy on all T_0 sequences (the share of associations memorised) and the
 authors' accuracy (mean of the last 100 training-batch accuracies, batch_accuracy),
 averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the

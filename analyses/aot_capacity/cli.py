@@ -9,8 +9,8 @@ from analyses.aot_capacity.report import report, write
 from analyses.aot_capacity.sweep import AotSweep, train_sweeps
 from analyses.aot_capacity.tables import add_head_roles, tables
 from analyses.sweep import Cells
+from models.aot.config import AoTTrainConfig
 from models.cli import add_config_flags, given
-from models.config import AoTTrainConfig
 
 
 def parser():

@@ -10,8 +10,9 @@ from pathlib import Path
 from analyses import cli
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.sweep import Cell, Cells, one, run_jobs
-from models.aot_trainer import train_aot
-from models.config import AoTModelConfig, AoTTrainConfig, setting
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.trainer import train_aot
+from models.config import setting
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 

@@ -12,7 +12,8 @@ from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, writ
 from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
 from models.cli import add_config_flags
-from models.config import ModelConfig, TaskConfig, TrainConfig, preset
+from models.config import ModelConfig, TaskConfig, TrainConfig
+from models.presets import preset
 
 
 def parser():

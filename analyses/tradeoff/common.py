@@ -17,8 +17,8 @@ from models.config import (
     TaskConfig,
     TrainConfig,
     override,
-    preset,
 )
+from models.presets import preset
 from models.shape_trainer import train_shapes
 from models.trainer import TrainResult, train
 from models.weights import parameter_count

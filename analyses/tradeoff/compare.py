@@ -6,11 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from analyses.output import save_figure, subplots
+from analyses.output import save_figure
 from analyses.tradeoff.common import Result, accuracy_column, write_result
-from analyses.tradeoff.figures import frontier_line, heat_map, paper_grid, paper_lines
+from analyses.tradeoff.figures import frontier_cells, frontier_line, heat_map, panel_grid, paper_grid, paper_lines
 from analyses.tradeoff.grid import frontier_of
 
 SHARES = ["share_attention", "share_mlp", "share_both", "share_distributed", "share_not_stored"]
@@ -93,7 +94,9 @@ def compare_grids(a: RecordedGrid, b: RecordedGrid) -> Result:
 
 def compare_figure(result: Result, a: RecordedGrid, path: Path) -> None:
     """Per cell, the second grid minus the first (accuracy; shares in attention, in the MLP,
-    distributed), with both frontiers and, on the paper's grid, the authors' lines."""
+    distributed), two by two on one colour scale symmetric about 0, with both frontiers (the
+    differences written in their cells; every cell's values are in compare.csv) and, on the
+    paper's grid, the authors' lines."""
     cells, (first, second) = result.tables["compare.csv"], result.summary["grids"]
     score = result.summary["accuracy"]
     one, two = (cells[cells["grid"] == label].set_index(CELL) for label in (first, second))
@@ -103,18 +106,20 @@ def compare_figure(result: Result, a: RecordedGrid, path: Path) -> None:
     paper = paper_grid(run.get("task", {}), run.get("model", {}))
     panels = [(score, "held-out accuracy"), ("share_attention", "share of facts in attention"),
               ("share_mlp", "share of facts in the MLP"), ("share_distributed", "share of facts distributed")]
-    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.6))
-    fig.set_layout_engine("constrained")
+    frontiers = {label: result.summary["per_grid"][label]["frontier_min_width_at_99"] for label in (first, second)}
+    numbers = frontier_cells(frontiers[first]) | frontier_cells(frontiers[second])
+    largest = difference[[col for col, _ in panels]].abs().max().max()  # unrecorded (NaN) cells skipped
+    limit = max(np.ceil(largest * 20) / 20, 0.05)  # the largest difference, rounded up to 0.05
+    fig, axes = panel_grid()
     for ax, (col, title) in zip(axes, panels):
-        image = heat_map(ax, difference, col, "RdBu", (-1, 1), dark=lambda v: abs(v) > 0.6)
+        image = heat_map(ax, difference, col, "RdBu", (-limit, limit), numbers=numbers)
         for label, style in ((first, "C2.-"), (second, "C1.-")):
-            frontier_line(ax, difference, result.summary["per_grid"][label]["frontier_min_width_at_99"], style,
-                          f"99% frontier, {label}")
+            frontier_line(ax, difference, frontiers[label], style, f"99% frontier, {label} (differences written)")
         if paper:
             paper_lines(ax, difference)
-        ax.set_title(f"{title}:\n{second} minus {first}", fontsize=9)
+        ax.set_title(f"{title}: {second} minus {first}", fontsize=10)
         fig.colorbar(image, ax=ax)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     save_figure(fig, path)
 
 

@@ -23,8 +23,9 @@ def paper_grid(task: dict, model: dict) -> bool:
 
 def grid_figure(table, frontier, path, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
-    distributed: recalled only by the two paths together), H and m labelled with the attention
-    (d d_h H) and MLP (d m) parameters, the measured 99% frontier, and, on the paper's Figure 4
+    distributed: recalled only by the two paths together), two by two, H and m labelled with
+    the attention (d d_h H) and MLP (d m) parameters, the measured 99% frontier with the values
+    of its cells written in them (every value is in grid.csv), and, on the paper's Figure 4
     right grid, the authors' frontier and floor; the legend below the panels."""
 
     score = accuracy_column(table)
@@ -33,17 +34,29 @@ def grid_figure(table, frontier, path, run: RunConfig | None = None):
               ("share_mlp", "share of facts in the MLP", "Oranges"),
               ("share_distributed", "share of facts distributed", "Greens")]
     paper = run is not None and paper_grid(asdict(run.task), asdict(run.model))
-    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
-    fig.set_layout_engine("constrained")  # room below the panels for the legend
+    fig, axes = panel_grid()
     for ax, (col, title, cmap) in zip(axes, panels):
-        image = heat_map(ax, table, col, cmap, (0, 1), dark=lambda v, c=col: v > 0.6 and c != score)
-        frontier_line(ax, table, frontier, "r.-", "measured 99% frontier (smallest m)")
+        image = heat_map(ax, table, col, cmap, (0, 1), numbers=frontier_cells(frontier))
+        frontier_line(ax, table, frontier, "r.-", "measured 99% frontier (smallest m; its values written)")
         if paper:
             paper_lines(ax, table)
         ax.set_title(title)
         fig.colorbar(image, ax=ax)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     save_figure(fig, path)
+
+
+def panel_grid():
+    """A figure of four heat-map panels, two by two (each wide enough to read at screen
+    width), with room below them for the legend; the figure and its four axes."""
+    fig, axes = subplots(2, 2, figsize=(11, 9.5))
+    fig.set_layout_engine("constrained")
+    return fig, axes.ravel()
+
+
+def frontier_cells(frontier: dict) -> set[tuple[int, int]]:
+    """The cells (H, m) of a 99% frontier ({H: smallest m, or None})."""
+    return {(h, m) for h, m in frontier.items() if m is not None}
 
 
 def _axes_of(table):
@@ -54,23 +67,24 @@ def _axes_of(table):
     return heads, widths, attention, mlp
 
 
-def heat_map(ax, table, column, cmap, limits, dark):
-    """One column of a grid table as an H x m heat map, each recorded cell's value written in
-    it (white where `dark(value)`), the axes labelled with H, m and their parameters."""
+def heat_map(ax, table, column, cmap, limits, numbers=frozenset()):
+    """One column of a grid table as an H x m heat map: the colour carries the value; the
+    value is written only in the cells (H, m) of `numbers` (on a light box, readable over any
+    colour and line). The axes are labelled with H, m and their parameters."""
     heads, widths, attention, mlp = _axes_of(table)
     grid = table.pivot(index="heads", columns="width", values=column).reindex(index=heads, columns=widths)
     image = ax.imshow(grid.to_numpy(float), origin="lower", cmap=cmap, vmin=limits[0], vmax=limits[1],
                       aspect="auto")
-    for i in range(len(heads)):
-        for j in range(len(widths)):
-            value = grid.iloc[i, j]
-            if np.isnan(value):  # a cell not recorded (yet)
-                continue
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if dark(value) else "black")
-    ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=6,
+    for h, m in sorted(numbers):
+        value = grid.loc[h, m] if h in grid.index and m in grid.columns else np.nan
+        if np.isnan(value):  # a cell not recorded (yet)
+            continue
+        text = f"{value:.2f}" if round(value, 2) != 0 else "0.00"  # not -0.00
+        ax.text(widths.index(m), heads.index(h), text, ha="center", va="center", fontsize=7,
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+    ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=7,
                   rotation=90 if len(widths) > 6 else 0)
-    ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=6)
+    ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=7)
     ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)")
     return image
 

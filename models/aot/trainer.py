@@ -3,19 +3,19 @@
 Each seed draws `batches` batches of `batch_size` sequences from the uniform prior once
 (the paper's data set: 1000 batches of 1024) and every model of that seed sees them in the
 same order for `epochs` epochs, with Adam (models.optimizer.Optimizer). All K models of a
-call (any sizes, any seeds) are one padded stack (models.aot_weights.Stack): the loss is the sum
+call (any sizes, any seeds) are one padded stack (models.aot.weights.Stack): the loss is the sum
 of each model's mean loss on its own batch, so each model's gradient and Adam state equal
 those of its separate run.
 
 A batch of 1024 draws from only T_0 = N^S distinct sequences (2500 for bigrams), so a
-step computes the logits of the whole population once (models.aot_forward.population_logits,
+step computes the logits of the whole population once (models.aot.forward.population_logits,
 a grid of contractions) and weights each sequence's loss by its count in the batch / 1024:
 the same loss and gradient as the batch, and exact scores on all T_0 sequences for free.
 Both scores are kept: the accuracy on all T_0 sequences at the end, and the authors' own,
 the mean of the last 100 training-batch accuracies (`batch_accuracy`).
 
 The models of the dana head layout train in their own parametrisation: each step maps it
-to the equivalent TransformerLens weights (models.aot_weights.to_transformer_lens, differentiable)
+to the equivalent TransformerLens weights (models.aot.weights.to_transformer_lens, differentiable)
 and runs the same population forward.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import asdict
 import torch
 from tqdm.auto import tqdm
 
-from models.aot_forward import population_logits
-from models.aot_weights import Stack, init_aot_weights, stack_models
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.forward import population_logits
+from models.aot.weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
-from models.config import AoTModelConfig, AoTTrainConfig
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.trainer import DATA_SEED_OFFSET, TrainResult
@@ -121,7 +121,7 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
     bar.close()
     weights = {k: v.detach() for k, v in stack.effective().items()}
     batch_accuracy = (batch_correct / (window * cfg.batch_size)).tolist()
-    training = {"trainer": "models.aot_trainer", **asdict(cfg), "steps": cfg.steps, "graphed": step_once.graphed}
+    training = {"trainer": "models.aot.trainer", **asdict(cfg), "steps": cfg.steps, "graphed": step_once.graphed}
     return [TrainResult(task, sections[k], stack.checkpoint(k, weights),
                         {**training, "seed": seed, "final_accuracy": curves[k][-1]["accuracy"],
                          "final_loss": curves[k][-1]["loss"], "batch_accuracy": batch_accuracy[k],

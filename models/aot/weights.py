@@ -1,7 +1,7 @@
 """Weights of the memorisation tasks' models (Dana et al.): shapes, initialisation, the dana
 head layout and its conversion to TransformerLens weights, padded stacks of K models.
 
-The model (models.config.AoTModelConfig) is a one-layer attention-only transformer with
+The model (models.aot.config.AoTModelConfig) is a one-layer attention-only transformer with
 trainable token and positional embeddings and unembedding, or the comparison model (one
 head followed by a GELU MLP), in one of two head layouts:
 
@@ -21,7 +21,7 @@ head followed by a GELU MLP), in one of two head layouts:
 
 Models of different sizes are trained as one stack: each tensor is zero-padded to the
 largest size along a leading model axis [K, ...] and multiplied by a 0/1 mask in the
-forward (models.aot_forward), so the padding never receives a gradient and model k computes
+forward (models.aot.forward), so the padding never receives a gradient and model k computes
 exactly its own function (tests/test_aot_models.py pins the padded forward to the TransformerBridge
 model).
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from models.config import AoTModelConfig
+from models.aot.config import AoTModelConfig
 from models.section import ModelSection
 from models.weights import ATTN, BIASES, MLP, shapes
 from tasks.association import SequenceTask
@@ -156,7 +156,7 @@ class Stack:
         return {k: w * self.masks[k] for k, w in self.weights.items()}
 
     def transformer_lens(self) -> dict[str, torch.Tensor]:
-        """The effective weights as stacked HookedTransformer weights (models.aot_forward.population_logits' input)."""
+        """The effective weights as stacked HookedTransformer weights (models.aot.forward.population_logits' input)."""
         w = self.effective()
         return to_transformer_lens(w) if self.head_layout == "dana" else w
 
