@@ -17,6 +17,7 @@ from models.cli import Parser, add_config_flags, comma_list, given, parser, run_
 
 __all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run_cli",
            "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
+           "add_keep_checkpoints",
            "executor", "add_settings", "settings", "flag", "require", "at_least"]
 
 CHECKPOINT_HELP = "checkpoint directory (docs/checkpoint_format.md)"
@@ -112,6 +113,13 @@ def add_quiet(p: argparse.ArgumentParser) -> None:
 def add_sweep(p: argparse.ArgumentParser) -> None:
     """--executor, --ray-address, --gpus-per-cell: where a sweep's cells run."""
     add_config_flags(p, ExecutorSettings, "where the cells run", default_label="default")
+
+
+def add_keep_checkpoints(p: argparse.ArgumentParser) -> None:
+    """--keep-checkpoints: a sweep keeps each cell's trained model (analyses.sweep.Cells.checkpoint)."""
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each cell's trained model as a checkpoint in OUT/checkpoints/CELL/, which "
+                        "locate_facts and visualize open (cells recorded by an earlier run are not retrained)")
 
 
 def add_recorded_only(p: argparse.ArgumentParser) -> None:

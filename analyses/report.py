@@ -3,7 +3,8 @@
 DIR/index.html (default CKPT/analysis/report) shows the model and its training, the
 locate_facts summary (where the facts live, with 95% intervals; recall probes; the heads
 that pick the subject and the relation) with its figures, the attention views of a few
-facts (one per storage label found, circuitsvis's inline script) and, when the checkpoint
+facts (one per storage label found, circuitsvis's inline script), the MLP units that write
+those facts' answers (a heat map and circuitsvis's neuron view) and, when the checkpoint
 has snapshots, the hallucination analysis (CKPT/analysis/hallucination).
 
 Both analyses' results are read from CKPT/analysis/ when they are there (locate_facts:
@@ -22,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyses import cli, hallucination, locate_facts
-from analyses.visualize import page, parse_facts, views_section, visualize
+from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
 from probe import columns
@@ -175,6 +176,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
                       "Everything on this page is in this one file: it opens offline.</p>"),
                       model_section(ckpt, config, task), locate_section(folder),
                       "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
+                      "<h2>MLP</h2>" + neurons_section(unit_view(model, prompts), prompts, "h3"),
                       hallucination_section(dynamics)])
     return page(f"Report: {ckpt.name}", body)
 

@@ -148,10 +148,13 @@ class Cells:
     holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
     computes with, when it is not 1 (settings.json written before it was a setting lacks it,
     and reads as 1). A directory holding another sweep (other settings) is refused when this
-    is built, before anything is written."""
+    is built, before anything is written. With `keep_checkpoints`, the cells that train a
+    model keep it as a checkpoint in DIR/checkpoints/KEY/ (`checkpoint`); that choice changes
+    no row, so it is not a setting, and a cell recorded earlier is not retrained for it."""
 
-    def __init__(self, out: Path, settings: dict, torch_threads: int = 1):
+    def __init__(self, out: Path, settings: dict, torch_threads: int = 1, keep_checkpoints: bool = False):
         self.out, self.dir = Path(out), Path(out) / "cells"
+        self.keep_checkpoints = keep_checkpoints
         threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
         self.settings = json.loads(json.dumps({**settings, **threads}))
         path = self.out / "settings.json"
@@ -166,7 +169,12 @@ class Cells:
         self.computed = 0  # cells recorded (not read back) by this process
 
     def path(self, key: str) -> Path:
-        return self.dir / (re.sub(r"[^A-Za-z0-9_.=,+-]", "_", key) + ".json")
+        return self.dir / (_file_name(key) + ".json")
+
+    def checkpoint(self, key: str) -> Path | None:
+        """Where the cell `key` keeps its trained model (absolute, so a Ray worker on this
+        file system writes it there), or None when checkpoints are not kept."""
+        return (self.out / "checkpoints" / _file_name(key)).resolve() if self.keep_checkpoints else None
 
     def recorded(self, key: str) -> dict | None:
         """The recorded row of `key`, or None."""
@@ -189,6 +197,11 @@ class Cells:
     def rows(self) -> list[dict]:
         """Every recorded row, in file-name order."""
         return [json.loads(p.read_text()) for p in sorted(self.dir.glob("*.json"))]
+
+
+def _file_name(key: str) -> str:
+    """A cell's key as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", key)
 
 
 def _differing(recorded, settings: dict) -> str:

@@ -7,9 +7,15 @@ with circuitsvis.attention.attention_heads, the tokens labelled S3, R1, n17, EOS
 token table (probe.denoising.head_token_table: the EOS query's mean attention on each
 subject and relation over --contexts prompts per fact) says which heads pick which tokens.
 
+The MLP, unit by unit: for the same prompts, the hidden units (hook blocks.0.mlp.hook_post)
+that write most onto each fact's answer logit at EOS (activation x W_out[unit] . W_U[:, a*],
+in logits; probe.neurons), as a fact x unit heat map and as circuitsvis's
+text_neuron_activations view of every token.
+
 Writes DIR/index.html (default CKPT/analysis/visualize): one self-contained page that
 works offline (circuitsvis's inline script; never its CDN version), and DIR/views.json
-(per fact: tokens, answer, prediction, each head's EOS attention on s and r).
+(per fact: tokens, answer, prediction, each head's EOS attention on s and r, the shown
+MLP units' writes onto a*).
 """
 from __future__ import annotations
 
@@ -25,9 +31,11 @@ from models import load
 from models.checkpoint import write_text
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
+from probe.neurons import top_units, unit_writes
 from tasks.factual_recall import Batch, FactualRecallTask
 
 N_DEFAULT_FACTS = 3
+TOP_UNITS = 12  # MLP units shown in the neuron view
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class FactPrompt:
     answer: int  # a*(s, r)
     predicted: int  # argmax of the last-position logits
     tokens: list[str]  # [T] labels: S3, R1, n17, EOS
+    ids: list[int]  # [T] their input ids
     pattern: list[list[list[float]]]  # [head, query, key] attention probabilities
     eos_on_subject: list[float]  # [head] the EOS query's attention on the subject
     eos_on_relation: list[float]  # [head] ... on the relation
@@ -101,13 +110,14 @@ def fact_prompts(model, task: FactualRecallTask, facts: list[tuple[int, int]], s
     on_relation = pattern[rows, :, -1, batch.relation_pos.cpu()]  # [n, head]
     tokens = batch.tokens.cpu()
     return [FactPrompt(s, r, int(batch.answers[i]), int(predicted[i]),
-                       [task.token_label(int(z)) for z in tokens[i]], pattern[i].tolist(),
+                       [task.token_label(int(z)) for z in tokens[i]], tokens[i].tolist(), pattern[i].tolist(),
                        _rounded(on_subject[i]), _rounded(on_relation[i]))
             for i, (s, r) in enumerate(facts)]
 
 
-def _rounded(values: torch.Tensor) -> list[float]:
-    return [round(v, 4) for v in values.tolist()]
+def _rounded(values: torch.Tensor) -> list:
+    """Nested lists of `values`, 4 decimals."""
+    return torch.round(values.float().cpu(), decimals=4).tolist()
 
 
 def attention_view(prompt: FactPrompt):
@@ -150,19 +160,25 @@ def _closed(src: str) -> str:
 
 def head_token_html(table: pd.DataFrame) -> str:
     """An HTML heat map of a head x token table of attention masses (0..1), viridis colours."""
+    return heat_html(table.rename(index=lambda head: f"head {head}"), "viridis", 0.0, 1.0)
+
+
+def heat_html(table: pd.DataFrame, cmap_name: str, low: float, high: float) -> str:
+    """An HTML heat map of a table (its index the row labels), values in [low, high] coloured
+    by the matplotlib colour map `cmap_name`, two decimals."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
 
-    cmap = colormaps["viridis"]
+    cmap = colormaps[cmap_name]
     header = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     rows = []
-    for head, masses in table.iterrows():
+    for label, values in table.iterrows():
         cells = []
-        for value in masses:
-            rgb = cmap(float(value))
+        for value in values:
+            rgb = cmap((float(value) - low) / (high - low) if high > low else 0.5)
             ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 0.5 else "#fff"
             cells.append(f'<td style="background:{to_hex(rgb)};color:{ink}">{value:.2f}</td>')
-        rows.append(f"<tr><th>head {head}</th>{''.join(cells)}</tr>")
+        rows.append(f"<tr><th>{html.escape(str(label))}</th>{''.join(cells)}</tr>")
     return (f'<div class="wide"><table class="heat"><thead><tr><th></th>{header}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -209,6 +225,62 @@ def views_section(prompts: list[FactPrompt], table: pd.DataFrame, heading: str =
     return "\n".join(parts)
 
 
+@dataclass(frozen=True)
+class UnitView:
+    """The MLP's strongest units on the shown prompts: what each fires and writes."""
+
+    units: list[int]  # [k] hidden units, strongest write first
+    writes: list[list[float]]  # [fact, k] each unit's direct write onto a* at EOS (logits)
+    activations: list[list[list[float]]]  # [fact, T, k] each unit's activation at every position
+    onto_answer: list[list[list[float]]]  # [fact, T, k] activation x the unit's write onto a* per unit of it
+
+
+def unit_view(model, prompts: list[FactPrompt], top: int = TOP_UNITS) -> UnitView | None:
+    """The `top` units writing most onto the shown facts' answers (None without an MLP)."""
+    if model.cfg.attn_only:
+        return None
+    tokens = torch.tensor([p.ids for p in prompts], device=next(model.parameters()).device)  # [n, T]
+    answers = torch.tensor([p.answer for p in prompts])
+    activations, direct = unit_writes(model, tokens, answers)  # [n, T, m], [n, m]
+    units = top_units(activations[:, -1] * direct, top)
+    chosen = activations[:, :, units]  # [n, T, k]
+    onto_answer = chosen * direct[:, None, units]  # [n, T, k]
+    return UnitView(units, _rounded(onto_answer[:, -1]), _rounded(chosen), _rounded(onto_answer))
+
+
+def neuron_view(view: UnitView, prompts: list[FactPrompt]):
+    """circuitsvis text_neuron_activations: per prompt and unit, the activation of every token
+    (and what it writes onto a*), a drop-down per quantity and per unit."""
+    from circuitsvis.activations import text_neuron_activations
+
+    values = [torch.tensor([a, w]).permute(1, 0, 2) for a, w in zip(view.activations, view.onto_answer)]  # [T, 2, k]
+    return text_neuron_activations(tokens=[p.tokens for p in prompts], activations=values,
+                                   first_dimension_name="quantity", second_dimension_name="unit",
+                                   first_dimension_labels=["activation", "write onto a* (logits)"],
+                                   second_dimension_labels=[f"unit {k}" for k in view.units])
+
+
+def neurons_section(view: UnitView | None, prompts: list[FactPrompt], heading: str = "h2") -> str:
+    """HTML for the MLP units: a fact x unit heat map of the writes onto a*, and the circuitsvis
+    neuron view of the same prompts (a note when the model has no MLP)."""
+    title = f"<{heading}>MLP units that fire and write each fact's answer</{heading}>"
+    if view is None:
+        return title + '<p class="note">None: the model is attention-only.</p>'
+    table = pd.DataFrame(view.writes, columns=[f"unit {k}" for k in view.units],
+                         index=[f"S{p.subject} R{p.relation} -> {p.answer}" for p in prompts])
+    bound = max(float(table.abs().to_numpy().max()), 1e-6)
+    return "\n".join([
+        title,
+        ('<p class="note">Each unit\'s direct write onto the answer logit a* at the last position (EOS): its '
+         "activation (hook <code>blocks.0.mlp.hook_post</code>) times W_out[unit] &middot; W_U[:, a*], in logits "
+         f"(probe.neurons.unit_writes); the {len(view.units)} units writing most onto these facts' answers, red "
+         "for the answer, blue against it.</p>"),
+        heat_html(table, "RdBu_r", -bound, bound),
+        ('<p class="note">The same units on every token of each prompt (only the EOS row is read out): choose '
+         "the quantity and the unit.</p>"),
+        offline_html(neuron_view(view, prompts))])
+
+
 def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | None = None, seed: int = 0,
               contexts: int = 8) -> tuple[list[FactPrompt], pd.DataFrame]:
     """The prompts of `facts` (default: a few, evenly spaced) and the head x token table."""
@@ -231,15 +303,21 @@ def main(argv=None) -> int:
     facts = parse_facts(args.facts, task) if args.facts else None
     out = cli.out_dir(args, "CKPT/analysis/visualize")
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)
+    units = unit_view(model, prompts)
     body = (f'<p class="note">{html.escape(repr(task))}; checkpoint <code>{html.escape(str(args.ckpt))}</code>'
-            f"{'' if args.step is None else f', step {args.step}'}</p>\n" + views_section(prompts, table))
+            f"{'' if args.step is None else f', step {args.step}'}</p>\n" + views_section(prompts, table)
+            + "\n" + neurons_section(units, prompts))
     facts_shown = [{k: v for k, v in asdict(p).items() if k != "pattern"} for p in prompts]
+    if units is not None:
+        for shown, writes in zip(facts_shown, units.writes):
+            shown["unit_writes"] = dict(zip(units.units, writes))
     write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": settings.seed,
                                        "facts": facts_shown})
-    write_text(out / "index.html", page("Attention views", body))
+    write_text(out / "index.html", page("Attention and MLP views", body))
     for p in prompts:
         print(p.title)
-    print(f"wrote {out}/index.html ({len(prompts)} attention views, head x token table) and views.json")
+    print(f"wrote {out}/index.html ({len(prompts)} attention views, head x token table"
+          f"{'' if units is None else f', the {len(units.units)} MLP units writing most'}) and views.json")
     return 0
 
 

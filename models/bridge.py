@@ -49,8 +49,10 @@ def bridge_config(section: ModelSection):
         init_weights=False, positional_embedding_type="standard")
 
 
-def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu"):
-    """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode."""
+def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
+                 task=None):
+    """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode;
+    with `task`, its vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens)."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -63,6 +65,10 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
         p.requires_grad_(False)
     if section.attention == "linear":
         _make_attention_linear(model)
+    if task is not None:
+        from models.tokenizer import attach_tokenizer  # imports transformers: only where a bridge is built
+
+        attach_tokenizer(model, task)
     return model
 
 
@@ -102,6 +108,8 @@ def _make_attention_linear(bridge) -> None:
 def load(ckpt: str | Path, device: str = "auto", step: int | None = None, kind: str | None = None):
     """(TransformerBridge, task) for a checkpoint directory of any task kind (final weights,
     or snapshot `step`), ready for run_with_cache / run_with_hooks. With `kind` (a tool that
-    reads one kind only), a checkpoint of another kind is refused with a CheckpointError."""
+    reads one kind only), a checkpoint of another kind is refused with a CheckpointError.
+    The model carries the task's tokenizer: `model.to_str_tokens(tokens)` names S3, R1, n17, EOS."""
     checkpoint = load_checkpoint(ckpt, step, kind)
-    return build_bridge(checkpoint.section, checkpoint.weights, resolve_device(device)), checkpoint.task
+    task = checkpoint.task
+    return build_bridge(checkpoint.section, checkpoint.weights, resolve_device(device), task), task

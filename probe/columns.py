@@ -91,3 +91,9 @@ def patch(corrupt: str, component: str) -> str:
 def ov_probe(h: int | None = None) -> str:
     """1.0 where the OV recall probe of head h (of the heads summed: None) ranks a* first."""
     return "ov_probe" if h is None else f"ov_probe_{head(h)}"
+
+
+def attribution(corrupt: str, component: str) -> str:
+    """Attribution patching's linear estimate of `patch(corrupt, component)` (resid: the
+    residual input at the corrupted token's position)."""
+    return f"attrib_{corrupt}_{component}"

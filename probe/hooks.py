@@ -16,6 +16,7 @@ HOOK_Z = "blocks.0.attn.hook_z"  # [batch, pos, head, d_head] per-head mix of va
 HOOK_PATTERN = "blocks.0.attn.hook_pattern"  # [batch, head, query, key]
 HOOK_ATTN_OUT = "blocks.0.hook_attn_out"  # [batch, pos, d_model] all heads + b_O
 HOOK_MLP_OUT = "blocks.0.hook_mlp_out"  # [batch, pos, d_model]
+HOOK_MLP_POST = "blocks.0.mlp.hook_post"  # [batch, pos, d_mlp] the MLP's hidden units after the nonlinearity
 HOOK_RESID_MID = "blocks.0.hook_resid_mid"  # [batch, pos, d_model] embedding + attention
 HOOK_RESID_POST = "blocks.0.hook_resid_post"  # [batch, pos, d_model] what the unembedding reads
 

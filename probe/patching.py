@@ -9,6 +9,7 @@ import torch
 
 from probe import columns
 from probe.hooks import HOOK_MLP_OUT, HOOK_Z, clean_run, has_mlp, rerun_last_position, set_last
+from probe.metrics import answer_logit_diff
 from probe.prompts import FactPrompts, given_or_built
 from probe.stats import with_interval
 from tasks.factual_recall import FactualRecallTask
@@ -58,7 +59,7 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     rival = corrupt_answer.clamp(min=0)
 
     def logit_diff(logits):  # [n, O] -> [n]
-        return logits.gather(-1, batch.answers[:, None])[:, 0] - logits.gather(-1, rival[:, None])[:, 0]
+        return answer_logit_diff(logits, batch.answers, rival)
 
     restores = {columns.head(h): [(HOOK_Z, set_last(clean.z[:, h], head=h))] for h in range(model.cfg.n_heads)}
     if has_mlp(model):

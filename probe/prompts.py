@@ -51,3 +51,17 @@ def given_or_built(model, task: FactualRecallTask, contexts: int, seed: int,
                    prompts: FactPrompts | None) -> FactPrompts:
     """`prompts` when given (their own contexts and seed hold), else FactPrompts.build."""
     return prompts if prompts is not None else FactPrompts.build(model, task, contexts, seed)
+
+
+def one_context_prompts(task: FactualRecallTask, subjects: torch.Tensor, relations: torch.Tensor,
+                        seed: int = 0) -> Batch:
+    """Prompts for the given facts [n] that share one context (the same noise, subject
+    position and relation position), as TransformerLens's position-wise patching
+    (`get_act_patch_resid_pre` and kin) needs: one position means one thing in every prompt."""
+    context = task.eval_set(1, seed=seed)
+    n = len(subjects)
+    tokens = context.tokens.repeat(n, 1)  # [n, T]
+    tokens[:, context.subject_pos[0]] = subjects
+    tokens[:, context.relation_pos[0]] = task.relation_token(relations)
+    return Batch(tokens, subjects, relations, task.facts[subjects, relations],
+                 context.subject_pos.expand(n), context.relation_pos.expand(n))

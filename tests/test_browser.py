@@ -26,18 +26,21 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 LOCAL = ("file:", "data:", "blob:")  # everything else counts as a network request
 VIEW_ID = re.compile(r'id="(circuits-vis-[^"]+)"')
 
-# Per circuitsvis element: its canvases, and whether each has a painted (non-white, not
-# transparent) pixel. Canvases appear 0.1-0.2 s before they are painted: presence is not enough.
+# Per circuitsvis element: its canvases, whether each has a painted (non-white, not
+# transparent) pixel, and the text React rendered into it. Canvases appear 0.1-0.2 s before they
+# are painted: presence is not enough. A view without canvases (the neuron view) counts as
+# painted once it shows text.
 CANVASES = """(ids) => ids.map(id => {
   const root = document.getElementById(id);
   if (!root) return null;
-  return [...root.querySelectorAll('canvas')].map(c => {
+  const canvases = [...root.querySelectorAll('canvas')].map(c => {
     if (!c.width || !c.height) return false;
     const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
     for (let i = 0; i < data.length; i += 4)
       if (data[i + 3] > 0 && (data[i] < 250 || data[i + 1] < 250 || data[i + 2] < 250)) return true;
     return false;
   });
+  return {canvases, text: root.innerText.trim()};
 })"""
 IMAGES = "() => [...document.images].map(i => i.complete && i.naturalWidth > 0)"
 
@@ -47,8 +50,9 @@ class Rendered:
     """What the browser saw on one page."""
 
     views: int  # circuitsvis elements in the HTML source
-    painted: int  # of those: present, with >= 1 canvas, every canvas painted
+    painted: int  # of those: present, with every canvas painted (or, without canvases, text shown)
     canvases: int
+    texts: list[str] = field(default_factory=list)  # per view: the text it shows
     errors: list[str] = field(default_factory=list)  # page errors and console errors
     network: set[str] = field(default_factory=set)  # URLs requested beyond file:// (all blocked)
     images_broken: int = 0
@@ -82,15 +86,15 @@ def render(context, path: Path, timeout: float = 20.0) -> Rendered:
     page.goto(path.resolve().as_uri(), wait_until="load")
     deadline = time.monotonic() + timeout
     while True:
-        state = page.evaluate(CANVASES, ids)
-        painted = sum(1 for v in state if v and all(v))
+        state = [v or {"canvases": [], "text": ""} for v in page.evaluate(CANVASES, ids)]
+        painted = sum(1 for v in state if all(v["canvases"]) and (v["canvases"] or v["text"]))
         if painted == len(ids) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     images = page.evaluate(IMAGES)
     page.close()
-    return Rendered(len(ids), painted, sum(len(v) for v in state if v), errors, network,
-                    images.count(False))
+    return Rendered(len(ids), painted, sum(len(v["canvases"]) for v in state), [v["text"] for v in state], errors,
+                    network, images.count(False))
 
 
 def unavailable(reason: str):
@@ -133,14 +137,24 @@ def test_attention_views_render_offline(browser, ckpt):
     assert visualize.main([str(ckpt), "--facts", "3:1,7:0", "--device", "cpu"]) == 0
     seen = render(browser, ckpt / "analysis" / "visualize" / "index.html")
     assert seen.ok, seen
-    assert seen.views == 2 and seen.canvases >= 2 * 4  # a thumbnail per head at least
+    assert seen.views == 3 and seen.canvases >= 2 * 4  # a thumbnail per head at least, and the neuron view
+    assert_neuron_view_shown(seen, ckpt / "analysis" / "visualize")
+
+
+def assert_neuron_view_shown(seen: Rendered, out: Path) -> None:
+    """The neuron view (the last circuitsvis element) shows the prompt's tokens and its units."""
+    shown = out / "index.html"
+    assert "MLP units that fire and write each fact" in shown.read_text()
+    neurons = seen.texts[-1]
+    assert "EOS" in neurons and re.search(r"unit \d+", neurons), neurons
 
 
 def test_report_renders_offline(browser, ckpt):
     assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
     seen = render(browser, ckpt / "analysis" / "report" / "index.html")
     assert seen.ok, seen
-    assert seen.views >= 1 and "Hallucination phase" in (ckpt / "analysis" / "report" / "index.html").read_text()
+    assert seen.views >= 2 and "Hallucination phase" in (ckpt / "analysis" / "report" / "index.html").read_text()
+    assert_neuron_view_shown(seen, ckpt / "analysis" / "report")
 
 
 def test_cdn_version_fails_the_check(browser, model_task, tmp_path):

@@ -288,3 +288,29 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_g
     assert f"({4 - recorded} new cells)" in stdout
     pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), local_grid)
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 4 - recorded
+
+
+# ------------------------------------------------------------------ kept checkpoints
+@pytest.mark.parametrize("stack", ["off", "on"])
+def test_keep_checkpoints_keeps_each_cell_s_model_for_locate_facts(tmp_path, capsys, stack):
+    """A two-cell grid with --keep-checkpoints (each cell alone, or the cells as one stack):
+    each cell's model is a checkpoint that loads, and locate_facts on it finds the accuracy
+    the cell recorded."""
+    from analyses import locate_facts
+    from models import load
+
+    out = tmp_path / "grid"
+    code, stdout, err = _tradeoff(["grid", "--heads", "2", "--widths", "4,32", *TINY, "--stack", stack,
+                                   "--keep-checkpoints", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out / "grid.csv").set_index("width")
+    for width in (4, 32):
+        model, task = load(out / "checkpoints" / f"H2_m{width}", device="cpu")
+        assert (model.cfg.n_heads, model.cfg.d_mlp, task.n_subjects) == (2, width, 8)
+        config = json.loads((out / "checkpoints" / f"H2_m{width}" / "config.json").read_text())
+        assert config["training"]["final_accuracy"] == pytest.approx(table.loc[width, "accuracy"])
+    located = tmp_path / "located"
+    assert locate_facts.main([str(out / "checkpoints" / "H2_m32"), "--contexts", "2", "--patch-contexts", "1",
+                              "--device", "cpu", "--quiet", "--out", str(located)]) == 0
+    summary = json.loads((located / "summary.json").read_text())
+    assert summary["accuracy"] == pytest.approx(table.loc[32, "located_accuracy"])

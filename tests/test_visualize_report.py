@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from analyses import report, visualize
 from models.cli import run_cli
@@ -43,8 +44,8 @@ def test_visualize_cli_writes_offline_views(ckpt):
     assert proc.returncode == 0, proc.stderr
     out = ckpt / "analysis" / "visualize"
     page = (out / "index.html").read_text()
-    assert len(re.findall(r'id="circuits-vis-', page)) == 2  # one attention_heads view per fact
-    assert "CircuitsVis.render" in page and "AttentionHeads" in page
+    assert len(re.findall(r'id="circuits-vis-', page)) == 3  # one attention_heads view per fact, one neuron view
+    assert "CircuitsVis.render" in page and "AttentionHeads" in page and "TextNeuronActivations" in page
     assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
     assert 'class="heat"' in page and ">S15<" in page and ">R3<" in page  # head x token table
     views = json.loads((out / "views.json").read_text())
@@ -53,6 +54,7 @@ def test_visualize_cli_writes_offline_views(ckpt):
         assert f["tokens"][-1] == "EOS" and len(f["tokens"]) == 12
         assert f"S{f['subject']}" in f["tokens"] and f"R{f['relation']}" in f["tokens"]
         assert all(re.fullmatch(r"n\d+", t) for t in f["tokens"] if t[0] not in "SRE")
+        assert len(f["unit_writes"]) == visualize.TOP_UNITS
 
 
 @pytest.mark.parametrize("args, message", [
@@ -126,7 +128,7 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert page.count(PNG) == 3 + 2  # locate_facts' and the hallucination analysis' figures, embedded
     assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
     labels = set(__import__("pandas").read_csv(located / "facts.csv")["label"])
-    assert len(re.findall(r'id="circuits-vis-', page)) == len(labels)  # one view per storage label found
+    assert len(re.findall(r'id="circuits-vis-', page)) == len(labels) + 1  # a view per storage label found, the neurons
     assert all(f"stored in: {label}</h3>" in page for label in labels)
 
     # results on disk are read, not recomputed
@@ -138,7 +140,7 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
     assert "from step 8 to 45" in page and "1.386" in page and "metrics.csv" in page
     assert page.count(PNG) == 5
-    assert len(re.findall(r'id="circuits-vis-', page)) == 1
+    assert len(re.findall(r'id="circuits-vis-', page)) == 2  # the attention view of 0:0, the neuron view
     assert "Absent: the checkpoint has no snapshots" in report.hallucination_section(None)
 
 
@@ -148,3 +150,33 @@ def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):
     (broken / "analysis" / "locate_facts" / "summary.json").write_text("{not json")
     err = refused(report.main, [broken, "--out", tmp_path / "report", "--device", "cpu"], capsys)
     assert "summary.json: not valid JSON" in err and not (tmp_path / "report").exists()
+
+
+def test_neuron_view_finds_each_fact_s_own_unit():
+    """Theorem 4 construction: MLP unit s*R + r alone fires on fact (s, r) and writes its
+    answer; the unit writes add up to the MLP's direct write onto a* less its output bias's."""
+    from models.constructions import ANSWER_LOGIT
+    from probe.hooks import HOOK_MLP_OUT
+    from probe.neurons import unit_writes
+
+    model, task = constructed("mlp")
+    facts = [(3, 1), (7, 0), (5, 3)]
+    prompts = visualize.fact_prompts(model, task, facts, seed=2)
+    view = visualize.unit_view(model, prompts, top=4)
+    own = [s * task.n_relations + r for s, r in facts]
+    assert set(view.units[:3]) == set(own)
+    for i, unit in enumerate(own):
+        writes = dict(zip(view.units, view.writes[i]))
+        assert writes[unit] == pytest.approx(ANSWER_LOGIT, abs=1e-3)
+        assert all(abs(w) < 1e-3 for k, w in writes.items() if k != unit)
+    ids = torch.tensor([p.ids for p in prompts])
+    answers = torch.tensor([p.answer for p in prompts])
+    activations, direct = unit_writes(model, ids, answers)
+    _, cache = model.run_with_cache(ids, names_filter=HOOK_MLP_OUT)
+    mlp_onto_answer = (cache[HOOK_MLP_OUT][:, -1] - model.b_out[0]) @ model.W_U  # [n, O]
+    expected = mlp_onto_answer.gather(-1, answers[:, None])[:, 0]
+    assert torch.allclose((activations[:, -1] * direct).sum(-1), expected, atol=1e-4)
+    html_text = visualize.neurons_section(view, prompts)
+    assert f"unit {own[0]}" in html_text and "circuits-vis" in html_text
+    attention_only, _ = constructed("attention")
+    assert visualize.unit_view(attention_only, visualize.fact_prompts(attention_only, task, facts)) is None

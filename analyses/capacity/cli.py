@@ -48,6 +48,8 @@ def parser():
     cli.add_seed(v, "initialisation and data")
     cli.add_settings(v, DepartureStudy, "the study")
     cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=(*UNTRAINED, "seed"))
+    for q in (t, v):
+        cli.add_keep_checkpoints(q)
     for q in (m, t, v):
         cli.add_out(q)
         cli.add_device(q)
@@ -73,11 +75,12 @@ def main(argv=None) -> int:
     elif args.command == "departures":
         study = cli.settings(args, DepartureStudy)
         sweep = study.training(cli.settings(args, TransformerSweep, shapes=(study.shape,), d=(study.d,)), "standard")
-        table, summary = compare_departures(study, sweep, args.out, executor, args.device, progress)
+        table, summary = compare_departures(study, sweep, args.out, executor, args.device, progress,
+                                            args.keep_checkpoints)
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
-        cells = Cells(args.out, sweep.recorded(), executor.torch_threads)
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads, args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)

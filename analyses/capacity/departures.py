@@ -68,23 +68,26 @@ def initial_state(model, tokens: torch.Tensor) -> dict:
             "score_std": scores.std(-1).mean().item(), "mlp_input_norm": mid.norm(dim=-1).mean().item()}
 
 
-def departure_row(study: DepartureStudy, sweep: TransformerSweep, variant: str, S: int, device: str) -> dict:
+def departure_row(study: DepartureStudy, sweep: TransformerSweep, variant: str, S: int, device: str,
+                  keep: Path | None = None) -> dict:
     """One variant trained at S = R (a Figure 4 left probe: per learning rate the best held-out
-    accuracy and the evaluation curve), with the initial state of the seed's model."""
+    accuracy and the evaluation curve), with the initial state of the seed's model; with
+    `keep`, the trained model is saved there."""
     training = study.training(sweep, variant)
     run = training.run(study.shape, study.d, S, "cpu")
     task = run.task.build()
     model = build_bridge(run.model.checkpoint_section(task), init_weights(run.model, task, sweep.seed))
     tokens = task.sample(study.prompts, torch.Generator().manual_seed(sweep.seed)).tokens  # [prompts, T]
-    return {"variant": variant, **transformer_row(study.shape, study.d, S, training, device),
+    return {"variant": variant, **transformer_row(study.shape, study.d, S, training, device, keep),
             **initial_state(model, tokens)}
 
 
 def run_study(study: DepartureStudy, sweep: TransformerSweep, cells: Cells, executor: ExecutorSettings,
               device: str, progress: bool = True) -> list[dict]:
     """Every variant at every size, one cell each (resumable)."""
-    jobs = [one(Cell(f"{variant}_S{S}", departure_row, (study, sweep, variant, S, device)))
-            for S in study.sizes for variant in study.variants]
+    keys = {(variant, S): f"{variant}_S{S}" for S in study.sizes for variant in study.variants}
+    jobs = [one(Cell(key, departure_row, (study, sweep, variant, S, device, cells.checkpoint(key))))
+            for (variant, S), key in keys.items()]
     with open_executor(executor) as running:
         return run_jobs(jobs, cells, running, desc="variants", total=len(jobs), progress=progress)
 
@@ -180,9 +183,10 @@ def study_text(table: pd.DataFrame, summary: dict) -> str:
 
 
 def compare_departures(study: DepartureStudy, sweep: TransformerSweep, out: Path, executor: ExecutorSettings,
-                       device: str, progress: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Compute (or read back) every cell, then the table, the verdicts and the files in `out`."""
-    cells = Cells(out, recorded(study, sweep), executor.torch_threads)
+                       device: str, progress: bool = True, keep_checkpoints: bool = False) -> tuple[pd.DataFrame, dict]:
+    """Compute (or read back) every cell, then the table, the verdicts and the files in `out`
+    (with `keep_checkpoints`, each cell's model in out/checkpoints/)."""
+    cells = Cells(out, recorded(study, sweep), executor.torch_threads, keep_checkpoints)
     table = departure_table(run_study(study, sweep, cells, executor, device, progress))
     summary = {"settings": recorded(study, sweep), "variants": list(study.variants), "sizes": list(study.sizes),
                "departures": param.DEPARTURES, "verdicts": verdicts(table),

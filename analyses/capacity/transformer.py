@@ -108,7 +108,7 @@ def _largest_d(shape: tuple) -> float:
     return shape[3] if len(shape) > 3 else math.inf
 
 
-def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: dict):
+def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: dict, cells: Cells):
     """The largest S = R learned to >= 99% by the shape at each of its sizes, as the authors
     search it: d in increasing order, each search starting from the previous d's S* (a larger
     model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
@@ -118,22 +118,29 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     for d in sweep.sizes(shape):
         S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1,
                                         probes=sweep.probes),
-                              lambda S, d=d: Cell(f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}",
-                                                  transformer_row, (shape, d, S, sweep, device)),
+                              lambda S, d=d: probe_cell(shape, d, S, sweep, device, cells),
                               lambda row: row["accuracy"] >= TARGET)
         found[d] = S
         start = min(max(S, sweep.min_size), sweep.max_size)
     return found
 
 
-def transformer_row(shape, d, S, sweep: TransformerSweep, device: str) -> dict:
+def probe_cell(shape, d, S, sweep: TransformerSweep, device: str, cells: Cells) -> Cell:
+    """The cell training the shape at size d on S = R (its model kept where `cells` keeps checkpoints)."""
+    key = f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}"
+    return Cell(key, transformer_row, (shape, d, S, sweep, device, cells.checkpoint(key)))
+
+
+def transformer_row(shape, d, S, sweep: TransformerSweep, device: str, keep: Path | None = None) -> dict:
     """One probe: the shape at size d trained on S = R (device resolved where it runs).
     `accuracy`: the kept model's last evaluation (>= 99% exactly when some learning rate's
     best evaluation is, since training stops there); `runs`: per learning rate, the best
     held-out accuracy over the run and the evaluation curve, so a failing size shows whether
-    it was still rising."""
+    it was still rising. With `keep`, the trained model is saved there as a checkpoint."""
     run = sweep.run(shape, d, S, device)
     result = train(run, progress=False)
+    if keep is not None:
+        result.save(keep)
     t = result.training
     steps = [row["step"] for row in result.metrics]
     runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
@@ -152,7 +159,7 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     compute=False: from the recorded runs only, the sizes whose search they complete."""
     found = {shape: {} for shape in sweep.shapes}
     with open_executor(executor) as running:
-        run_jobs([shape_capacity(shape, sweep, device, found[shape]) for shape in sweep.shapes], cells, running,
+        run_jobs([shape_capacity(shape, sweep, device, found[shape], cells) for shape in sweep.shapes], cells, running,
                  desc="transformer probes", progress=progress, compute=compute)
     rows = []
     for shape in sweep.shapes:

@@ -23,6 +23,8 @@ def parser():
     cli.add_settings(grid, Grid, "the grid")
     cli.add_recorded_only(grid)
     swap = sub.add_parser("swap", help="the same model with both free, MLP removed, OV frozen")
+    for q in (grid, swap):
+        cli.add_keep_checkpoints(q)
     shrink = sub.add_parser("shrink", help="prune MLP neurons and heads of a trained model step by step")
     cli.add_settings(shrink, Shrink, "the pruning")
     for q in (grid, swap, shrink):
@@ -70,13 +72,14 @@ def main(argv=None) -> int:
         grid.models(run)  # every cell's model is refused before anything runs
         cells = Cells(out, sweep_settings("grid", run, locating,
                                           grid.recorded(run)),
-                      executor.torch_threads)
+                      executor.torch_threads, args.keep_checkpoints)
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)
         print(grid_text(result, out))
     elif args.command == "swap":
-        cells = Cells(out, sweep_settings("swap", run, locating, {"variants": list(VARIANTS)}), executor.torch_threads)
+        cells = Cells(out, sweep_settings("swap", run, locating, {"variants": list(VARIANTS)}), executor.torch_threads,
+                      args.keep_checkpoints)
         result = swap_tables(swap_rows(run, locating, cells, executor, progress), run, cells.computed)
         write_swap(result, out)
         print(swap_text(result, out))

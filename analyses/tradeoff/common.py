@@ -62,16 +62,28 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
             "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
 
 
-def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
-    """Train `run` (its learning rates batched), keep the best, locate its facts."""
-    return located_row(run, train(run, progress=False), locating)
+def train_and_locate(run: RunConfig, locating: LocateSettings, keep: Path | None = None) -> dict:
+    """Train `run` (its learning rates batched), keep the best, locate its facts; with
+    `keep`, the trained model is saved there as a checkpoint."""
+    return located_row(run, kept(train(run, progress=False), keep), locating)
 
 
-def train_and_locate_stack(runs: tuple[RunConfig, ...], keys: tuple[str, ...], locating: LocateSettings) -> dict:
+def train_and_locate_stack(runs: tuple[RunConfig, ...], keys: tuple[str, ...], locating: LocateSettings,
+                           keeps: tuple[Path | None, ...] | None = None) -> dict:
     """Train `runs` (models differing only in H, d_h and m) as one zero-padded stack
-    (models.shape_trainer); each run's row as train_and_locate gives it, by its key."""
+    (models.shape_trainer); each run's row as train_and_locate gives it, by its key (each
+    model saved at its `keeps` path, where one is given)."""
     results = train_shapes(list(runs), progress=False)
-    return {key: located_row(run, result, locating) for key, run, result in zip(keys, runs, results)}
+    keeps = keeps or (None,) * len(runs)
+    return {key: located_row(run, kept(result, keep), locating)
+            for key, run, result, keep in zip(keys, runs, results, keeps)}
+
+
+def kept(result: TrainResult, keep: Path | None) -> TrainResult:
+    """`result`, saved as a checkpoint at `keep` first when a path is given."""
+    if keep is not None:
+        result.save(keep)
+    return result
 
 
 def located_row(run: RunConfig, result: TrainResult, locating: LocateSettings) -> dict:

@@ -68,9 +68,11 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
     # many heads first: those rows reach 99% in a few hundred steps, so a sweep cut short
     # already has the frontier; the rows of few heads train their full budget
     groups.sort(key=lambda keys: -runs[keys[0]].model.n_heads)
-    jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating))) if keys[0] in alone else
-            one(Cell(f"stack_{keys[0]}", train_and_locate_stack, (tuple(runs[k] for k in keys), keys, locating),
-                     parts=keys)) for keys in groups]
+    jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating, cells.checkpoint(keys[0]))))
+            if keys[0] in alone else
+            one(Cell(f"stack_{keys[0]}", train_and_locate_stack,
+                     (tuple(runs[k] for k in keys), keys, locating, tuple(map(cells.checkpoint, keys))), parts=keys))
+            for keys in groups]
     with open_executor(executor if compute else ExecutorSettings()) as running:
         results = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(runs), progress=progress,
                            compute=compute)

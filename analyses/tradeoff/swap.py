@@ -24,7 +24,8 @@ def swap_rows(run: RunConfig, locating: LocateSettings, cells: Cells, executor: 
               progress: bool = True) -> list[dict]:
     """One row per variant: accuracy and the shares of the storage labels."""
     jobs = [one(Cell(name, train_and_locate,
-                     (RunConfig(run.task, override(run.model, model), override(run.train, training)), locating)))
+                     (RunConfig(run.task, override(run.model, model), override(run.train, training)), locating,
+                      cells.checkpoint(name))))
             for name, (model, training) in VARIANTS.items()]
     with open_executor(executor) as running:
         found = run_jobs(jobs, cells, running, desc="swap experiments", total=len(jobs), progress=progress)

@@ -1,0 +1,75 @@
+"""The task's vocabulary as a tokenizer, so a TransformerLens user's string methods work on
+the analysis model: `model.to_tokens("S3 n5 R1 EOS")`, `model.to_str_tokens(tokens)`,
+`model.to_single_token("R1")`, `model.to_string(tokens)`.
+
+A prompt is its token names separated by spaces, the names being the task's labels of its
+input ids (factual recall: S<s> subjects, R<r> relations, n<i> noise, EOS). Nothing is
+downloaded: the vocabulary is built from the task. A name the task does not have is
+refused with one line naming it. No BOS is prepended: the task's prompts have none.
+"""
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizer
+
+EOS = "EOS"
+
+
+class TaskTokenizer(PreTrainedTokenizer):
+    """Word-level tokenizer over a task's input labels (label i <-> id i), split on spaces."""
+
+    model_input_names = ["input_ids"]
+
+    def __init__(self, labels: list[str], **kwargs):
+        if len(set(labels)) != len(labels):
+            raise ValueError("token labels must be distinct.")
+        self.labels = list(labels)
+        self.ids = {label: i for i, label in enumerate(self.labels)}
+        eos = EOS if EOS in self.ids else None
+        super().__init__(eos_token=eos, pad_token=eos, padding_side="right", **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.labels)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.ids)
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return text.split()
+
+    def _convert_token_to_id(self, token: str) -> int:
+        if token not in self.ids:
+            raise ValueError(f"{token!r} is not a token of this task; its tokens are "
+                             f"{self._summary()}.")
+        return self.ids[token]
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self.labels[index]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return " ".join(tokens)
+
+    def _summary(self) -> str:
+        """The vocabulary in short: first and last label of each run of one prefix."""
+        runs: list[list[str]] = []
+        for label in self.labels:
+            prefix = label.rstrip("0123456789")
+            if runs and runs[-1][0].rstrip("0123456789") == prefix:
+                runs[-1][1:] = [label]
+            else:
+                runs.append([label])
+        return ", ".join("..".join(run) for run in runs)
+
+
+def task_tokenizer(task) -> TaskTokenizer:
+    """The tokenizer of a task's input vocabulary (any task kind: its `token_label`s)."""
+    return TaskTokenizer([task.token_label(i) for i in range(task.d_vocab)])
+
+
+def attach_tokenizer(bridge, task) -> None:
+    """Give `bridge` the task's tokenizer, the TransformerLens way (`bridge.tokenizer`), with
+    no BOS prepended or detected."""
+    bridge.cfg.default_prepend_bos = False
+    bridge.tokenizer = task_tokenizer(task)
+    bridge.cfg.tokenizer_prepends_bos = False
+    bridge.cfg.tokenizer_appends_eos = False

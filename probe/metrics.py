@@ -1,0 +1,48 @@
+"""The task's metrics, read at the last position, in the form TransformerLens's `patching`
+functions take (a function of the logits [batch, pos, d_vocab_out] returning a scalar):
+
+    metric = logit_diff_metric(answers, rivals)
+    transformer_lens.patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric)
+
+`model(tokens, return_type="loss")` cannot score this task: it predicts every next input
+token, while the task is scored at the last position only, in the separate answer
+vocabulary. `last_position_loss` is the task's loss.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def answer_logit_diff(last_logits: torch.Tensor, answers: torch.Tensor, rivals: torch.Tensor) -> torch.Tensor:
+    """logit(answer) - logit(rival) per prompt [n], from last-position logits [n, d_vocab_out]."""
+    return last_logits.gather(-1, answers[:, None])[:, 0] - last_logits.gather(-1, rivals[:, None])[:, 0]
+
+
+def last_position_loss(logits: torch.Tensor, answers: torch.Tensor, per_prompt: bool = False) -> torch.Tensor:
+    """Cross-entropy (nats) of the answers [batch] at the last position of logits
+    [batch, pos, d_vocab_out]: the mean, or one value per prompt [batch]."""
+    return F.cross_entropy(logits[:, -1].float(), answers.to(logits.device), reduction="none" if per_prompt else "mean")
+
+
+def logit_diff_metric(answers: torch.Tensor, rivals: torch.Tensor, per_prompt: bool = False,
+                      normalise: tuple[float, float] | None = None) -> Callable:
+    """A patching metric: the mean (per_prompt: [batch]) last-position logit difference
+    logit(answer) - logit(rival), in logits; with `normalise` = (the clean run's value, the
+    corrupted run's value), rescaled so the corrupted run scores 0 and the clean run 1."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_vocab_out]
+        device = logits.device
+        diff = answer_logit_diff(logits[:, -1], answers.to(device), rivals.to(device))  # [batch]
+        diff = diff if per_prompt else diff.mean()
+        if normalise is not None:
+            clean, corrupted = normalise
+            diff = (diff - corrupted) / (clean - corrupted)
+        return diff
+    return metric
+
+
+def loss_metric(answers: torch.Tensor, per_prompt: bool = False) -> Callable:
+    """A patching metric: the last-position loss of the answers (nats)."""
+    return lambda logits: last_position_loss(logits, answers, per_prompt)
