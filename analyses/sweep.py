@@ -142,6 +142,21 @@ def search(sizes: Generator[tuple[int, ...], tuple[bool, ...], int], cell: Calla
         return stop.value
 
 
+def stacked_search(sizes: Generator[tuple[int, ...], tuple[bool, ...], int],
+                   round_cell: Callable[[tuple[int, ...]], Cell], per_size: int,
+                   passed: Callable[[tuple[dict, ...]], bool]) -> Job:
+    """`search` with each round's sizes tested by one stack cell: round_cell(tried) is a Cell
+    whose parts are `per_size` rows per size, the sizes in the order of `tried` (the seeds of
+    a size, say); passed(rows of one size) says whether that size passed."""
+    try:
+        tried = next(sizes)
+        while True:
+            rows = yield round_cell(tried)
+            tried = sizes.send(tuple(passed(rows[i * per_size:(i + 1) * per_size]) for i in range(len(tried))))
+    except StopIteration as stop:
+        return stop.value
+
+
 # ------------------------------------------------------------------ recorded cells
 class Cells:
     """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json

@@ -137,6 +137,54 @@ def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_
     assert list(pd.read_csv(tmp_path / "capacity.csv")["d"]) == [4]
 
 
+def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
+    """Votes of 3 seeds per size: all store up to 5, one stores 6, two store 9. A tie is not a
+    majority; 9, a majority above a size that failed in the same round, is set aside: S* = 5."""
+    from analyses.capacity.transformer import stored_by_most
+    from analyses.sweep import Cell, bisection, stacked_search
+
+    votes = {2: 3, 3: 3, 4: 3, 5: 3, 6: 1, 9: 2}
+    assert stored_by_most(({"accuracy": 1.0}, {"accuracy": 0.5})) is False  # a tie
+    assert stored_by_most(({"accuracy": 1.0}, {"accuracy": 0.995}, {"accuracy": 0.5})) is True
+    job = stacked_search(bisection(4, lowest=2, highest=12, grow=1.5, rel_tol=0.1, probes=2),
+                         lambda sizes: Cell("+".join(map(str, sizes)), dict, parts=tuple(map(str, sizes))), 3,
+                         stored_by_most)
+    asked, request = [], next(job)
+    try:
+        while True:
+            sizes = [int(S) for S in request.key.split("+")]
+            asked.append(sizes)
+            request = job.send(tuple({"accuracy": float(seed < votes[S])} for S in sizes for seed in range(3)))
+    except StopIteration as stop:
+        assert stop.value == 5
+    assert asked == [[4, 2], [6, 9], [5]]
+
+
+def test_a_search_over_seeds_records_each_seed_and_resumes(tmp_path, capsys):
+    argv = ["transformer", "--shape", "1,1,2,6", "--d", "4,6", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+            "--steps", "60", "--batch-size", "64", "--eval-every", "20", "--eval-size", "64", "--min-size", "2",
+            "--max-size", "4", "--seeds", "0,1,2", "--sampler", "counter", "--device", "cpu", "--quiet",
+            "--out", str(tmp_path)]
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "sizes searched: 2 of 2" in out
+    table = pd.read_csv(tmp_path / "capacity.csv")
+    probes = pd.read_csv(tmp_path / "probes.csv")
+    assert sorted(set(probes["seed"])) == [0, 1, 2] and len(probes) % 3 == 0
+    for (d, S), g in probes.groupby(["d", "S"]):  # every probed size has all three seeds' cells
+        assert sorted(g["seed"]) == [0, 1, 2], (d, S)
+    for row in table.itertuples():  # S* is stored by most seeds, S* + 1 (when probed) by few
+        votes = probes[(probes["d"] == row.d)].groupby("S")["accuracy"].apply(lambda a: int((a >= 0.99).sum()))
+        assert row.seeds == 3 and row.stored_by == votes.get(row.S_star, 0)
+        assert row.S_star < 2 or row.stored_by >= 2
+        assert row.S_star + 1 not in votes or votes[row.S_star + 1] <= 1
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["search"] == "majority of seeds" and "seed" not in settings and settings["sampler"] == "counter"
+    code, out, _ = _cli(argv, capsys)
+    assert code == 0 and "(0 new training runs)" in out
+    code, _, err = _cli([*argv, "--seed", "1"], capsys)
+    assert code == 2 and err.strip().splitlines() == ["error: --seeds searches the seeds it names; drop --seed."]
+
+
 def test_the_paper_window_is_the_authors_notebooks():
     """Per shape in increasing d: from the first size above 64 facts up to, not including,
     the first above 11,000; a later dip to 64 or fewer stays in, as in their plot."""

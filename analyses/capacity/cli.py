@@ -27,8 +27,8 @@ def _shape(text: str) -> tuple:
 
 
 # the search's and the figure's settings, and the model: the departures study sets these itself
-UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "parameterisation", "embedding", "bits_per_parameter",
-             "facts_per_parameter")
+UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "seeds", "parameterisation", "embedding",
+             "bits_per_parameter", "facts_per_parameter")
 
 
 def parser():
@@ -79,6 +79,8 @@ def main(argv=None) -> int:
                                             args.keep_checkpoints)
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
+        if args.seeds and args.seed != 0:
+            raise ValueError("--seeds searches the seeds it names; drop --seed.")
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads, args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)

@@ -14,10 +14,11 @@ from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitte
 from analyses.capacity.figures import facts_figure
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
-from analyses.sweep import Cell, Cells, bisection, run_jobs, search
+from analyses.sweep import Cell, Cells, bisection, run_jobs, search, stacked_search
 from models import parameterisation as param
 from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
+from models.shape_trainer import train_shapes
 from models.trainer import train
 from models.weights import parameter_count
 
@@ -33,6 +34,9 @@ class TransformerSweep:
     seq_len: int = setting(32, "T")
     lr: tuple[float, ...] = setting((1e-3, 3e-3, 1e-2), "learning rates, one batched run")
     seed: int = setting(0, "seed of initialisation and data")
+    seeds: tuple[int, ...] = setting((), "seeds searched together, in place of --seed: a size is stored when more "
+                                         "than half of them store it (a tie is not), and each round's sizes and "
+                                         "seeds train as one stack (docs/capacity.md)")
     steps: int = setting(16384, "maximum steps per run (2^14)")
     batch_size: int = setting(1024, "fresh prompts per step")
     eval_every: int = setting(128, "steps between held-out evaluations")
@@ -73,13 +77,14 @@ class TransformerSweep:
                 return False
         return sorted(d for d in set(self.d) if d <= _largest_d(shape) and fits(d))
 
-    def run(self, shape: tuple, d: int, S: int, device: str) -> RunConfig:
+    def run(self, shape: tuple, d: int, S: int, device: str, seed: int | None = None) -> RunConfig:
         """The paper's task at S = R (N = S + R noise tokens) and the shape's model at size d;
-        the learning rates as one batched run."""
+        the learning rates as one batched run, of `seed` (default: the sweep's --seed)."""
         task = TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=self.answers, n_noise=2 * S,
                           seq_len=self.seq_len)
         return RunConfig(task=task, model=self.model(shape, d),
-                         train=TrainConfig(lr=tuple(self.lr), seed=(self.seed,), steps=self.steps,
+                         train=TrainConfig(lr=tuple(self.lr), seed=(self.seed if seed is None else seed,),
+                                           steps=self.steps,
                                            batch_size=self.batch_size, eval_every=self.eval_every,
                                            eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
                                            device=device, sampler=self.sampler, cuda_graph=self.cuda_graph))
@@ -94,11 +99,13 @@ class TransformerSweep:
         and the search bounds choose cells without changing any. The model is recorded only
         where it is not the standard one with sphere embeddings, and the sampler only where it
         is not the generator, which every sweep recorded before the choice existed trained:
-        those sweeps resume. Whether the step was a CUDA graph's replay changes no number."""
+        those sweeps resume. Whether the step was a CUDA graph's replay changes no number. A
+        search over seeds keeps each seed in its cells' keys (it can take more seeds later)."""
         model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
         chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
+        seed = {"search": "majority of seeds"} if self.seeds else {"seed": self.seed}
         return {"analysis": "capacity transformer", "answers": self.answers, "seq_len": self.seq_len,
-                "lr": list(self.lr), "seed": self.seed, "steps": self.steps, "batch_size": self.batch_size,
+                "lr": list(self.lr), **seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size,
                 **({"model": chosen} if chosen != {"embedding": "sphere"} else {}),
                 **({"sampler": self.sampler} if self.sampler != "generator" else {})}
@@ -112,35 +119,77 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     """The largest S = R learned to >= 99% by the shape at each of its sizes, as the authors
     search it: d in increasing order, each search starting from the previous d's S* (a larger
     model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
-    never above max_size. found[d] = S* as each size ends, so a sweep cut short keeps the
-    sizes it finished (a job of analyses.sweep)."""
+    never above max_size. With several seeds a size passes when most of them store it
+    (`stored_by_most`), and each round's sizes and seeds are one stack cell. found[d] = S* as
+    each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
-        S = yield from search(bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1,
-                                        probes=sweep.probes),
-                              lambda S, d=d: probe_cell(shape, d, S, sweep, device, cells),
-                              lambda row: row["accuracy"] >= TARGET)
+        sizes = bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes)
+        if sweep.seeds:
+            S = yield from stacked_search(sizes, lambda tried, d=d: round_cell(shape, d, tried, sweep, device, cells),
+                                          len(sweep.seeds), stored_by_most)
+        else:
+            S = yield from search(sizes, lambda S, d=d: probe_cell(shape, d, S, sweep, device, cells),
+                                  lambda row: row["accuracy"] >= TARGET)
         found[d] = S
         start = min(max(S, sweep.min_size), sweep.max_size)
     return found
 
 
+def stored_by_most(rows: tuple[dict, ...]) -> bool:
+    """The majority rule: a size is stored when more than half of its seeds reach 99% (a tie
+    is not stored)."""
+    return 2 * sum(row["accuracy"] >= TARGET for row in rows) > len(rows)
+
+
+def probe_key(shape, d, S, seed: int | None = None) -> str:
+    """A probe's cell key; a search over seeds adds the seed."""
+    return f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}" + ("" if seed is None else f"_seed{seed}")
+
+
 def probe_cell(shape, d, S, sweep: TransformerSweep, device: str, cells: Cells) -> Cell:
     """The cell training the shape at size d on S = R (its model kept where `cells` keeps checkpoints)."""
-    key = f"shape{shape[0]:g},{shape[1]:g},{shape[2]:g}_d{d}_S{S}"
+    key = probe_key(shape, d, S)
     return Cell(key, transformer_row, (shape, d, S, sweep, device, cells.checkpoint(key)))
 
 
+def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, cells: Cells) -> Cell:
+    """One round of a search over seeds: every size of `sizes` with every seed, trained as one
+    stack; each (size, seed) is recorded as its own cell, the seeds of a size together."""
+    parts = tuple(probe_key(shape, d, S, seed) for S in sizes for seed in sweep.seeds)
+    key = f"{probe_key(shape, d, '+'.join(map(str, sizes)))}_seeds{','.join(map(str, sweep.seeds))}"
+    return Cell(key, round_rows, (shape, d, sizes, sweep, device, {k: cells.checkpoint(k) for k in parts}), parts)
+
+
+def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
+    """Every (size, seed) of a round trained as stacks (one per size: models.shape_trainer),
+    each its own run with its own early stop; {cell key: its probe row}."""
+    rows = {}
+    for S in sizes:
+        runs = [sweep.run(shape, d, S, device, seed) for seed in sweep.seeds]
+        for seed, run, result in zip(sweep.seeds, runs, train_shapes(runs, progress=False)):
+            key = probe_key(shape, d, S, seed)
+            if keep.get(key) is not None:
+                result.save(keep[key])
+            rows[key] = {**probe_row(shape, d, S, run, result), "seed": seed}
+    return rows
+
+
 def transformer_row(shape, d, S, sweep: TransformerSweep, device: str, keep: Path | None = None) -> dict:
-    """One probe: the shape at size d trained on S = R (device resolved where it runs).
-    `accuracy`: the kept model's last evaluation (>= 99% exactly when some learning rate's
-    best evaluation is, since training stops there); `runs`: per learning rate, the best
-    held-out accuracy over the run and the evaluation curve, so a failing size shows whether
-    it was still rising. With `keep`, the trained model is saved there as a checkpoint."""
+    """One probe: the shape at size d trained on S = R (device resolved where it runs). With
+    `keep`, the trained model is saved there as a checkpoint."""
     run = sweep.run(shape, d, S, device)
     result = train(run, progress=False)
     if keep is not None:
         result.save(keep)
+    return probe_row(shape, d, S, run, result)
+
+
+def probe_row(shape, d, S, run: RunConfig, result) -> dict:
+    """A probe's row. `accuracy`: the kept model's last evaluation (>= 99% exactly when some
+    learning rate's best evaluation is, since training stops there); `runs`: per learning
+    rate, the best held-out accuracy over the run and the evaluation curve, so a failing size
+    shows whether it was still rising."""
     t = result.training
     steps = [row["step"] for row in result.metrics]
     runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
@@ -167,8 +216,16 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
             run = sweep.run(shape, d, S, device)
             params = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
             rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
-                         "parameters": params, "facts_per_parameter": S * S / params})
+                         "parameters": params, "facts_per_parameter": S * S / params,
+                         **(seed_votes(shape, d, S, sweep, cells) if sweep.seeds else {})})
     return rows
+
+
+def seed_votes(shape, d, S, sweep: TransformerSweep, cells: Cells) -> dict:
+    """How many of the seeds store S* (0 where no size was stored)."""
+    recorded = [cells.recorded(probe_key(shape, d, S, seed)) for seed in sweep.seeds]
+    return {"seeds": len(sweep.seeds),
+            "stored_by": sum(row is not None and row["accuracy"] >= TARGET for row in recorded)}
 
 
 def paper_window(table: pd.DataFrame) -> pd.DataFrame:
@@ -187,7 +244,8 @@ def paper_window(table: pd.DataFrame) -> pd.DataFrame:
 def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.DataFrame, computed: int) -> Capacity:
     """Facts stored against parameters: the fitted slope, overall and per shape, and facts per
     parameter against the paper's line (over the points inside the paper's window of facts)."""
-    table = pd.DataFrame(rows, columns=["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter"])
+    table = pd.DataFrame(rows, columns=["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter",
+                                        *(("seeds", "stored_by") if sweep.seeds else ())])
     ok = table[table["facts"] > 0]
     shown = paper_window(ok)
 
