@@ -15,8 +15,10 @@
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
 #   grid       Figure 4 right: the 169-cell grid with storage shares, stacked, timed (grid.png)
 #   fig4_left  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
-#              learning rates), shapes searched in GPU_RUN_JOBS parallel processes until the
-#              time is up (fig4_left.png, fig4_left.csv)
+#              learning rates) over seeds 0, 1, 2 (S*: the largest S most seeds store), shapes
+#              searched in GPU_RUN_JOBS parallel processes until the time is up
+#              (fig4_left.png, fig4_left.csv)
+#   fig4_left_2e16  then d = 90, 128, 181 again at 2^16 steps (in the archive)
 # OUT then holds at most 8 plain files: report.txt (what ran, for how long, the headline
 # numbers), the files named above and state.tar.gz (every step's output and the sweeps'
 # cells, packed again every GPU_RUN_PACK_SECONDS, written atomically: a kill at any moment
@@ -89,7 +91,9 @@ if [ $dry = 1 ]; then
   bench_k=()
   grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1)
   shapes=(1,1,2 2,2,2)
-  fig4=(--d 8,11,16 --steps 60 --eval-every 30 --eval-size 128 --batch-size 64 --min-size 3 --max-size 12)
+  fig4=(--d 8,11 --answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64
+        --min-size 2 --max-size 5 --seeds 0,1)
+  ladder=(--d 11 --steps 120)
 else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
   device=(--device cuda)
@@ -101,7 +105,8 @@ else
   grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128)
   shapes=()
   for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
-  fig4=(--d 8,11,16,22,32,45,64,90,128,181 --answers 8 --seq-len 32 --eval-size 1024)
+  fig4=(--d 8,11,16,22,32,45,64,90,128,181 --answers 8 --seq-len 32 --eval-size 1024 --seeds 0,1,2)
+  ladder=(--d 90,128,181 --steps 65536)
 fi
 
 # --------------------------------------------------------------------------- the steps
@@ -125,21 +130,31 @@ step grid 600 "$python" -m analyses.tradeoff grid "${grid[@]}" "${device[@]}" --
   --out "$work/grid" && log "grid: $(( $(date +%s) - t0 )) s for every cell not recorded before this call"
 put grid/grid.png grid.png
 
-fig4_flags=("${fig4[@]}" --sampler counter "${device[@]}" --quiet --out "$work/fig4_left")
 all_shapes=()
 for s in "${shapes[@]}"; do all_shapes+=(--shape "$s"); done
-# one search per shape, GPU_RUN_JOBS at a time, their cells shared in fig4_left/; the flags
-# reach them through a file (an array does not cross bash -c)
-printf '%s\n' "${fig4_flags[@]}" > "$work/fig4_flags.txt"
+# one search per shape, GPU_RUN_JOBS at a time, their cells shared in one directory; the
+# flags reach them through a file (an array does not cross bash -c)
 fig4_search() { mapfile -t flags < "$1"; "$python" -m analyses.capacity transformer --shape "$2" "${flags[@]}"; }
 export -f fig4_search
 export python
-( while sleep "$pack_every"; do pack; done ) & packer=$!
-step fig4_left 100000 bash -c "printf '%s\n' ${shapes[*]} | xargs -P $jobs -I{} bash -c 'fig4_search $work/fig4_flags.txt {}'"
-kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
-"$python" -m analyses.capacity transformer "${all_shapes[@]}" "${fig4_flags[@]}" --recorded-only \
-  >>"$work/fig4_left.txt" 2>&1 && log "fig4_left: $(ls "$work/fig4_left/cells" 2>/dev/null | wc -l) probes recorded"
+# sweep NAME FLAGS...: every shape searched with FLAGS into NAME/, then its tables and figure
+sweep() {
+  local name=$1; shift
+  local flags=("${fig4[@]}" "$@" --sampler counter "${device[@]}" --quiet --out "$work/$name")
+  printf '%s\n' "${flags[@]}" > "$work/$name.flags"
+  ( while sleep "$pack_every"; do pack; done ) & local packer=$!
+  step "$name" 100000 bash -c "printf '%s\n' ${shapes[*]} | xargs -P $jobs -I{} bash -c 'fig4_search $work/$name.flags {}'"
+  local rc=$?
+  kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
+  "$python" -m analyses.capacity transformer "${all_shapes[@]}" "${flags[@]}" --recorded-only \
+    >>"$work/$name.txt" 2>&1 && log "$name: $(ls "$work/$name/cells" 2>/dev/null | wc -l) probes recorded"
+  return $rc
+}
+# Figure 4 left, then its largest sizes again at 2^16 steps: are the facts stored there set
+# by the parameters or by the step budget?
+sweep fig4_left
 put fig4_left/facts_vs_parameters.png fig4_left.png
 put fig4_left/capacity.csv fig4_left.csv
+[ -f "$work/done/fig4_left" ] && sweep fig4_left_2e16 "${ladder[@]}"
 log "gpu_run: $(( $(date +%s) - start )) s in all; $(ls "$work/done" | tr '\n' ' ')done"
 pack

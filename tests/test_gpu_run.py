@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "2"}
+ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1"}
 ALLOWED = {"report.txt", "tests_cuda.txt", "bench.txt", "gpu_checks.json", "grid.png", "fig4_left.png",
            "fig4_left.csv", "state.tar.gz"}
 
@@ -65,7 +65,8 @@ def test_a_killed_gpu_run_resumes_from_its_archive(tmp_path):
     assert outputs <= ALLOWED and {"report.txt", "state.tar.gz", "grid.png", "fig4_left.csv"} <= outputs
     assert all(p.is_file() and p.stat().st_size <= 16 * 2**20 for p in second.iterdir())
     capacity = pd.read_csv(second / "fig4_left.csv")
-    assert len(capacity) == 6 and capacity["S_star"].ge(1).all()  # 2 shapes x 3 sizes, each with its S*
+    assert len(capacity) == 4 and capacity["S_star"].ge(2).all()  # 2 shapes x 2 sizes, each storing facts
+    assert (capacity["stored_by"] == 2).all()  # by both seeds
     assert "passed" in (second / "tests_cuda.txt").read_text()
 
 
