@@ -147,10 +147,11 @@ class Cells:
     """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json
     holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
     computes with, when it is not 1 (settings.json written before it was a setting lacks it,
-    and reads as 1). A directory holding another sweep (other settings) is refused when this
-    is built, before anything is written."""
+    and reads as 1). `earlier`: the same settings as an earlier version of the sweep recorded
+    them; such a directory resumes too. A directory holding another sweep (other settings) is
+    refused when this is built, before anything is written, naming each setting that differs."""
 
-    def __init__(self, out: Path, settings: dict, torch_threads: int = 1):
+    def __init__(self, out: Path, settings: dict, torch_threads: int = 1, earlier: tuple[dict, ...] = ()):
         self.out, self.dir = Path(out), Path(out) / "cells"
         threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
         self.settings = json.loads(json.dumps({**settings, **threads}))
@@ -160,7 +161,7 @@ class Cells:
                 recorded = json.loads(path.read_text())
             except json.JSONDecodeError:
                 recorded = None
-            if recorded != self.settings:
+            if recorded not in (self.settings, *json.loads(json.dumps([{**e, **threads} for e in earlier]))):
                 raise ValueError(f"{out} holds a sweep with other settings ({path}{_differing(recorded, self.settings)}"
                                  "); choose another --out, or delete it to start over.")
         self.computed = 0  # cells recorded (not read back) by this process
@@ -192,11 +193,32 @@ class Cells:
 
 
 def _differing(recorded, settings: dict) -> str:
-    """', differing: a, b' for the top-level settings that differ ('' when none can be named)."""
+    """'; differing: run.train.steps: recorded 3000, now 50; ...' for each setting that differs
+    (nested settings by their dotted path; '' when none can be named)."""
     if not isinstance(recorded, dict):
         return ""
-    names = sorted(k for k in {**recorded, **settings} if recorded.get(k, "absent") != settings.get(k, "absent"))
-    return f"; differing: {', '.join(names)}" if names else ""
+    was, now = _flat(recorded), _flat(settings)
+    changes = [f"{name}: recorded {_shown(was, name)}, now {_shown(now, name)}"
+               for name in sorted(was.keys() | now.keys()) if was.get(name, _ABSENT) != now.get(name, _ABSENT)]
+    return f"; differing: {'; '.join(changes)}" if changes else ""
+
+
+_ABSENT = object()  # a setting one side does not record
+
+
+def _shown(settings: dict, name: str) -> str:
+    return json.dumps(settings[name]) if name in settings else "(absent)"
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    """Nested settings as {dotted path: value}."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 # ------------------------------------------------------------------ the engine

@@ -41,9 +41,12 @@ def base_run(args) -> RunConfig:
     return run
 
 
-def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
-    """settings.json of a trade-off sweep: what every cell shares."""
-    recorded = {**asdict(run), "model": run.model.recorded()}
+def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict,
+                   per_cell: tuple[str, ...] = ()) -> dict:
+    """settings.json of a trade-off sweep: what every cell shares (the model fields each cell
+    sets itself, `per_cell`, left out: `extra` records them)."""
+    model = {k: v for k, v in run.model.recorded().items() if k not in per_cell}
+    recorded = {**asdict(run), "model": model}
     recorded["train"].pop("device")  # where it runs does not change what a cell holds
     if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
         recorded["train"].pop("sampler")
