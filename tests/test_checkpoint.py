@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models import CheckpointError, ModelSection, build_bridge, load, load_checkpoint
-from models.checkpoint import read_metrics, snapshot_steps
+from models.checkpoint import read_metrics, snapshot_steps, write_json
 from models.config import AoTModelConfig, ModelConfig, TaskConfig
 from tasks.association import AssociationTask
 
@@ -148,3 +148,24 @@ def test_model_section_refuses_in_one_line():
         with pytest.raises(ValueError, match=message):
             ModelSection.from_json({**data, **edit})
     assert ModelSection.from_json({**data, "act_fn": "gelu", "positional_embedding": "trainable"}).act_fn == "gelu"
+
+
+def test_a_step_without_a_snapshot_is_refused_naming_the_steps_there_are(tiny_ckpt):
+    steps = snapshot_steps(tiny_ckpt)
+    assert len(steps) > 2 and 17 not in steps
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tiny_ckpt, step=17)
+    assert f"no snapshot of step 17; its snapshots are at steps {', '.join(map(str, steps))}." in str(refused.value)
+
+
+def test_an_interrupted_run_is_named_with_its_resume_command(tmp_path):
+    """A run killed before its checkpoint: run.json and train_state/ only."""
+    ckpt = tmp_path / "killed"
+    write_json(ckpt / "run.json", {"preset": "tiny"})
+    for step in (4, 8):
+        write_json(ckpt / "train_state" / f"step_{step:08d}.json", {"step": step})
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(ckpt)
+    message = str(refused.value)
+    assert "interrupted" in message and "saved at step 8" in message and "\n" not in message
+    assert f"`python -m models.train --resume {ckpt}`" in message
