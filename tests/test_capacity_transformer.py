@@ -122,6 +122,10 @@ def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["paper_line"]["facts_per_parameter"] == 0.15 and summary["sizes"]["skipped"] == []
     assert len(pd.read_csv(tmp_path / "probes.csv")) == len(list((tmp_path / "cells").glob("*.json")))
+    assert "facts per parameter (geometric mean over 64 to 11000 facts): n/a, no size inside the window" in out
+    probes = pd.read_csv(tmp_path / "probes.csv")  # the runs column in JSON, as the cells record it
+    recorded = sorted(json.dumps(json.loads(c.read_text())["runs"]) for c in (tmp_path / "cells").glob("*.json"))
+    assert sorted(json.dumps(json.loads(r)) for r in probes["runs"]) == recorded
     assert json.loads((tmp_path / "settings.json").read_text())["model"] == {"parameterisation": "authors",
                                                                             "embedding": "gaussian"}
     for cell in (tmp_path / "cells").glob("*.json"):  # each learning rate's best accuracy and its curve
