@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import CheckpointError, load_checkpoint, read_weights, snapshot_path, snapshot_steps
+from models.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
 from probe.accuracy import per_fact_accuracy
@@ -97,7 +97,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
     held_out = task.eval_set(eval_size, seed, model_device(model))
     with_storage = set(log_spaced(steps, storage_points))
     rows = []
-    for step in tqdm(steps, desc="snapshots", unit="snapshot", disable=not progress):
+    for step in progress_bar(steps, desc="snapshots", unit="snapshot", disable=not progress):
         load_weights(model, snapshots[step])
         row = {"step": step, **recall_metrics(hooked_last_logits(model, held_out.tokens), held_out, task)}
         if step in with_storage:

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analyses import cli, plots
 from analyses.locate_summary import LocateSummary
 from analyses.output import write_csv, write_summary
 from models import load
+from models.progress import progress_bar
 from probe import columns
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
@@ -61,7 +61,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     start = time.perf_counter()
     prompts = FactPrompts.build(model, task, contexts, seed)  # per call: the weights may have changed since the last
     patch_prompts = prompts if patch_contexts == contexts else FactPrompts.build(model, task, patch_contexts, seed)
-    bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
+    bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
         bar.update(1)

@@ -20,9 +20,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from models.checkpoint import write_json
+from models.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -307,8 +306,8 @@ class _Bar:
     def __init__(self, desc: str, total: int | None, executor, progress: bool):
         self.executor, self.start, self.computed = executor, time.perf_counter(), 0
         shape = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" if total else "{n_fmt}"
-        self.tqdm = tqdm(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
-                         bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
+        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
+                                 bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
 
     def done(self, computed: bool, n: int = 1) -> None:
         self.computed += n * computed

@@ -25,13 +25,13 @@ import time
 from dataclasses import asdict
 
 import torch
-from tqdm.auto import tqdm
 
 from models.aot_forward import population_logits
 from models.aot_weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
 from models.config import AoTModelConfig, AoTTrainConfig
 from models.optimizer import Optimizer
+from models.progress import progress_bar
 from models.trainer import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
@@ -84,7 +84,7 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
     ones = torch.ones(len(seeds), cfg.batch_size, device=device)
     batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
     window = min(BATCH_ACCURACY_STEPS, cfg.steps)
-    bar = tqdm(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
+    bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
     for step in range(cfg.steps):
         counts = torch.zeros(len(seeds), task.n_sequences, device=device)
         counts.scatter_add_(1, data_all[:, step % cfg.batches], ones)  # [n_seeds, T_0] this step's batch
