@@ -169,7 +169,7 @@ def follow(ckpt: str | Path, settings: HallucinationSettings = HallucinationSett
            device: str = "auto", progress: bool = True) -> Dynamics:
     """Measure every snapshot of `ckpt` and find the phase (nothing written)."""
     metrics, task = measure(ckpt, device, **asdict(settings), progress=progress)
-    return Dynamics(metrics, {"checkpoint": str(ckpt), **summarise(metrics, task, rule)})
+    return Dynamics(metrics, {"checkpoint": str(ckpt), "settings": asdict(settings), **summarise(metrics, task, rule)})
 
 
 def write(dynamics: Dynamics, out: Path) -> None:
