@@ -61,7 +61,7 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
     located = locate(model, task, **asdict(locating), progress=False)
     s = located.summary
     return {"located_accuracy": s.accuracy, **{f"share_{k}": v for k, v in s.label_shares.items()},
-            "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
+            "_facts": located.facts.reset_index()[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
 
 
 def train_and_locate(run: RunConfig, locating: LocateSettings) -> dict:
