@@ -25,6 +25,7 @@ import pandas as pd
 
 from analyses import cli, hallucination, locate_facts
 from analyses.locate_facts import LocateSettings
+from analyses.sweep import setting_changes
 from analyses.visualize import page, parse_facts, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
@@ -56,8 +57,7 @@ def recorded_results(name: str, folders: list[Path], wanted: dict, fresh: bool, 
         recorded = _read_json(folder / "summary.json")
         if isinstance(recorded.get("settings"), dict):
             recorded["settings"] = {k: v for k, v in recorded["settings"].items() if k != "device"}
-        differing = [f"{k} {json.dumps(recorded.get(k))} there, {json.dumps(v)} here" for k, v in wanted.items()
-                     if recorded.get(k) != v]
+        differing = setting_changes({k: recorded.get(k) for k in wanted}, wanted)
         if not differing:
             say(f"{name}: reusing {folder} (the same settings)")
             return folder

@@ -193,13 +193,17 @@ class Cells:
 
 def _differing(recorded, settings: dict) -> str:
     """'; differing: run.train.steps: recorded 3000, now 50; ...' for each setting that differs
-    (nested settings by their dotted path; '' when none can be named)."""
-    if not isinstance(recorded, dict):
-        return ""
-    was, now = _flat(recorded), _flat(settings)
-    changes = [f"{name}: recorded {_shown(was, name)}, now {_shown(now, name)}"
-               for name in sorted(was.keys() | now.keys()) if was.get(name, _ABSENT) != now.get(name, _ABSENT)]
+    ('' when none can be named)."""
+    changes = setting_changes(recorded, settings) if isinstance(recorded, dict) else []
     return f"; differing: {'; '.join(changes)}" if changes else ""
+
+
+def setting_changes(recorded: dict, settings: dict) -> list[str]:
+    """'NAME: recorded OLD, now NEW' for each setting that differs (nested settings by their
+    dotted path, values as JSON)."""
+    was, now = _flat(recorded), _flat(settings)
+    return [f"{name}: recorded {_shown(was, name)}, now {_shown(now, name)}"
+            for name in sorted(was.keys() | now.keys()) if was.get(name, _ABSENT) != now.get(name, _ABSENT)]
 
 
 _ABSENT = object()  # a setting one side does not record
