@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
-from models.checkpoint import CheckpointError, load_checkpoint, snapshot_steps
+from models.checkpoint import CheckpointError, load_checkpoint, read_weights, snapshot_path, snapshot_steps
+from models.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
 from probe.accuracy import per_fact_accuracy
@@ -90,13 +90,15 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
         raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
                               "--snapshots-per-octave N (N >= 1) to write them.")
     first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
+    # every snapshot read and checked before any is measured: a damaged one is refused at once
+    snapshots = {step: read_weights(snapshot_path(ckpt, step), first.section) for step in steps}
     task = first.task
     model = build_bridge(first.section, first.weights, resolve_device(device))
     held_out = task.eval_set(eval_size, seed, model_device(model))
     with_storage = set(log_spaced(steps, storage_points))
     rows = []
-    for step in tqdm(steps, desc="snapshots", unit="snapshot", disable=not progress):
-        load_weights(model, load_checkpoint(ckpt, step).weights)
+    for step in progress_bar(steps, desc="snapshots", unit="snapshot", disable=not progress):
+        load_weights(model, snapshots[step])
         row = {"step": step, **recall_metrics(hooked_last_logits(model, held_out.tokens), held_out, task)}
         if step in with_storage:
             row.update(storage_shares(model, task, contexts, seed))
@@ -167,7 +169,7 @@ def follow(ckpt: str | Path, settings: HallucinationSettings = HallucinationSett
            device: str = "auto", progress: bool = True) -> Dynamics:
     """Measure every snapshot of `ckpt` and find the phase (nothing written)."""
     metrics, task = measure(ckpt, device, **asdict(settings), progress=progress)
-    return Dynamics(metrics, {"checkpoint": str(ckpt), **summarise(metrics, task, rule)})
+    return Dynamics(metrics, {"checkpoint": str(ckpt), "settings": asdict(settings), **summarise(metrics, task, rule)})
 
 
 def write(dynamics: Dynamics, out: Path) -> None:

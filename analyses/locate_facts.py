@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analyses import cli, plots
 from analyses.locate_summary import LocateSummary
 from analyses.output import write_csv, write_summary
 from models import load
+from models.progress import progress_bar
 from probe import columns
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy
@@ -48,7 +48,7 @@ class LocateSettings:
 
 @dataclass(frozen=True)
 class Located:
-    facts: pd.DataFrame  # one row per fact: subject, relation, answer, measurements, label (docs/locate_facts.md)
+    facts: pd.DataFrame  # one row per fact, indexed by (subject, relation, answer): measurements, label
     heads: pd.DataFrame  # one row per head: denoising scores, specialisation, per-head effects
     head_tokens: pd.DataFrame  # [head x token] attention mass on each subject / relation
     summary: LocateSummary
@@ -61,7 +61,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     start = time.perf_counter()
     prompts = FactPrompts.build(model, task, contexts, seed)  # per call: the weights may have changed since the last
     patch_prompts = prompts if patch_contexts == contexts else FactPrompts.build(model, task, patch_contexts, seed)
-    bar = tqdm(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
+    bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
         bar.update(1)
@@ -75,7 +75,6 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
              step(recall_probes(model, task, prompts=prompts))]
     facts = pd.concat(parts, axis=1)
     facts[columns.LABEL] = rule.label(facts)
-    facts = facts.reset_index()
     head_tokens = head_token_table(model, task, prompts=prompts)
     heads = step(denoising_scores(model, task, prompts=prompts)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
@@ -128,13 +127,16 @@ def _abbreviate(tokens: list[str], keep: int = 6) -> str:
 
 
 def write(located: Located, out: Path, task: FactualRecallTask) -> None:
-    write_csv(out / "facts.csv", located.facts)
+    """facts.csv (subject, relation, answer as its first columns), heads.csv, head_tokens.csv,
+    summary.json and the figures in `out`."""
+    facts = located.facts.reset_index()
+    write_csv(out / "facts.csv", facts)
     write_csv(out / "heads.csv", located.heads)
     write_csv(out / "head_tokens.csv", located.head_tokens.reset_index())
     write_summary(out / "summary.json", located.summary.to_json())
-    plots.labels_per_relation(located.facts, out / "labels_per_relation.png")
+    plots.labels_per_relation(facts, out / "labels_per_relation.png")
     plots.head_token_heatmap(located.head_tokens, out / "head_tokens.png")
-    plots.margin_scatter(located.facts, out / "margins.png")
+    plots.margin_scatter(facts, out / "margins.png")
 
 
 def parser():

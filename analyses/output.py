@@ -1,6 +1,7 @@
 """Results written to disk atomically (temporary name, then rename)."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -10,7 +11,15 @@ from models.checkpoint import atomic_write, write_json
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    """`frame` as CSV; a cell holding a list or a dict (a sweep row's runs, say) written as JSON."""
+    nested = {c: frame[c].map(_json_if_nested) for c in frame.columns
+              if frame[c].dtype == object and frame[c].map(lambda v: isinstance(v, (list, dict, tuple))).any()}
+    frame = frame.assign(**nested) if nested else frame
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def _json_if_nested(value):
+    return json.dumps(value) if isinstance(value, (list, dict, tuple)) else value
 
 
 def write_summary(path: Path, summary: dict) -> None:

@@ -7,27 +7,32 @@ facts (one per storage label found, circuitsvis's inline script), the MLP units 
 those facts' answers (a heat map and circuitsvis's neuron view) and, when the checkpoint
 has snapshots, the hallucination analysis (CKPT/analysis/hallucination).
 
-Both analyses' results are read from CKPT/analysis/ when they are there (locate_facts:
-when they describe the final weights); otherwise, or with --fresh, the analysis runs
-first with its default settings and writes them there. Figures are embedded, so
-index.html is the whole report: it fetches nothing and opens from any folder.
+Both analyses run with their default settings (locate_facts on the final weights). Their
+results are written beside the report: in CKPT/analysis/ by default, in DIR/ with --out DIR.
+Results recorded there, or where the analyses write by default (CKPT/analysis/NAME), are
+reused when their settings are the report's (it says which it reuses); otherwise, or with
+--fresh, the analysis runs. Figures are embedded, so index.html is the whole report: it
+fetches nothing and opens from any folder.
 """
 from __future__ import annotations
 
 import base64
 import html
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 
 from analyses import cli, hallucination, locate_facts
+from analyses.locate_facts import LocateSettings
+from analyses.sweep import setting_changes
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
 from probe import columns
-from probe.storage import LABELS
+from probe.phases import PhaseRule
+from probe.storage import LABELS, StorageRule
 
 LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
                   "margins.png": "Per fact: logit margin written by attention vs by the MLP",
@@ -41,16 +46,40 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e}); rerun with --fresh.") from None
 
 
-def located_results(ckpt: Path, model, task, fresh: bool = False, progress: bool = True) -> Path:
-    """The folder of locate_facts results for the final weights: CKPT/analysis/locate_facts,
-    computed (and written there) when absent, made for a snapshot, or `fresh` is asked."""
-    folder = ckpt / "analysis" / "locate_facts"
-    summary = folder / "summary.json"
-    if fresh or not summary.is_file() or _read_json(summary).get("step") is not None:
-        located = locate_facts.locate(model, task, progress=progress)
-        located = replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
-        locate_facts.write(located, folder, task)
-    return folder
+def recorded_results(name: str, folders: list[Path], wanted: dict, fresh: bool, say) -> Path | None:
+    """The first of `folders` whose summary.json records `wanted` (each key's value; a
+    locate_facts `settings` compared without its device), saying so; None, saying why, when
+    none does or `fresh` is asked."""
+    if fresh:
+        return None
+    for folder in dict.fromkeys(folders):
+        if not (folder / "summary.json").is_file():
+            continue
+        recorded = _read_json(folder / "summary.json")
+        if isinstance(recorded.get("settings"), dict):
+            recorded["settings"] = {k: v for k, v in recorded["settings"].items() if k != "device"}
+        differing = setting_changes({k: recorded.get(k) for k in wanted}, wanted)
+        if not differing:
+            say(f"{name}: reusing {folder} (the same settings)")
+            return folder
+        say(f"{name}: not reusing {folder} ({'; '.join(differing)})")
+    return None
+
+
+def located_results(ckpt: Path, model, task, into: Path, fresh: bool = False, progress: bool = True,
+                    say=print) -> Path:
+    """The folder of locate_facts results for the final weights with the default settings:
+    recorded ones (`into`, or CKPT/analysis/locate_facts) when their settings match, else
+    computed and written to `into`."""
+    settings = {**asdict(LocateSettings()), "rule": asdict(StorageRule())}
+    wanted = {"step": None, "settings": settings}
+    found = recorded_results("locate_facts", [into, ckpt / "analysis" / "locate_facts"], wanted, fresh, say)
+    if found is not None:
+        return found
+    located = locate_facts.locate(model, task, progress=progress)
+    located = replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
+    locate_facts.write(located, into, task)
+    return into
 
 
 def facts_to_show(facts: pd.DataFrame) -> list[tuple[int, int]]:
@@ -123,15 +152,19 @@ def locate_section(folder: Path) -> str:
     return "\n".join(parts)
 
 
-def hallucination_results(ckpt: Path, device: str = "auto", fresh: bool = False, progress: bool = True) -> Path | None:
-    """The folder of the hallucination analysis, CKPT/analysis/hallucination, computed (and
-    written there) when absent or `fresh` is asked; None without snapshots."""
+def hallucination_results(ckpt: Path, into: Path, device: str = "auto", fresh: bool = False,
+                          progress: bool = True, say=print) -> Path | None:
+    """The folder of the hallucination analysis with the default settings: recorded results
+    (`into`, or CKPT/analysis/hallucination) when their settings match, else computed and
+    written to `into`; None without snapshots."""
     if not snapshot_steps(ckpt):
         return None
-    folder = ckpt / "analysis" / "hallucination"
-    if fresh or not (folder / "summary.json").is_file():
-        hallucination.write(hallucination.follow(ckpt, device=device, progress=progress), folder)
-    return folder
+    wanted = {"settings": asdict(hallucination.HallucinationSettings()), "rule": asdict(PhaseRule())}
+    found = recorded_results("hallucination", [into, ckpt / "analysis" / "hallucination"], wanted, fresh, say)
+    if found is not None:
+        return found
+    hallucination.write(hallucination.follow(ckpt, device=device, progress=progress), into)
+    return into
 
 
 def hallucination_section(folder: Path | None) -> str:
@@ -159,14 +192,16 @@ def hallucination_section(folder: Path | None) -> str:
 
 
 def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fresh: bool = False,
-          seed: int = 0, progress: bool = True) -> str:
-    """The report page (HTML) of a checkpoint."""
+          seed: int = 0, progress: bool = True, analyses: Path | None = None, say=print) -> str:
+    """The report page (HTML) of a checkpoint; the analyses it needs are read from, or
+    written to, `analyses`/locate_facts and `analyses`/hallucination (default CKPT/analysis)."""
     ckpt = Path(ckpt)
+    analyses = ckpt / "analysis" if analyses is None else Path(analyses)
     model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
     given = parse_facts(facts, task) if facts else None  # refused before anything is written
-    folder = located_results(ckpt, model, task, fresh, progress)
-    dynamics = hallucination_results(ckpt, device, fresh, progress)
+    folder = located_results(ckpt, model, task, analyses / "locate_facts", fresh, progress, say)
+    dynamics = hallucination_results(ckpt, analyses / "hallucination", device, fresh, progress, say)
     located = pd.read_csv(folder / "facts.csv")
     chosen = given or facts_to_show(located)
     labels = {(int(s), int(r)): label for s, r, label in
@@ -186,14 +221,16 @@ def parser():
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help="facts whose attention to show (default: the first fact of each storage label found)")
     p.add_argument("--fresh", action="store_true",
-                   help="rerun locate_facts and the hallucination analysis even when their results are there")
+                   help="rerun locate_facts and the hallucination analysis even when results with the same "
+                        "settings are recorded")
     return p
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     out = cli.out_dir(args, "CKPT/analysis/report")
-    text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet)
+    analyses = None if args.out is None else out  # beside the report: CKPT/analysis/, or DIR/ with --out
+    text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet, analyses=analyses)
     write_text(out / "index.html", text)
     print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)")
     return 0

@@ -20,9 +20,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from models.checkpoint import write_json
+from models.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -162,12 +161,15 @@ class Cells:
     """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json
     holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
     computes with, when it is not 1 (settings.json written before it was a setting lacks it,
-    and reads as 1). A directory holding another sweep (other settings) is refused when this
-    is built, before anything is written. With `keep_checkpoints`, the cells that train a
-    model keep it as a checkpoint in DIR/checkpoints/KEY/ (`checkpoint`); that choice changes
-    no row, so it is not a setting, and a cell recorded earlier is not retrained for it."""
+    and reads as 1). `earlier`: the same settings as an earlier version of the sweep recorded
+    them; such a directory resumes too. A directory holding another sweep (other settings) is
+    refused when this is built, before anything is written, naming each setting that differs.
+    With `keep_checkpoints`, the cells that train a model keep it as a checkpoint in
+    DIR/checkpoints/KEY/ (`checkpoint`); that choice changes no row, so it is not a setting,
+    and a cell recorded earlier is not retrained for it."""
 
-    def __init__(self, out: Path, settings: dict, torch_threads: int = 1, keep_checkpoints: bool = False):
+    def __init__(self, out: Path, settings: dict, torch_threads: int = 1, earlier: tuple[dict, ...] = (),
+                 keep_checkpoints: bool = False):
         self.out, self.dir = Path(out), Path(out) / "cells"
         self.keep_checkpoints = keep_checkpoints
         threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
@@ -178,7 +180,7 @@ class Cells:
                 recorded = json.loads(path.read_text())
             except json.JSONDecodeError:
                 recorded = None
-            if recorded != self.settings:
+            if recorded not in (self.settings, *json.loads(json.dumps([{**e, **threads} for e in earlier]))):
                 raise ValueError(f"{out} holds a sweep with other settings ({path}{_differing(recorded, self.settings)}"
                                  "); choose another --out, or delete it to start over.")
         self.computed = 0  # cells recorded (not read back) by this process
@@ -220,11 +222,36 @@ def _file_name(key: str) -> str:
 
 
 def _differing(recorded, settings: dict) -> str:
-    """', differing: a, b' for the top-level settings that differ ('' when none can be named)."""
-    if not isinstance(recorded, dict):
-        return ""
-    names = sorted(k for k in {**recorded, **settings} if recorded.get(k, "absent") != settings.get(k, "absent"))
-    return f"; differing: {', '.join(names)}" if names else ""
+    """'; differing: run.train.steps: recorded 3000, now 50; ...' for each setting that differs
+    ('' when none can be named)."""
+    changes = setting_changes(recorded, settings) if isinstance(recorded, dict) else []
+    return f"; differing: {'; '.join(changes)}" if changes else ""
+
+
+def setting_changes(recorded: dict, settings: dict) -> list[str]:
+    """'NAME: recorded OLD, now NEW' for each setting that differs (nested settings by their
+    dotted path, values as JSON)."""
+    was, now = _flat(recorded), _flat(settings)
+    return [f"{name}: recorded {_shown(was, name)}, now {_shown(now, name)}"
+            for name in sorted(was.keys() | now.keys()) if was.get(name, _ABSENT) != now.get(name, _ABSENT)]
+
+
+_ABSENT = object()  # a setting one side does not record
+
+
+def _shown(settings: dict, name: str) -> str:
+    return json.dumps(settings[name]) if name in settings else "(absent)"
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    """Nested settings as {dotted path: value}."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 # ------------------------------------------------------------------ the engine
@@ -313,8 +340,8 @@ class _Bar:
     def __init__(self, desc: str, total: int | None, executor, progress: bool):
         self.executor, self.start, self.computed = executor, time.perf_counter(), 0
         shape = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" if total else "{n_fmt}"
-        self.tqdm = tqdm(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
-                         bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
+        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
+                                 bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
 
     def done(self, computed: bool, n: int = 1) -> None:
         self.computed += n * computed

@@ -147,10 +147,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    from tqdm.auto import tqdm
+    from models.progress import progress_bar
 
     todo = [(h, m, s, v) for h, m in args.cells for s in args.seeds for v in args.variants]
-    for h, m, s, v in tqdm(todo, desc="runs", unit="run"):
+    for h, m, s, v in progress_bar(todo, desc="runs", unit="run"):
         path = args.out / "runs" / f"H{h}_m{m}_seed{s}_{v}.json"
         if not path.exists():
             write_json(path, run_row(h, m, s, v, args.steps))

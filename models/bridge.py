@@ -51,8 +51,10 @@ def bridge_config(section: ModelSection):
 
 def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
                  task=None):
-    """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode;
-    with `task`, its vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens)."""
+    """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode,
+    its parameters with gradients on as TransformerLens gives them (the toolkit's instruments
+    run without gradients: under torch.inference_mode or torch.no_grad); with `task`, its
+    vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens)."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -61,8 +63,6 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
         model = TransformerBridge.boot_native(bridge_config(section), device=torch.device(device))
     load_weights(model, weights)
     model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
     if section.attention == "linear":
         _make_attention_linear(model)
     if task is not None:

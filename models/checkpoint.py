@@ -72,6 +72,8 @@ def read_envelope(ckpt: str | Path) -> dict:
         raise CheckpointError(f"{ckpt}: not a checkpoint directory "
                               f"({'not a directory' if ckpt.exists() else 'no such directory'}).")
     path = ckpt / "config.json"
+    if not path.is_file() and (ckpt / "run.json").is_file():
+        raise CheckpointError(interrupted_run(ckpt))
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (every checkpoint needs config.json).")
     try:
@@ -173,12 +175,28 @@ def read_weights(path: str | Path, section: ModelSection) -> dict[str, torch.Ten
     return weights
 
 
+def interrupted_run(ckpt: Path) -> str:
+    """What to do with a directory models.train started (run.json) and never finished (no
+    config.json): resume it; no weights can be read before."""
+    from models.train_state import complete_steps, state_dir  # it imports this module
+
+    saved = complete_steps(state_dir(ckpt))
+    state = (f"its training state is saved at step {saved[-1]}" if saved else "no training state was saved yet")
+    return (f"{ckpt}: a training run that was interrupted before it wrote its checkpoint (run.json, no config.json; "
+            f"{state}, readable once the run finishes); resume it with `python -m models.train --resume {ckpt}`.")
+
+
 def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None = None) -> Checkpoint:
     """A validated checkpoint of any task kind (or only `kind`): the final weights, or those
-    of snapshot `step`."""
+    of snapshot `step` (a step without a snapshot is refused, naming the steps there are)."""
     config, task = read_config(ckpt, kind)
     ckpt = Path(ckpt)
     file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
+    if step is not None and not file.is_file():
+        steps = snapshot_steps(ckpt)
+        there = (f"its snapshots are at steps {', '.join(map(str, steps))}" if steps else
+                 "it has no snapshots (train with --snapshots-per-octave N to write them)")
+        raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
     section = ModelSection.from_json(config["model"])  # checked by read_config
     return Checkpoint(ckpt, config, section, task, read_weights(file, section))
 

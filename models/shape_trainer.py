@@ -7,13 +7,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from models.bridge import resolve_device
 from models.config import RunConfig
 from models.forward import has_positions
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
+from models.progress import progress_bar
 from models.section import ModelSection
 from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
 from models.subnormals import flushed, flushing
@@ -116,8 +116,8 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
     """Step until every run has stopped; each run snapshots, evaluates and stops on its own
     schedule, as its train() would."""
     attention = state.cells[0].run.model.attention
-    bar = tqdm(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
-               desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
+    bar = progress_bar(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
+                       desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
     while True:
         active = [c for c in state.cells if c.stopped is None]
         for cell in active:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
@@ -27,6 +26,7 @@ from models.config import RunConfig
 from models.forward import has_positions, last_position_logits
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
+from models.progress import progress_bar
 from models.section import ModelSection
 from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
@@ -168,8 +168,8 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
     evaluating every eval_every steps and taking the scheduled snapshots."""
     cfg, runs = state.run.train, state.run.train.runs
     K = len(runs)
-    bar = tqdm(total=cfg.steps, initial=state.step, disable=not progress, desc=f"training {K} model{'s' * (K > 1)}",
-               unit="step")
+    bar = progress_bar(total=cfg.steps, initial=state.step, disable=not progress,
+                       desc=f"training {K} model{'s' * (K > 1)}", unit="step")
     while True:
         if state.step in state.schedule and state.step not in state.snapshots:
             _snapshot(state, state_folder)

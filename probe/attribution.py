@@ -12,6 +12,7 @@ from probe.stats import ratio_with_interval, with_interval
 from tasks.factual_recall import Batch, FactualRecallTask
 
 
+@torch.no_grad()  # reads the weights; no gradient to keep
 def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
                              prompts: FactPrompts | None = None) -> pd.DataFrame:
     """Per fact (indexed by the fact), in logit units averaged over contexts (each with a

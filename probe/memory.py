@@ -28,6 +28,7 @@ def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int 
     return {k: prompts.per_fact(v).mean(1) for k, v in attention_masses(model, task, prompts=prompts).items()}
 
 
+@torch.no_grad()  # reads the weights; no gradient to keep
 def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Tensor]) -> torch.Tensor:
     """The residual the MLP reads at EOS [F, d] when each head h puts attention alpha[k]
     [F, H] on the subject, the relation, EOS and the noise: the EOS embedding and position,
@@ -47,6 +48,7 @@ def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Te
     return e_eos + write + bias
 
 
+@torch.no_grad()  # reads the weights; no gradient to keep
 def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
                   prompts: FactPrompts | None = None) -> pd.DataFrame:
     """Per fact (indexed by the fact): `ov_probe_head<h>` and `ov_probe` (heads summed),

@@ -15,13 +15,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analyses.capacity import authors_line, memory_report
 from analyses.sweep import Cells, largest_passing
 from models.bridge import resolve_device
 from models.cli import comma_list, run_cli
 from models.memories import MemoryConfig, fit
+from models.progress import progress_bar
 
 SEEDS = (0, 1, 11, 111, 42)
 REL_TOL = 0.01
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                 **{k: v for k, v in asdict(configs[0]).items() if k not in ("d", "m")}}
     cells = Cells(args.out, settings)
     rows = []
-    with tqdm(desc="memory probes", unit="probe", disable=args.quiet) as bar:
+    with progress_bar(desc="memory probes", unit="probe", disable=args.quiet) as bar:
         for cfg in configs:
             for seed in args.seeds:
                 n_star = capacity(cfg, seed, cells, device, bar)

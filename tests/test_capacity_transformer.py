@@ -1,6 +1,7 @@
 """Transformer capacity (`analyses.capacity transformer`), pruning and the tradeoff CLI."""
 import itertools
 import json
+import re
 from dataclasses import replace
 
 import pandas as pd
@@ -121,6 +122,10 @@ def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["paper_line"]["facts_per_parameter"] == 0.15 and summary["sizes"]["skipped"] == []
     assert len(pd.read_csv(tmp_path / "probes.csv")) == len(list((tmp_path / "cells").glob("*.json")))
+    assert "facts per parameter (geometric mean over 64 to 11000 facts): n/a, no size inside the window" in out
+    probes = pd.read_csv(tmp_path / "probes.csv")  # the runs column in JSON, as the cells record it
+    recorded = sorted(json.dumps(json.loads(c.read_text())["runs"]) for c in (tmp_path / "cells").glob("*.json"))
+    assert sorted(json.dumps(json.loads(r)) for r in probes["runs"]) == recorded
     assert json.loads((tmp_path / "settings.json").read_text())["model"] == {"parameterisation": "authors",
                                                                             "embedding": "gaussian"}
     for cell in (tmp_path / "cells").glob("*.json"):  # each learning rate's best accuracy and its curve
@@ -224,12 +229,57 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     assert (tmp_path / "grid.png").is_file()
 
 
+@pytest.mark.parametrize("shape", [["--widths", "4"], ["--attn-only"]], ids=["one cell", "attention-only"])
+def test_a_one_row_grid_writes_its_tables_and_figure(shape, tmp_path):
+    import pandas as pd
+
+    from analyses.tradeoff import main
+
+    assert main(["grid", "--heads", "1,2", *shape, *TINY, "--steps", "10", "--out", str(tmp_path)]) == 0
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    width = 0 if "--attn-only" in shape else 4  # an attention-only cell has no MLP: m = 0
+    assert grid["width"].tolist() == [width, width] and (tmp_path / "grid.png").is_file()
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["heads"] == [1, 2] and settings["widths"] == [width]
+    assert not {"n_heads", "d_mlp"} & set(settings["run"]["model"])  # the grid sets them per cell
+
+
+def test_a_grid_recorded_with_the_presets_heads_and_width_resumes(tmp_path, capsys):
+    from analyses.tradeoff import main
+
+    argv = ["grid", "--heads", "2", "--widths", "4", *TINY, "--steps", "10", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    settings = json.loads((tmp_path / "settings.json").read_text())  # as grids recorded it before
+    settings["run"]["model"] = {"d_model": 32, "n_heads": 8, "d_head": 8, "d_mlp": 64,
+                                **settings["run"]["model"]}
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    capsys.readouterr()
+    assert main(argv) == 0 and "(0 new cells)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["grid", "--n-heads", "4"], "--n-heads is not used by `grid`: the grid sets H from --heads"),
+    (["grid", "--d-mlp", "4"], "--d-mlp is not used by `grid`"),
+    (["grid", "--attn-only", "--widths", "4"], "--widths is not used by `grid`: an attention-only grid has no MLP"),
+    (["swap", "--attn-only"], "--attn-only is not used by `swap`"),
+    (["shrink", "--ckpt", "x", "--steps", "5"], "--steps is not used by `shrink`: --ckpt fixes the model"),
+])
+def test_a_flag_the_subcommand_does_not_use_is_refused(argv, problem, tmp_path):
+    from analyses.tradeoff import main
+
+    small = ["--heads", "1", *TINY, "--steps", "1"] if argv[0] == "grid" else [*TINY, "--steps", "1"]
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        main([*argv, *(small if argv[0] != "shrink" else []), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
     import pandas as pd
 
     from analyses.tradeoff import main
 
-    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *TINY, "--out", str(tmp_path)]) == 0
+    locating = ["--contexts", "2", "--patch-contexts", "1", "--device", "cpu", "--quiet"]  # --ckpt: the rest is fixed
+    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *locating, "--out", str(tmp_path)]) == 0
     facts = pd.read_csv(tmp_path / "shrink_facts.csv")
     steps = facts.groupby("component")["removed"].unique().apply(sorted).to_dict()
     assert steps == {"mlp": [0, 32, 64], "heads": [1, 2, 3, 4]}

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from models import CheckpointError, ModelSection, build_bridge, load, load_checkpoint
 from models.aot.config import AoTModelConfig
-from models.checkpoint import read_metrics, snapshot_steps
+from models.checkpoint import read_metrics, snapshot_steps, write_json
 from models.config import ModelConfig, TaskConfig
 from models.trainer import EVAL_SEED
 from tasks.association import AssociationTask
@@ -174,3 +174,24 @@ def test_checkpoints_written_before_the_aot_package_still_load(name):
             loss, accuracy = scores["loss"].item(), scores["accuracy"].item()
     assert loss == pytest.approx(training["final_loss"], abs=1e-5)
     assert accuracy == pytest.approx(training["final_accuracy"])
+
+
+def test_a_step_without_a_snapshot_is_refused_naming_the_steps_there_are(tiny_ckpt):
+    steps = snapshot_steps(tiny_ckpt)
+    assert len(steps) > 2 and 17 not in steps
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tiny_ckpt, step=17)
+    assert f"no snapshot of step 17; its snapshots are at steps {', '.join(map(str, steps))}." in str(refused.value)
+
+
+def test_an_interrupted_run_is_named_with_its_resume_command(tmp_path):
+    """A run killed before its checkpoint: run.json and train_state/ only."""
+    ckpt = tmp_path / "killed"
+    write_json(ckpt / "run.json", {"preset": "tiny"})
+    for step in (4, 8):
+        write_json(ckpt / "train_state" / f"step_{step:08d}.json", {"step": step})
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(ckpt)
+    message = str(refused.value)
+    assert "interrupted" in message and "saved at step 8" in message and "\n" not in message
+    assert f"`python -m models.train --resume {ckpt}`" in message

@@ -2,6 +2,9 @@
 import subprocess
 import sys
 
+import pandas as pd
+import pytest
+
 
 def test_importing_and_drawing_leave_the_backend_alone(tmp_path):
     """A notebook that imports an analysis and writes its figures still shows its own
@@ -19,3 +22,24 @@ print(matplotlib.get_backend())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "svg"
     assert (tmp_path / "labels.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_grid_figure_counts_parameters_as_grid_csv_and_draws_the_authors_line_in_them():
+    """Axes labelled with the paper's counts (attention 4 H d_h d, MLP 2 m d) as in grid.csv;
+    the authors' frontier d m = 2300 - d d_h H / 2 in those counts: 2 m d = 4600 - 4 H d_h d / 4."""
+    from analyses.output import subplots
+    from analyses.tradeoff.figures import heat_map, paper_lines
+
+    d, d_h = 32, 8
+    table = pd.DataFrame([{"heads": h, "width": m, "accuracy": 1.0, "attention_parameters": 4 * h * d_h * d,
+                           "mlp_parameters": 2 * m * d} for h in (4, 8) for m in (32, 64)])
+    _, ax = subplots()
+    heat_map(ax, table, "accuracy", "viridis", (0, 1), dark=lambda v: False)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["4 (4096)", "8 (8192)"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["32 (2048)", "64 (4096)"]
+    paper_lines(ax, table)
+    floor, frontier = ax.lines[0], ax.lines[1]
+    assert floor.get_ydata()[0] == 0.25  # 1280 d d_h H, i.e. H = 5: a quarter of the way from row H = 4 to 8
+    # at H = 4 the authors' MLP count d m = 2300 - 512 = 1788, m = 55.9: between the columns 32 and 64
+    x, y = frontier.get_xdata(), frontier.get_ydata()
+    assert x[0] == pytest.approx((1788 / d - 32) / 32) and y[0] == 0

@@ -1,6 +1,7 @@
 """The hallucination phase: metrics, phase detection, the linear-attention model and the CLI."""
 import json
 import math
+import shutil
 from dataclasses import replace
 
 import pandas as pd
@@ -9,7 +10,7 @@ import torch
 
 from analyses import hallucination
 from models.bridge import build_bridge, load
-from models.checkpoint import write_checkpoint
+from models.checkpoint import CheckpointError, write_checkpoint
 from models.presets import preset
 from models.trainer import train
 from models.weights import init_weights, trainable_keys
@@ -229,3 +230,15 @@ def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
 def test_load_reads_linear_checkpoints(fig5_fast):
     model, task = load(fig5_fast, "cpu")
     assert task.answers_per_relation == 8 and model.cfg.d_head == task.d_vocab + task.d_vocab_out
+
+
+def test_a_damaged_snapshot_is_refused_before_any_is_measured(tiny_ckpt, tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, ckpt)
+    last = sorted((ckpt / "snapshots").iterdir())[-1]
+    last.write_bytes(b"not a safetensors file")
+    measured = []
+    monkeypatch.setattr(hallucination, "recall_metrics", lambda *a: measured.append(a) or {})
+    with pytest.raises(CheckpointError, match=f"{last}: not a valid safetensors file"):
+        hallucination.main([str(ckpt), "--device", "cpu", "--quiet", "--eval-size", "64"])
+    assert measured == [] and not (ckpt / "analysis").exists()

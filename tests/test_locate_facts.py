@@ -14,6 +14,7 @@ from models.config import RunConfig, override
 from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.presets import preset
 from models.trainer import train
+from probe import columns
 from probe.prompts import fact_batch
 from tests.conftest import quick
 
@@ -131,7 +132,8 @@ def documented_columns(n_heads: int, mlp: bool) -> list[str]:
 def test_facts_have_the_documented_columns(fixture, request):
     model, _, located = request.getfixturevalue(fixture)
     expected = documented_columns(model.cfg.n_heads, mlp=not model.cfg.attn_only)
-    assert list(located.facts.columns) == expected
+    assert located.facts.index.names == list(columns.FACT)  # the instruments' index: one fact a row
+    assert list(located.facts.reset_index().columns) == expected
 
 
 def test_locate_builds_the_prompts_once(attention_construction, monkeypatch):

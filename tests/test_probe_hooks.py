@@ -96,3 +96,25 @@ def test_memory_probe_residual_is_the_mean_residual_the_mlp_reads(model_and_task
     ideal = idealised_residual(uniform, task, fact_attention(uniform, task, contexts))
     scale = measured.norm(dim=-1).mean()
     assert (ideal - measured).norm(dim=-1).max() < 0.05 * scale
+
+
+def test_a_loaded_model_takes_a_backward_through_a_hook(tiny_ckpt):
+    """models.load gives gradients as TransformerLens does: a loss through a hooked
+    activation back-propagates to that activation and to the weights."""
+    from models import load
+
+    model, task = load(tiny_ckpt, device="cpu")
+    batch = fact_batch(task, 1, seed=0)
+    kept = {}
+
+    def keep(z, hook):  # [batch, pos, head, d_head]
+        z.retain_grad()
+        kept["z"] = z
+        return z
+
+    logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(HOOK_Z, keep)])[:, -1]  # [batch, answer]
+    loss = torch.nn.functional.cross_entropy(logits, batch.answers)
+    loss.backward()
+    assert kept["z"].grad is not None and kept["z"].grad.abs().sum() > 0
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    assert grads and all(g is not None for g in grads.values()), [n for n, g in grads.items() if g is None]

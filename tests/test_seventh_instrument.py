@@ -34,7 +34,7 @@ def test_the_example_instrument_is_short_and_joins_locate_s_facts(tiny_result):
     assert measured.equals(answer_logit(model, task, contexts=4))  # its own prompts are the same prompts
 
     located = locate(model, task, contexts=4, patch_contexts=1, progress=False)
-    joined = located.facts.join(measured, on=list(columns.FACT))
+    joined = located.facts.join(measured)  # both indexed by the fact
     assert len(joined) == task.n_facts and joined["answer_logit"].notna().all()
 
     full = hooked_last_logits(model, prompts.batch.tokens)  # [n, O] the whole prompts, run again

@@ -33,7 +33,7 @@ def planned(attention_logit=5.0, mlp_logit=5.0):
 def test_every_fact_gets_its_planned_label_at_any_write_ratio(attention_logit, mlp_logit):
     model, plan = planned(attention_logit, mlp_logit)
     facts = locate(model, TASK, **SMALL).facts
-    planned_labels = [EXPECTED[plan[s][r]] for s, r in zip(facts.subject, facts.relation)]
+    planned_labels = [EXPECTED[plan[s][r]] for s, r, _ in facts.index]
     assert facts["label"].tolist() == planned_labels
     both = facts[facts["label"] == "both"]
     assert len(both) == 12 and (both["attention_path_accuracy"] == 1).all() and (both["mlp_path_accuracy"] == 1).all()

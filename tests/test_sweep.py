@@ -159,6 +159,23 @@ def test_torch_threads_are_recorded_when_not_1_and_a_resume_must_keep_them(tmp_p
             Cells(tmp_path / out, {"sweep": "s"}, torch_threads=threads)
 
 
+def test_a_resume_with_other_settings_names_each_setting_and_both_values(tmp_path):
+    recorded = {"analysis": "grid", "run": {"train": {"steps": 3000, "lr": [0.01]}, "model": {"d_model": 32}}}
+    Cells(tmp_path, recorded).record("a", {"x": 1})
+    changed = {"analysis": "grid", "run": {"train": {"steps": 50, "lr": [0.01]}, "model": {"d_model": 32, "d_head": 4}}}
+    with pytest.raises(ValueError) as refused:
+        Cells(tmp_path, changed)
+    assert "differing: run.model.d_head: recorded (absent), now 4; run.train.steps: recorded 3000, now 50" in str(
+        refused.value)
+
+
+def test_settings_an_earlier_version_recorded_resume(tmp_path):
+    Cells(tmp_path, {"sweep": "s", "n_heads": 8}).record("a", {"x": 1})
+    assert Cells(tmp_path, {"sweep": "s"}, earlier=({"sweep": "s", "n_heads": 8},)).recorded("a") == {"x": 1}
+    with pytest.raises(ValueError, match="n_heads: recorded 8, now"):
+        Cells(tmp_path, {"sweep": "s"}, earlier=({"sweep": "s", "n_heads": 4},))
+
+
 # ------------------------------------------------------------------ Ray
 @pytest.fixture(scope="module")
 def ray_cluster():

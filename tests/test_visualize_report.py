@@ -132,9 +132,11 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert all(f"stored in: {label}</h3>" in page for label in labels)
 
     # results on disk are read, not recomputed
+    recorded = json.loads((dynamics / "summary.json").read_text())
     (dynamics / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45,
                                                                  "plateau_loss": 1.3862},
-                                                       "log_D": 1.3862943611198906}))
+                                                       "log_D": 1.3862943611198906, "rule": recorded["rule"],
+                                                       "settings": recorded["settings"]}))
     stamp = os.stat(located / "summary.json").st_mtime_ns
     page = report.build(ckpt, "cpu", facts="0:0", progress=False)
     assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
@@ -142,6 +144,27 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert page.count(PNG) == 5
     assert len(re.findall(r'id="circuits-vis-', page)) == 2  # the attention view of 0:0, the neuron view
     assert "Absent: the checkpoint has no snapshots" in report.hallucination_section(None)
+
+
+def test_report_out_holds_what_it_computes_and_reuses_results_of_the_same_settings(ckpt, tmp_path, capsys):
+    from analyses import hallucination, locate_facts
+
+    fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
+    assert locate_facts.main([str(fresh), "--device", "cpu", "--quiet"]) == 0  # the report's settings
+    assert hallucination.main([str(fresh), "--device", "cpu", "--quiet", "--eval-size", "64"]) == 0  # not them
+    before = sorted((p, p.stat().st_mtime_ns) for p in (fresh / "analysis").rglob("*"))
+    capsys.readouterr()
+    out = tmp_path / "report"
+    assert report.main([str(fresh), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert f"locate_facts: reusing {fresh / 'analysis' / 'locate_facts'} (the same settings)" in said
+    assert (f"hallucination: not reusing {fresh / 'analysis' / 'hallucination'} "
+            "(settings.eval_size: recorded 64, now 2048)") in said
+    assert sorted((p, p.stat().st_mtime_ns) for p in (fresh / "analysis").rglob("*")) == before  # nothing written
+    assert (out / "index.html").is_file() and (out / "hallucination" / "summary.json").is_file()
+    assert not (out / "locate_facts").exists()
+    assert report.main([str(fresh), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
+    assert f"hallucination: reusing {out / 'hallucination'} (the same settings)" in capsys.readouterr().out
 
 
 def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):

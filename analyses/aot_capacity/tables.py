@@ -104,12 +104,12 @@ def add_head_roles(result: AotCapacity, out: Path, task: AssociationTask, device
 def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str, progress: bool):
     """head_roles on every attention-only model of the heads sweep (first seed, every head
     layout), and the key-token table of the largest one of the first layout."""
-    from tqdm.auto import tqdm
+    from models.progress import progress_bar
 
     chosen = runs[(runs.sweep == "heads") & (runs.seed == runs.seed.min())]
     largest = chosen[chosen.head_layout == chosen.head_layout.iloc[0]].n_heads.idxmax()
     frames, table = [], None
-    for index, row in tqdm(list(chosen.iterrows()), desc="head roles", disable=not progress):
+    for index, row in progress_bar(list(chosen.iterrows()), desc="head roles", disable=not progress):
         model, _ = load(out / row.checkpoint, device)
         run = sequences_run(model, task)
         frame = head_roles(model, task, run=run)

@@ -82,7 +82,8 @@ def main(argv=None) -> int:
         if args.seeds and args.seed != 0:
             raise ValueError("--seeds searches the seeds it names; drop --seed.")
         sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
-        cells = Cells(args.out, sweep.recorded(), executor.torch_threads, args.keep_checkpoints)
+        cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
+                      keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)

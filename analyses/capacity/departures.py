@@ -186,7 +186,7 @@ def compare_departures(study: DepartureStudy, sweep: TransformerSweep, out: Path
                        device: str, progress: bool = True, keep_checkpoints: bool = False) -> tuple[pd.DataFrame, dict]:
     """Compute (or read back) every cell, then the table, the verdicts and the files in `out`
     (with `keep_checkpoints`, each cell's model in out/checkpoints/)."""
-    cells = Cells(out, recorded(study, sweep), executor.torch_threads, keep_checkpoints)
+    cells = Cells(out, recorded(study, sweep), executor.torch_threads, keep_checkpoints=keep_checkpoints)
     table = departure_table(run_study(study, sweep, cells, executor, device, progress))
     summary = {"settings": recorded(study, sweep), "variants": list(study.variants), "sizes": list(study.sizes),
                "departures": param.DEPARTURES, "verdicts": verdicts(table),

@@ -292,9 +292,10 @@ def transformer_text(result: Capacity) -> str:
     lo, hi = line["facts_window"]
     lines = [f"sizes searched: {result.summary['searched']}",
              f"facts stored against parameters: fitted slope {num(result.summary['fitted_slope'], '.2f')} (theory 1)",
-             f"facts per parameter (geometric mean over {lo} to {hi} facts): "
-             f"{num(line['over_paper_line'], '.2f')}x the paper's {line['facts_per_parameter']:g}"
-             f" ({num(line['facts_per_parameter_measured'], '.3f')})"]
+             f"facts per parameter (geometric mean over {lo} to {hi} facts): " + (
+                 f"{line['over_paper_line']:.2f}x the paper's {line['facts_per_parameter']:g}"
+                 f" ({line['facts_per_parameter_measured']:.3f})" if line["over_paper_line"] is not None else
+                 f"n/a, no size inside the window (the paper's line: {line['facts_per_parameter']:g})")]
     lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
               f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
     return "\n".join(lines)

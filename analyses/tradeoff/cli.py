@@ -11,7 +11,7 @@ from analyses.tradeoff.compare import compare_grids, compare_text, read_grid, wr
 from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
 from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
-from models.cli import add_config_flags
+from models.cli import add_config_flags, given
 from models.config import ModelConfig, TaskConfig, TrainConfig
 from models.presets import preset
 
@@ -59,10 +59,30 @@ def compare_main(args) -> int:
     return 0
 
 
+# Flags a subcommand takes from the shared task/model/training set but does not use, and why.
+UNUSED = {"grid": {"n_heads": "the grid sets H from --heads", "d_mlp": "the grid sets m from --widths"},
+          "swap": {"attn_only": "the swap trains the model with and without its MLP",
+                   "freeze_ov": "the swap trains the model with and without its OV path frozen"}}
+
+
+def refuse_unused(args) -> None:
+    """Refuse (ValueError, one line) a flag the subcommand would ignore."""
+    unused = dict(UNUSED.get(args.command, {}))
+    if args.command == "grid" and args.attn_only:
+        unused["widths"] = "an attention-only grid has no MLP (its cells are m = 0)"
+    if args.command == "shrink" and args.ckpt:
+        unused.update({name: "--ckpt fixes the model pruned" for config in (TaskConfig, ModelConfig, TrainConfig)
+                       for name in given(args, config) if name != "device"})  # --device runs the cells
+    for name, why in unused.items():
+        if getattr(args, name, None) not in (None, False):
+            raise ValueError(f"{cli.flag(name)} is not used by `{args.command}`: {why}.")
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return compare_main(args)
+    refuse_unused(args)
     locating = cli.settings(args, LocateSettings, seed=args.seed_locate)
     run = base_run(args)  # --device is the training's
     executor = cli.executor(args)
@@ -70,9 +90,10 @@ def main(argv=None) -> int:
     if args.command == "grid":
         grid = cli.settings(args, Grid)
         grid.models(run)  # every cell's model is refused before anything runs
-        cells = Cells(out, sweep_settings("grid", run, locating,
-                                          grid.recorded(run)),
-                      executor.torch_threads, args.keep_checkpoints)
+        per_cell = ("n_heads", "d_mlp")  # set by --heads and --widths, recorded as those
+        earlier = sweep_settings("grid", run, locating, grid.recorded(run))  # grids that recorded the preset's H, m
+        cells = Cells(out, sweep_settings("grid", run, locating, grid.recorded(run), per_cell),
+                      executor.torch_threads, earlier=(earlier,), keep_checkpoints=args.keep_checkpoints)
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)

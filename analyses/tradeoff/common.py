@@ -41,9 +41,12 @@ def base_run(args) -> RunConfig:
     return run
 
 
-def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict) -> dict:
-    """settings.json of a trade-off sweep: what every cell shares."""
-    recorded = {**asdict(run), "model": run.model.recorded()}
+def sweep_settings(command: str, run: RunConfig, locating: LocateSettings, extra: dict,
+                   per_cell: tuple[str, ...] = ()) -> dict:
+    """settings.json of a trade-off sweep: what every cell shares (the model fields each cell
+    sets itself, `per_cell`, left out: `extra` records them)."""
+    model = {k: v for k, v in run.model.recorded().items() if k not in per_cell}
+    recorded = {**asdict(run), "model": model}
     recorded["train"].pop("device")  # where and how it runs does not change what a cell holds
     recorded["train"].pop("cuda_graph")
     if run.train.sampler == "generator":  # the only sampler before the choice existed: those sweeps resume
@@ -59,7 +62,7 @@ def storage_row(model, task, locating: LocateSettings) -> dict:
     located = locate(model, task, **asdict(locating), progress=False)
     s = located.summary
     return {"located_accuracy": s.accuracy, **{f"share_{k}": v for k, v in s.label_shares.items()},
-            "_facts": located.facts[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
+            "_facts": located.facts.reset_index()[[columns.SUBJECT, columns.RELATION, columns.ACCURACY, columns.LABEL]]}
 
 
 def train_and_locate(run: RunConfig, locating: LocateSettings, keep: Path | None = None) -> dict:

@@ -12,8 +12,11 @@ from models.config import RunConfig
 from probe.storage import LABELS
 
 PAPER_GRID = {"n_subjects": 32, "n_relations": 32, "answers_per_relation": 8, "d_model": 32, "d_head": 8}
-PAPER_FLOOR = 1280  # attention parameters (d d_h H at H = 5) below which the authors' grid fails
-PAPER_LINE = 2300  # the authors' frontier: MLP parameters = 2300 - attention parameters / 2
+# The authors' figure counts d d_h H attention and d m MLP parameters, a quarter and a half of the
+# paper's 4 H d_h d and 2 m d used here: their floor of 1280 and frontier d m = 2300 - d d_h H / 2
+# are, in these counts, 5120 attention parameters and MLP = 4600 - attention / 4.
+PAPER_FLOOR = 4 * 1280  # attention parameters (H = 5) below which the authors' grid fails
+PAPER_LINE = 2 * 2300  # the authors' frontier: MLP parameters = PAPER_LINE - attention parameters / 4
 
 
 def paper_grid(task: dict, model: dict) -> bool:
@@ -24,8 +27,8 @@ def paper_grid(task: dict, model: dict) -> bool:
 def grid_figure(table, frontier, path, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
     distributed: recalled only by the two paths together), two by two, H and m labelled with
-    the attention (d d_h H) and MLP (d m) parameters, the measured 99% frontier with the values
-    of its cells written in them (every value is in grid.csv), and, on the paper's Figure 4
+    the attention (4 H d_h d) and MLP (2 m d) parameters, the measured 99% frontier with the
+    values of its cells written in them (every value is in grid.csv), and, on the paper's Figure 4
     right grid, the authors' frontier and floor; the legend below the panels."""
 
     score = accuracy_column(table)
@@ -60,10 +63,10 @@ def frontier_cells(frontier: dict) -> set[tuple[int, int]]:
 
 
 def _axes_of(table):
-    """The grid's H and m (sorted), and their parameters: d d_h H and d m."""
+    """The grid's H and m (sorted), and their parameters as grid.csv counts them: 4 H d_h d and 2 m d."""
     heads, widths = sorted(table["heads"].unique()), sorted(table["width"].unique())
-    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) // 4 for h in heads}  # d d_h H
-    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) // 2 for m in widths}  # d m
+    attention = {h: int(table.loc[table["heads"] == h, "attention_parameters"].iloc[0]) for h in heads}
+    mlp = {m: int(table.loc[table["width"] == m, "mlp_parameters"].iloc[0]) for m in widths}
     return heads, widths, attention, mlp
 
 
@@ -85,7 +88,7 @@ def heat_map(ax, table, column, cmap, limits, numbers=frozenset()):
     ax.set_xticks(range(len(widths)), [f"{m} ({mlp[m]})" for m in widths], fontsize=7,
                   rotation=90 if len(widths) > 6 else 0)
     ax.set_yticks(range(len(heads)), [f"{h} ({attention[h]})" for h in heads], fontsize=7)
-    ax.set(xlabel="MLP width m (MLP parameters d m)", ylabel="heads H (attention parameters d d_h H)")
+    ax.set(xlabel="MLP width m (MLP parameters 2 m d)", ylabel="heads H (attention parameters 4 H d_h d)")
     return image
 
 
@@ -103,8 +106,8 @@ def paper_lines(ax, table):
     ax.axhline(floor, color="k", ls=":", lw=1.2, label=f"authors' floor: {PAPER_FLOOR} attention parameters")
     rows = np.linspace(0, len(heads) - 1, 200)
     at = np.interp(rows, range(len(heads)), [attention[h] for h in heads])
-    cols = np.interp(PAPER_LINE - at / 2, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
-    ax.plot(cols, rows, "k--", lw=1.2, label="authors' frontier: MLP = 2300 - attention / 2")
+    cols = np.interp(PAPER_LINE - at / 4, [mlp[m] for m in widths], range(len(widths)), left=np.nan, right=np.nan)
+    ax.plot(cols, rows, "k--", lw=1.2, label=f"authors' frontier: MLP = {PAPER_LINE} - attention / 4")
 
 
 def stacked_shares(table, path):

@@ -44,11 +44,16 @@ class Grid:
         """What settings.json records of the grid (`stacked` only when on: grids recorded
         before stacks existed resume)."""
         stacked = {"stacked": True} if self.stacked(run) else {}
-        return {"heads": list(self.heads), "widths": list(self.widths), **stacked}
+        return {"heads": list(self.heads), "widths": list(self.widths_of(run)), **stacked}
+
+    def widths_of(self, run: RunConfig) -> tuple[int, ...]:
+        """The m values the grid trains: --widths, or m = 0 alone when the model has no MLP."""
+        return (0,) if run.model.attn_only else self.widths
 
     def models(self, run: RunConfig) -> dict[tuple[int, int], ModelConfig]:
         """The model of each cell (H, m), each refused if it cannot be built."""
-        models = {(h, m): override(run.model, {"n_heads": h, "d_mlp": m}) for h in self.heads for m in self.widths}
+        models = {(h, m): override(run.model, {"n_heads": h} if run.model.attn_only else {"n_heads": h, "d_mlp": m})
+                  for h in self.heads for m in self.widths_of(run)}
         for model in models.values():
             model.validate()
         return models
@@ -92,14 +97,16 @@ def frontier_of(table: pd.DataFrame) -> dict[int, int | None]:
 def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> Result:
     """grid.csv, and the 99% frontier (smallest m reaching 99% at each H) and the corners."""
     table = pd.DataFrame(rows)
+    table["width"] = table["width"].fillna(0).astype(int)  # an attention-only cell: m = 0
     score = accuracy_column(table)
     frontier = frontier_of(table)
+    widths = grid.widths_of(run)
     corners = {name: corner.iloc[0].to_dict()
-               for name, h, m in (("attention_heavy", max(grid.heads), min(grid.widths)),
-                                  ("mlp_heavy", min(grid.heads), max(grid.widths)))
+               for name, h, m in (("attention_heavy", max(grid.heads), min(widths)),
+                                  ("mlp_heavy", min(grid.heads), max(widths)))
                if len(corner := table[(table["heads"] == h) & (table["width"] == m)])}  # recorded ones
     summary = {"frontier_min_width_at_99": frontier, "frontier_accuracy": score, "corners": corners,
-               "task": repr(run.task.build()), "cells": f"{len(table)} of {len(grid.heads) * len(grid.widths)}",
+               "task": repr(run.task.build()), "cells": f"{len(table)} of {len(grid.heads) * len(widths)}",
                "cells_computed": computed}
     return Result({"grid.csv": table}, summary)
 

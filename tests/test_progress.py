@@ -1,0 +1,47 @@
+"""Progress bars only on a terminal, unless FACTUAL_RECALL_PROGRESS asks for them."""
+import io
+
+import pytest
+
+from analyses.sweep import Cell, Cells, one, run_jobs
+from models.progress import ENV
+from tests.test_sweep import Shuffled, threshold_row
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def sweep(tmp_path) -> None:
+    """A sweep of three cells with its progress bar asked for."""
+    jobs = [one(Cell(f"c{i}", threshold_row, (1, i))) for i in range(3)]
+    run_jobs(jobs, Cells(tmp_path, {}), Shuffled(0), progress=True)
+
+
+@pytest.mark.parametrize("stderr, setting, shown", [
+    (io.StringIO, None, False),  # piped to a log
+    (Terminal, None, True),
+    (io.StringIO, "1", True),  # asked for
+    (Terminal, "0", False),
+])
+def test_bars_are_drawn_on_a_terminal_or_when_asked(stderr, setting, shown, tmp_path, monkeypatch):
+    stream = stderr()
+    monkeypatch.setattr("sys.stderr", stream)
+    if setting is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, setting)
+    sweep(tmp_path)
+    assert ("cells done" in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_training_piped_to_a_log_draws_no_bar(monkeypatch, capsys):
+    from models.config import RunConfig, TaskConfig, TrainConfig
+    from models.trainer import train
+
+    monkeypatch.delenv(ENV, raising=False)
+    run = RunConfig(TaskConfig(n_subjects=4, n_relations=2, answers_per_relation=2, n_noise=4, seq_len=4),
+                    train=TrainConfig(steps=3, eval_every=1, eval_size=16, batch_size=16, device="cpu"))
+    train(run, progress=True)
+    assert capsys.readouterr().err == ""
