@@ -85,15 +85,16 @@ def test_shape_sizes_round_down_as_the_authors_do():
 
 
 @pytest.mark.parametrize("probes", [1, 3])
-def test_shape_search_starts_each_size_from_the_previous_sizes_answer(probes):
+def test_shape_search_starts_each_size_from_the_previous_sizes_answer(probes, tmp_path):
     """The authors' warm start: d in increasing order, each search from the last S*; with
     several probes a round asks for that many sizes at once."""
     from analyses.capacity import TransformerSweep, shape_capacity
+    from analyses.sweep import Cells
 
     capacity = {8: 11, 16: 30, 32: 600}  # S* of a noiseless oracle, the last above max_size
     sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512, probes=probes)
     found, asked, rounds = {}, [], []
-    job = shape_capacity((1.0, 1.0, 2.0), sweep, "cpu", found)
+    job = shape_capacity((1.0, 1.0, 2.0), sweep, "cpu", found, Cells(tmp_path, sweep.recorded()))
     try:
         request = next(job)
         while True:

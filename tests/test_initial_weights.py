@@ -9,8 +9,9 @@ import hashlib
 import pytest
 import torch
 
-from models.aot_weights import init_aot_weights
-from models.config import AoTModelConfig, ModelConfig
+from models.aot.config import AoTModelConfig
+from models.aot.weights import init_aot_weights
+from models.config import ModelConfig
 from models.weights import init_weights
 from tasks.association import AssociationTask
 from tasks.factual_recall import FactualRecallTask
