@@ -28,7 +28,7 @@ import torch
 
 from models.config import RunConfig
 from models.section import ModelSection
-from models.weights import shapes
+from models.weights import parameter_count, shapes, trainable_keys
 
 # What a stack's cells may differ in, besides the task (all but its sequence length).
 MODEL_FREE = ("d_model", "n_heads", "d_head", "d_mlp", "init_scale")
@@ -109,3 +109,96 @@ def query_scales(sections: list[ModelSection]) -> torch.Tensor | None:
         return None
     return torch.tensor([1 / math.sqrt(s.d_head) for s in sections])
 
+
+
+# ------------------------------------------------------------------ buckets and memory
+BYTES = 4  # float32
+INDEX_BYTES = 8  # int64 tokens and counter values
+MEMORY_FRACTION = 0.8  # of the free device memory: the default budget on CUDA
+
+
+def run_section(run: RunConfig) -> ModelSection:
+    """The run's config.json model section, at its own task's sizes."""
+    return run.model.checkpoint_section(run.task.build())
+
+
+def stack_bytes(runs: list[RunConfig]) -> int:
+    """An estimate of the device memory (bytes) a stack of `runs` (stackable) holds at its
+    peak (_estimate). Its dominant terms are the [K, H, B, V] attention buffer of the step
+    and of the evaluation (B: batch and held-out size), the weights and Adam's state."""
+    return _estimate([run_section(run) for run in runs], runs)
+
+
+def _estimate(sections: list[ModelSection], runs: list[RunConfig]) -> int:
+    """The device bytes of a stack of `runs`, their model sections given: the weights; the trainable
+    ones' gradients, two Adam moments and gradient masks; Adam's temporaries (three of the
+    largest trainable tensor); and the step's and the evaluation's activations at once (a
+    step captured in a CUDA graph keeps its memory while the evaluation runs)."""
+    counts = [len(run.train.runs) for run in runs]
+    padded, K, cfg = padded_section(sections), sum(counts), runs[0].train
+    shape = shapes(padded)
+    trained = [math.prod(shape[key]) for key in trainable_keys(shape, runs[0].model, cfg.freeze_ov)]
+    weights = sum(math.prod(s) for s in shape.values()) + 4 * sum(trained) + 3 * max(trained, default=0)
+    held_out = K * cfg.eval_size * padded.n_ctx * INDEX_BYTES  # each model's own held-out prompts (at most)
+    return (K * BYTES * weights + held_out + _activation_bytes(padded, K, cfg.batch_size, backward=True)
+            + _activation_bytes(padded, K, cfg.eval_size, backward=False))
+
+
+def _activation_bytes(section: ModelSection, K: int, B: int, backward: bool) -> int:
+    """The largest buffers of one forward (and backward) of K padded models on B prompts:
+    the [K, H, B, V] attention buffer; scores, pattern and their gradients [K, H, B, T]; the
+    key and value tables [K, H, d_h, V] and their gradients; queries, head outputs, residual
+    stream, MLP and logits [K, B, .] and their gradients; the counter values and tokens
+    [K, B, T + 3] (int64, four at once while sampling)."""
+    H, e, V, T = section.n_heads, section.d_head, section.d_vocab, section.n_ctx
+    d, m, O = section.d_model, section.mlp_width, section.d_vocab_out
+    passes = 2 if backward else 1
+    floats = (H * B * V + 2 * passes * H * B * T + 2 * passes * H * e * V
+              + passes * B * (4 * d + 2 * m + 2 * O + 2 * H * e))
+    sampling = 4 * B * (T + 3) * INDEX_BYTES if backward else 0
+    return K * (BYTES * floats + sampling)
+
+
+def default_budget(device: torch.device) -> int | None:
+    """The memory budget of a stack on `device` (bytes): MEMORY_FRACTION of the free memory
+    on CUDA; None (no limit) elsewhere."""
+    if device.type != "cuda":
+        return None
+    return int(MEMORY_FRACTION * torch.cuda.mem_get_info(device)[0])
+
+
+def buckets(runs: list[RunConfig], memory_budget_bytes: int | None = None) -> list[list[int]]:
+    """The runs grouped into stacks, as lists of indices into `runs` (increasing, the stacks
+    ordered by their first run). Runs that
+    can share a stack (stack_differences) are taken largest first (parameters, d, V) and each
+    joins the first stack where, with it, every run keeps at least half the stack's padded
+    size in parameters (the paper's count: 4 H d_h d + 2 m d), in d and in vocabulary V, and
+    the stack's estimated memory (stack_bytes) fits `memory_budget_bytes` (None: no limit);
+    otherwise it starts a stack of its own. A run whose estimate alone exceeds the budget is
+    refused (ValueError): no stack is started that would run out of memory."""
+    sections = [run_section(run) for run in runs]
+    size = {i: (parameter_count(s)["total"], s.d_model, s.d_vocab) for i, s in enumerate(sections)}
+    stacks: list[list[int]] = []
+    for i in sorted(range(len(runs)), key=lambda i: size[i], reverse=True):
+        for members in stacks:
+            if not stack_differences(runs[i], runs[members[0]]) and _fits(members + [i], runs, sections,
+                                                                            memory_budget_bytes):
+                members.append(i)
+                break
+        else:
+            if not _fits([i], runs, sections, memory_budget_bytes):
+                need = _estimate([sections[i]], [runs[i]])
+                raise ValueError(f"run {i} alone needs an estimated {need / 2 ** 30:.2f} GiB, more than the memory "
+                                 f"budget of {memory_budget_bytes / 2 ** 30:.2f} GiB.")
+            stacks.append([i])
+    return sorted(sorted(members) for members in stacks)
+
+
+def _fits(members: list[int], runs: list[RunConfig], sections: list[ModelSection], budget: int | None) -> bool:
+    """Whether runs `members` make a stack: none below half its padded parameters, d and V,
+    and its estimate within `budget`."""
+    padded = padded_section([sections[i] for i in members])
+    if any(2 * parameter_count(sections[i])["total"] < parameter_count(padded)["total"]
+           or 2 * sections[i].d_model < padded.d_model or 2 * sections[i].d_vocab < padded.d_vocab for i in members):
+        return False
+    return budget is None or _estimate([sections[i] for i in members], [runs[i] for i in members]) <= budget

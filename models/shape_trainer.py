@@ -16,7 +16,17 @@ from models.forward import has_positions
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.section import ModelSection
-from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
+from models.shape_stack import (
+    buckets,
+    check_stackable,
+    default_budget,
+    gradient_masks,
+    pad,
+    padded_section,
+    query_scales,
+    sizes,
+    unpad,
+)
 from models.subnormals import flushed, flushing
 from models.trainer import (
     EVAL_SEED,
@@ -52,6 +62,28 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
         state = _start_shapes(runs, device)
         _loop_shapes(state, progress)
         return [_cell_result(state, cell, subnormals) for cell in state.cells]
+
+
+def train_stacks(runs: list[RunConfig], memory_budget_bytes: int | None = None, progress: bool = True,
+                 flush_subnormals: bool = True) -> list[TrainResult]:
+    """Train any runs as few padded stacks as the buckets allow (shape_stack.buckets: runs
+    that can share a stack, none below half its stack's padded parameters, d and vocabulary,
+    each stack within `memory_budget_bytes`), one stack after another; one TrainResult per
+    run, in the order of `runs`, each what train(run) gives alone (train_shapes). The budget
+    defaults to a fraction of the free memory of the first run's device where it is CUDA
+    (shape_stack.default_budget), no limit elsewhere. A run too large for the budget alone
+    is refused before anything trains (ValueError)."""
+    if not runs:
+        return []
+    for run in runs:
+        run.train.validate()
+    if memory_budget_bytes is None:
+        memory_budget_bytes = default_budget(resolve_device(runs[0].train.device))
+    results: list[TrainResult | None] = [None] * len(runs)
+    for members in buckets(runs, memory_budget_bytes):
+        for i, result in zip(members, train_shapes([runs[i] for i in members], progress, flush_subnormals)):
+            results[i] = result
+    return results
 
 
 @dataclass
