@@ -4,7 +4,7 @@ Every tensor carries a leading model axis [K, ...]; the loss is the sum over mod
 model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
 data stream equal those of its separate run. Training reads only the last position through
 models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
-Runs of different H, d_h or m train as one zero-padded stack in models.shape_trainer.
+Runs of different shapes and tasks train as one zero-padded stack in models.shape_trainer.
 
 Shared with the attention-only trainer (models.aot.trainer): the data-seed offset and the
 result type (TrainResult, one trained model ready to be saved); the optimizer is models.optimizer.
