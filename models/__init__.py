@@ -11,8 +11,9 @@ pieces both share here:
   forward.py                       the trainer's fast forward, pinned to the TransformerLens
                                    model by a parity test
   trainer.py                       training K models at once -> TrainResult (shape_trainer.py:
-                                   runs of different shapes as one stack); optimizer.py: both
-                                   families' Adam; train_state.py: resumable training state
+                                   runs of different shapes and tasks as one stack, in buckets that
+                                   fit a memory budget); optimizer.py: both families' Adam;
+                                   train_state.py: resumable training state
   checkpoint.py                    saving and reading checkpoints of every task kind
   bridge.py                        the TransformerLens model (TransformerBridge), and `load`:
                                    checkpoint -> (model, task) for either family

@@ -1,10 +1,11 @@
-"""Runs of different H, d_h or m trained as one zero-padded stack (the padding: models.shape_stack),
-on the factual-recall trainer's step, evaluation and results (models.trainer)."""
+"""Runs of different shapes and tasks trained as one zero-padded stack (the padding and the
+buckets: models.shape_stack), on the factual-recall trainer's step, evaluation and results
+(models.trainer)."""
 from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -15,7 +16,17 @@ from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.progress import progress_bar
 from models.section import ModelSection
-from models.shape_stack import check_stackable, gradient_masks, pad, padded_section, query_scales, sizes, unpad
+from models.shape_stack import (
+    buckets,
+    check_stackable,
+    default_budget,
+    gradient_masks,
+    pad,
+    padded_section,
+    query_scales,
+    sizes,
+    unpad,
+)
 from models.subnormals import flushed, flushing
 from models.trainer import (
     EVAL_SEED,
@@ -32,13 +43,16 @@ from tasks.factual_recall import Batch, FactualRecallTask
 
 
 def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True) -> list[TrainResult]:
-    """Train runs that differ in H, d_h or m as one zero-padded stack (models.shape_stack),
-    one TrainResult per run: what train(run) gives alone, up to the summation order of the
-    padded products. Each run keeps its models at their own shapes, its curve and its early
-    stop: a run that stops (its best model reached its target accuracy, or its steps are
-    spent) is frozen, its learning rates set to zero, while the others go on. The runs may
-    also differ in lr, seed, steps, eval_every, target_accuracy and snapshots_per_octave
-    (shape_stack.check_stackable). Not resumable; a non-finite model stops the whole stack."""
+    """Train runs that differ in d, H, d_h, m or the task (S, R, D, N, facts; one seq_len) as
+    one zero-padded stack (models.shape_stack), one TrainResult per run: what train(run)
+    gives alone, up to the summation order of the padded products. Each run keeps its models
+    at their own shapes and task, its data stream, curve and early stop: a run that stops
+    (its best model reached its target accuracy, or its steps are spent) is frozen, its
+    learning rates set to zero, while the others go on. The runs may also differ in lr,
+    seed, steps, eval_every, target_accuracy and snapshots_per_octave; runs of different
+    tasks need the counter sampler (shape_stack.check_stackable). The stack is trained as
+    given, whatever its size: train_stacks splits runs into stacks that fit a memory budget.
+    Not resumable; a non-finite model stops the whole stack."""
     for run in runs:
         run.train.validate()
     check_stackable(runs)
@@ -50,11 +64,34 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
         return [_cell_result(state, cell, subnormals) for cell in state.cells]
 
 
+def train_stacks(runs: list[RunConfig], memory_budget_bytes: int | None = None, progress: bool = True,
+                 flush_subnormals: bool = True) -> list[TrainResult]:
+    """Train any runs as few padded stacks as the buckets allow (shape_stack.buckets: runs
+    that can share a stack, none below half its stack's padded parameters, d and vocabulary,
+    each stack within `memory_budget_bytes`), one stack after another; one TrainResult per
+    run, in the order of `runs`, each what train(run) gives alone (train_shapes). The budget
+    defaults to a fraction of the free memory of the first run's device where it is CUDA
+    (shape_stack.default_budget), no limit elsewhere. A run too large for the budget alone
+    is refused before anything trains (ValueError)."""
+    if not runs:
+        return []
+    for run in runs:
+        run.train.validate()
+    if memory_budget_bytes is None:
+        memory_budget_bytes = default_budget(resolve_device(runs[0].train.device))
+    results: list[TrainResult | None] = [None] * len(runs)
+    for members in buckets(runs, memory_budget_bytes):
+        for i, result in zip(members, train_shapes([runs[i] for i in members], progress, flush_subnormals)):
+            results[i] = result
+    return results
+
+
 @dataclass
 class _Cell:
     """One run of a shape stack: its models' rows in the stack, and what it has recorded."""
 
     run: RunConfig
+    task: FactualRecallTask  # its own task
     section: ModelSection  # its config.json model section (its own shape)
     rows: slice  # its models in the stack
     schedule: set[int]  # snapshot steps
@@ -69,7 +106,6 @@ class _ShapeTraining:
     """A shape stack in progress: the padded models of every run, one optimizer, one data stream."""
 
     cells: list[_Cell]
-    task: FactualRecallTask
     device: torch.device
     weights: dict[str, torch.Tensor]  # [K, *padded shape] on the device
     params: dict[str, torch.Tensor]  # the trainable ones among them, their padding's gradient masked
@@ -79,22 +115,26 @@ class _ShapeTraining:
     optimizer: Optimizer
     data: TrainingData
     step_once: Step  # one update of every model: eager, or a CUDA graph's replay
-    held_out: Batch
+    held_out: Batch  # one set every model shares [B, T], or each model's own [K, B, T]
     step: int = 0
     start: float = field(default_factory=time.perf_counter)
 
 
 def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining:
-    """Every run's models initialised at their own shapes, padded into one stack; the
-    gradient masks that keep the padding at zero."""
-    task, cfg = runs[0].task.build(), runs[0].train
-    cells, sections, models, pairs = [], [], [], []
+    """Every run's models initialised at their own shapes and tasks, padded into one stack;
+    the gradient masks that keep the padding at zero; each model's data stream and held-out
+    set at its own task."""
+    cfg = runs[0].train
+    built = {config: config.build() for config in dict.fromkeys(run.task for run in runs)}  # one per task
+    cells, sections, models, pairs, tasks = [], [], [], [], []
     for run in runs:
+        task, K = built[run.task], len(run.train.runs)
         section = run.model.checkpoint_section(task)
-        cells.append(_Cell(run, section, slice(len(pairs), len(pairs) + len(run.train.runs)),
+        cells.append(_Cell(run, task, section, slice(len(pairs), len(pairs) + K),
                            snapshot_schedule(run.train.steps, run.train.snapshots_per_octave)))
         models += [init_weights(run.model, task, seed) for _, seed in run.train.runs]
-        sections += [section] * len(run.train.runs)
+        sections += [section] * K
+        tasks += [task] * K
         pairs += run.train.runs
     padded = padded_section(sections)
     weights = {k: t.to(device) for k, t in stack([pad(w, padded) for w in models]).items()}
@@ -105,11 +145,22 @@ def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining
     scale = query_scales(sections)
     scale = None if scale is None else scale.to(device)
     positional, optimizer = has_positions(weights), Optimizer(params, lr, cfg.optimizer)
-    data = TrainingData(task, pairs, cfg.batch_size, device, cfg.sampler)
+    data = TrainingData(tasks if len(built) > 1 else tasks[0], pairs, cfg.batch_size, device, cfg.sampler)
     step_once = Step(training_step(weights, optimizer, data, runs[0].model.attention, positional, scale),
                      use_cuda_graph(cfg.cuda_graph, device, cfg.sampler))
-    return _ShapeTraining(cells, task, device, weights, params, lr, scale, positional, optimizer, data, step_once,
-                          task.eval_set(cfg.eval_size, EVAL_SEED, device))
+    return _ShapeTraining(cells, device, weights, params, lr, scale, positional, optimizer, data, step_once,
+                          _held_out(list(built.values()), tasks, cfg.eval_size, device))
+
+
+def _held_out(distinct: list[FactualRecallTask], tasks: list[FactualRecallTask], size: int,
+              device: torch.device) -> Batch:
+    """The held-out set of train(run): one every model shares when they share a task,
+    otherwise each model's own [K, size, ...] (its own token ids: the corner of the padded
+    vocabulary)."""
+    sets = {id(task): task.eval_set(size, EVAL_SEED, device) for task in distinct}
+    if len(sets) == 1:
+        return next(iter(sets.values()))
+    return Batch(*(torch.stack([getattr(sets[id(task)], f.name) for task in tasks]) for f in fields(Batch)))
 
 
 def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
@@ -168,7 +219,7 @@ def _cell_result(state: _ShapeTraining, cell: _Cell, subnormals: str) -> TrainRe
 
     stacked = own({k: t[cell.rows] for k, t in state.weights.items()})
     snapshots = {s: own(snap) for s, snap in cell.snapshots.items()}
-    result = kept_result(cell.run, state.task, str(state.device), stacked, sorted(state.params), cell.metrics,
+    result = kept_result(cell.run, cell.task, str(state.device), stacked, sorted(state.params), cell.metrics,
                          snapshots, cell.stopped, cell.seconds, None, subnormals, state.step_once.graphed)
     padded = padded_section([c.section for c in state.cells])
     result.training["stack"] = {"models": len(state.lr), **{k: getattr(padded, k) for k in sizes(padded)}}

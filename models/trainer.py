@@ -4,7 +4,7 @@ Every tensor carries a leading model axis [K, ...]; the loss is the sum over mod
 model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
 data stream equal those of its separate run. Training reads only the last position through
 models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
-Runs of different H, d_h or m train as one zero-padded stack in models.shape_trainer.
+Runs of different shapes and tasks train as one zero-padded stack in models.shape_trainer.
 
 Shared with the attention-only trainer (models.aot.trainer): the data-seed offset and the
 result type (TrainResult, one trained model ready to be saved); the optimizer is models.optimizer.
@@ -32,7 +32,7 @@ from models.subnormals import flushed, flushing
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from tasks import Task
-from tasks.factual_recall import Batch, FactualRecallTask
+from tasks.factual_recall import Batch, FactualRecallTask, TaskStack
 
 EVAL_SEED = 999  # the held-out set
 DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
@@ -77,11 +77,11 @@ def snapshot_schedule(max_steps: int, per_octave: int) -> set[int]:
 
 def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str,
              positional: bool | None = None, query_scale: torch.Tensor | None = None):
-    """Held-out loss (nats) and accuracy per model: two [K] tensors."""
-    K = next(iter(weights.values())).shape[0]
+    """Held-out loss (nats) and accuracy per model: two [K] tensors, on tokens [B, T] and
+    answers [B] every model shares, or [K, B, T] and [K, B] of its own."""
+    K, B, T = next(iter(weights.values())).shape[0], *tokens.shape[-2:]
     with torch.no_grad():
-        logits = last_position_logits(weights, tokens.expand(K, *tokens.shape), attention, positional,
-                                      query_scale)  # [K, B, O]
+        logits = last_position_logits(weights, tokens.expand(K, B, T), attention, positional, query_scale)  # [K, B, O]
         loss = F.cross_entropy(logits.transpose(1, 2), answers.expand(K, -1), reduction="none").mean(-1)
         accuracy = (logits.argmax(-1) == answers).float().mean(-1)
     return loss, accuracy
@@ -299,19 +299,28 @@ def training_batch(task, generators, runs, batch_size):
 
 class TrainingData:
     """Every model's fresh batch at each step: tokens [K, B, T] and answers [K, B], one batch
-    per seed, shared by that seed's models. The `generator` sampler draws each seed's batch
-    from its own torch.Generator in turn (their RNG states are the stream's state); `counter`
-    draws all seeds' batches in one FactualRecallTask.sample_counter call, each a function
-    of its seed and the step alone (the step is the stream's state)."""
+    per (task, seed), shared by the models that have both. The `generator` sampler draws each
+    seed's batch from its own torch.Generator in turn (their RNG states are the stream's
+    state); `counter` draws all batches in one sample_counter call, each a function of its
+    task, seed and the step alone (the step is the stream's state). `task` is one task every
+    model learns, or one per model (a stack of tasks; the counter sampler only): each model's
+    batch is then drawn at its own task's sizes, in its own token layout."""
 
-    def __init__(self, task: FactualRecallTask, runs: list[tuple[float, int]], batch_size: int,
-                 device: torch.device, sampler: str):
-        seeds = sorted({seed for _, seed in runs})
-        self.task, self.runs, self.batch_size, self.counter = task, runs, batch_size, sampler == "counter"
+    def __init__(self, task: FactualRecallTask | list[FactualRecallTask], runs: list[tuple[float, int]],
+                 batch_size: int, device: torch.device, sampler: str):
+        tasks = task if isinstance(task, list) else [task] * len(runs)  # [K] each model's
+        distinct = list({id(t): t for t in tasks}.values())
+        if len(distinct) > 1 and sampler != "counter":
+            raise ValueError("models of different tasks train together only with the counter sampler "
+                             "(--sampler counter).")
+        draws = sorted({(distinct.index(t), seed) for t, (_, seed) in zip(tasks, runs)})  # [U] (task, seed)
+        seeds = [seed for _, seed in draws]
+        self.task = distinct[0] if len(distinct) == 1 else TaskStack([distinct[i] for i, _ in draws])
+        self.runs, self.batch_size, self.counter = runs, batch_size, sampler == "counter"
         self.generators = {} if self.counter else {
             s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
         self.seeds = torch.tensor([s + DATA_SEED_OFFSET for s in seeds], device=device)  # [U] data seeds
-        rows = [seeds.index(s) for _, s in runs]
+        rows = [draws.index((distinct.index(t), seed)) for t, (_, seed) in zip(tasks, runs)]
         self.rows = None if rows == list(range(len(runs))) else torch.tensor(rows, device=device)  # [K] into [U]
 
     def batch(self, step: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,6 +83,7 @@ class FactualRecallTask:
         self.subject_ticks = counter.thresholds(self.subject_probs)  # [S] inverse CDF, units of 2^-32
         self.relation_ticks = counter.thresholds(self.relation_probs)  # [R]
         self._device_tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+        self._counter_tables: dict[torch.device, CounterTables] = {}
 
     # ----------------------------------------------------------------- vocabulary
     @property
@@ -143,7 +144,7 @@ class FactualRecallTask:
         an ordered pair of distinct positions among the first T-1, uniform noise, EOS."""
         device = generator.device
         S, R, N, T = self.n_subjects, self.n_relations, self.n_noise, self.seq_len
-        facts, p_s, p_r = self._tables(device)[:3]
+        facts, p_s, p_r = self._tables(device)
         B = batch_size
         subjects = self._draw(p_s, self.subject_zipf == 0, B, generator)  # [B]
         relations = self._draw(p_r, self.relation_zipf == 0, B, generator)  # [B]
@@ -164,22 +165,10 @@ class FactualRecallTask:
         """The prompts of every seed [K] (int64) at `step`, fields [K, batch, ...], in a fixed
         number of torch calls: `sample`'s distribution from counter-based values
         (tasks/counter.py), so each seed's batch depends on its seed and the step alone, the
-        same in any stack and on any device. Per prompt: T-1 noise values, then one each for
-        the subject, the relation and the two positions; (s, r) by inverse CDF."""
-        S, R, N, T = self.n_subjects, self.n_relations, self.n_noise, self.seq_len
-        facts, _, _, subject_ticks, relation_ticks = self._tables(seeds.device)
-        values = counter.bits(seeds, step, batch_size * (T + 3)).view(len(seeds), batch_size, T + 3)  # [K, B, T+3]
-        noise, picks = values.split([T - 1, 4], -1)  # [K, B, T-1], [K, B, 4]
-        subjects = counter.inverse_cdf(picks[..., 0].contiguous(), subject_ticks)  # [K, B]
-        relations = counter.inverse_cdf(picks[..., 1].contiguous(), relation_ticks)  # [K, B]
-        subject_pos = counter.below(picks[..., 2], T - 1)  # [K, B]
-        relation_pos = counter.below(picks[..., 3], T - 2)  # [K, B]
-        relation_pos += (relation_pos >= subject_pos).long()  # distinct from subject_pos
-        eos = torch.full_like(subjects, self.eos)[..., None]  # [K, B, 1]
-        tokens = torch.cat([counter.below(noise, N) + (S + R), eos], -1)  # [K, B, T]
-        tokens.scatter_(-1, subject_pos[..., None], subjects[..., None])
-        tokens.scatter_(-1, relation_pos[..., None], (S + relations)[..., None])
-        return Batch(tokens, subjects, relations, facts[subjects, relations], subject_pos, relation_pos)
+        same in any stack and on any device (counter_prompts)."""
+        if seeds.device not in self._counter_tables:
+            self._counter_tables[seeds.device] = CounterTables.of([self], seeds.device)
+        return counter_prompts(self._counter_tables[seeds.device], batch_size, seeds, step)
 
     def eval_set(self, n: int, seed: int = 1234, device: str | torch.device = "cpu") -> Batch:
         """A held-out set: the same `n` prompts for every call with this seed, on `device`.
@@ -260,10 +249,10 @@ class FactualRecallTask:
         return table
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """Facts, sampling probabilities and inverse-CDF tables on `device`, copied there once."""
+        """Facts and sampling probabilities on `device`, copied there once."""
         if device not in self._device_tables:
             self._device_tables[device] = tuple(t.to(device) for t in (
-                self.facts, self.subject_probs, self.relation_probs, self.subject_ticks, self.relation_ticks))
+                self.facts, self.subject_probs, self.relation_probs))
         return self._device_tables[device]
 
     @staticmethod
@@ -271,3 +260,84 @@ class FactualRecallTask:
         if uniform:  # randint is cheaper than multinomial
             return torch.randint(0, len(probs), (n,), generator=generator, device=probs.device)
         return torch.multinomial(probs, n, replacement=True, generator=generator)
+
+
+@dataclass(frozen=True)
+class CounterTables:
+    """What the counter sampler reads, on one device, for one task that every seed shares
+    (a single row, K' = 1) or one task per seed (K' = K rows, each padded to the largest):
+    the token layout's offsets, the inverse-CDF tables and the fact table."""
+
+    seq_len: int  # T, shared
+    n_subjects: torch.Tensor  # [K', 1] S: the first relation token
+    first_noise: torch.Tensor  # [K', 1, 1] S + R: the first noise token
+    n_noise: torch.Tensor  # [K', 1, 1] N
+    eos: torch.Tensor  # [K', 1, 1] the EOS token, S + R + N
+    subject_ticks: torch.Tensor  # [S] one task, [K, S_max] one per seed (padded with 2^32: never drawn)
+    relation_ticks: torch.Tensor  # [R] or [K, R_max]
+    facts: torch.Tensor  # [K', S_max * R_max] the answer of (s, r) at s * R_max + r
+    n_relations_max: int  # R_max
+
+    @classmethod
+    def of(cls, tasks: Sequence[FactualRecallTask], device: torch.device) -> CounterTables:
+        """The tables of one task (a single row) or of one task per seed, on `device`."""
+        if len({t.seq_len for t in tasks}) > 1:
+            raise ValueError(f"tasks drawn as one batch need one seq_len, got {sorted({t.seq_len for t in tasks})}.")
+        S_max, R_max = max(t.n_subjects for t in tasks), max(t.n_relations for t in tasks)
+
+        def column(values):  # [K', 1, 1]
+            return torch.tensor(values, device=device).view(-1, 1, 1)
+
+        def ticks(tables: list[torch.Tensor], n: int) -> torch.Tensor:
+            if len(tables) == 1:
+                return tables[0].to(device)
+            return torch.stack([torch.cat([t, t.new_full((n - len(t),), 2 ** 32)]) for t in tables]).to(device)
+
+        facts = torch.zeros(len(tasks), S_max, R_max, dtype=torch.long)
+        for k, t in enumerate(tasks):
+            facts[k, :t.n_subjects, :t.n_relations] = t.facts
+        return cls(tasks[0].seq_len, column([t.n_subjects for t in tasks])[:, 0],
+                   column([t.n_subjects + t.n_relations for t in tasks]), column([t.n_noise for t in tasks]),
+                   column([t.eos for t in tasks]), ticks([t.subject_ticks for t in tasks], S_max),
+                   ticks([t.relation_ticks for t in tasks], R_max), facts.flatten(1).to(device), R_max)
+
+
+def counter_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor) -> Batch:
+    """Every seed's prompts [K, batch, ...] at `step` from counter-based values, each seed's at
+    its own task's sizes (`tables`), in a fixed number of torch calls. Per prompt: T-1 noise
+    values, then one each for the subject, the relation and the two positions; (s, r) by
+    inverse CDF. Integer arithmetic only: a seed draws the same prompts alone, in a stack of
+    any size or tasks, and on any device."""
+    K, B, T = len(seeds), batch_size, tables.seq_len
+    values = counter.bits(seeds, step, B * (T + 3)).view(K, B, T + 3)  # [K, B, T+3]
+    noise, picks = values.split([T - 1, 4], -1)  # [K, B, T-1], [K, B, 4]
+    subjects = counter.inverse_cdf(picks[..., 0].contiguous(), tables.subject_ticks)  # [K, B]
+    relations = counter.inverse_cdf(picks[..., 1].contiguous(), tables.relation_ticks)  # [K, B]
+    subject_pos = counter.below(picks[..., 2], T - 1)  # [K, B]
+    relation_pos = counter.below(picks[..., 3], T - 2)  # [K, B]
+    relation_pos += (relation_pos >= subject_pos).long()  # distinct from subject_pos
+    tokens = torch.cat([counter.below(noise, tables.n_noise) + tables.first_noise,
+                        tables.eos.expand(K, B, 1)], -1)  # [K, B, T]
+    relation_tokens = tables.n_subjects + relations  # [K, B]
+    tokens.scatter_(-1, subject_pos[..., None], subjects[..., None])
+    tokens.scatter_(-1, relation_pos[..., None], relation_tokens[..., None])
+    answers = tables.facts.expand(K, -1).gather(-1, subjects * tables.n_relations_max + relations)  # [K, B]
+    return Batch(tokens, subjects, relations, answers, subject_pos, relation_pos)
+
+
+class TaskStack:
+    """K factual-recall tasks of one sequence length whose counter batches are drawn as one:
+    row k of a batch is seed k's prompts at task k's S, R, N, Zipf frequencies and fact
+    table, in task k's own token layout, bit-identical to task k's own sample_counter."""
+
+    def __init__(self, tasks: Sequence[FactualRecallTask]):
+        self.tasks = list(tasks)
+        self._counter_tables: dict[torch.device, CounterTables] = {}
+
+    def sample_counter(self, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor) -> Batch:
+        """Seed k's prompts [K, batch, ...] on task k at `step` (seeds [K] int64, one per task)."""
+        if len(seeds) != len(self.tasks):
+            raise ValueError(f"a stack of {len(self.tasks)} tasks draws one seed each, got {len(seeds)} seeds.")
+        if seeds.device not in self._counter_tables:
+            self._counter_tables[seeds.device] = CounterTables.of(self.tasks, seeds.device)
+        return counter_prompts(self._counter_tables[seeds.device], batch_size, seeds, step)

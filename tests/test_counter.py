@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.trainer import TrainingData
 from tasks import counter
-from tasks.factual_recall import FactualRecallTask
+from tasks.factual_recall import FactualRecallTask, TaskStack
 from tests.conftest import TEST_DEVICE
 
 
@@ -66,6 +66,36 @@ def test_a_model_gets_its_own_seeds_batch_in_any_stack():
         assert torch.equal(shared.batch(step)[0], tokens[:2])
 
 
+def test_a_stack_of_tasks_draws_each_seeds_batch_at_its_own_task():
+    """Row k of a TaskStack's batch is seed k's batch on task k alone, in task k's own token
+    layout, whatever the other rows' sizes, frequencies and fact tables."""
+    tasks = [FactualRecallTask(10, 5, 3, 7, 9, subject_zipf=0.8), FactualRecallTask(3, 3, 4, 6, 9, fact_seed=1),
+             FactualRecallTask(24, 2, 2, 1, 9, relation_zipf=1.1), FactualRecallTask(3, 3, 4, 6, 9, fact_seed=1)]
+    seeds = torch.tensor([5, 2 ** 40 + 3, 0, 7])  # [4], one per task
+    for step in (0, 1000):
+        together = TaskStack(tasks).sample_counter(64, seeds, step)
+        for k, (task, seed) in enumerate(zip(tasks, seeds.tolist())):
+            alone = task.sample_counter(64, torch.tensor([seed]), step)
+            for name in ("tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos"):
+                assert torch.equal(getattr(together, name)[k], getattr(alone, name)[0]), (step, k, name)
+    with pytest.raises(ValueError, match="one seq_len"):
+        TaskStack([tasks[0], FactualRecallTask(10, 5, 3, 7, 12)]).sample_counter(8, seeds[:2], 0)
+
+
+def test_models_of_different_tasks_get_their_own_batches():
+    small, large = FactualRecallTask(4, 4, 4, 8, 12), FactualRecallTask(16, 16, 4, 32, 12)
+    runs = [(1e-2, 0), (3e-3, 0), (1e-2, 0), (1e-2, 1)]
+    tasks = [small, small, large, large]  # models 0, 1 share a batch; 2 has the same seed on another task
+    together = TrainingData(tasks, runs, 32, torch.device("cpu"), "counter")
+    tokens, answers = together.batch(3)  # [4, 32, 12], [4, 32]
+    for k, (task, run) in enumerate(zip(tasks, runs)):
+        alone_tokens, alone_answers = TrainingData(task, [run], 32, torch.device("cpu"), "counter").batch(3)
+        assert torch.equal(tokens[k], alone_tokens[0]) and torch.equal(answers[k], alone_answers[0])
+    assert not torch.equal(tokens[0], tokens[2])
+    with pytest.raises(ValueError, match="only with the counter sampler"):
+        TrainingData(tasks, runs, 32, torch.device("cpu"), "generator")
+
+
 class _Ops(TorchDispatchMode):
     """Counts the torch operations run under it."""
 
@@ -84,6 +114,7 @@ def test_k_seeds_take_as_many_torch_calls_as_one(subject_zipf):
 
     def ops(k: int, sampler: str) -> int:
         data = TrainingData(task, [(1e-2, s) for s in range(k)], 32, torch.device("cpu"), sampler)
+        data.batch(2)  # the sampler's tables are copied to the device once, on the first call
         with _Ops() as recorder:
             data.batch(3)
         return recorder.count

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import ModelConfig, RunConfig, TrainConfig
+from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from models.forward import last_position_logits
 from models.shape_stack import gradient_masks, pad, padded_section, query_scales, unpad
 from models.shape_trainer import _cell_result, _loop_shapes, _start_shapes, train_shapes
@@ -66,7 +66,8 @@ def test_each_shape_equals_its_run_alone(parameterisation):
         alone = train(run, progress=False)
         assert result.section == alone.section
         assert result.training["steps_run"] == alone.training["steps_run"]
-        assert result.training["stack"] == {"models": 4, "n_heads": 4, "d_head": 8, "d_mlp": 64}
+        assert result.training["stack"] == {"models": 4, "d_model": 32, "n_heads": 4, "d_head": 8, "d_mlp": 64,
+                                            "d_vocab": 37, "d_vocab_out": 16}
         assert result.snapshots.keys() == alone.snapshots.keys()
         assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
         # Equal up to the summation order of the padded products, which Adam amplifies where a
@@ -80,23 +81,6 @@ def test_each_shape_equals_its_run_alone(parameterisation):
                 assert abs(m["loss"] - t["loss"]) < 1e-5 and abs(m["accuracy"] - t["accuracy"]) <= 1 / 512
 
 
-def test_padding_and_its_adam_moments_stay_zero():
-    cells = runs("authors")
-    state = _start_shapes(cells, TEST_DEVICE)
-    _loop_shapes(state, progress=False)
-    sections = [c.section for c in state.cells for _ in c.run.train.runs]
-    masks = gradient_masks(sections, list(state.params))
-    for key, mask in masks.items():
-        padding = ~mask.bool()
-        for name, t in (("weight", state.params[key]), ("m", state.optimizer.m[key]), ("v", state.optimizer.v[key])):
-            assert not t.detach().cpu()[padding].any(), (name, key)
-    stopped = state.cells[2]
-    result = _cell_result(state, stopped, "kept")  # frozen since it stopped: the weights of its last snapshot
-    assert stopped.stopped == max(result.snapshots)
-    for key, value in result.snapshots[stopped.stopped].items():
-        assert torch.equal(result.weights[key], value), key
-
-
 def test_unpad_gives_back_what_pad_padded():
     task = RunConfig().task.build()
     sections = [model.checkpoint_section(task) for model in models("authors")]
@@ -108,9 +92,66 @@ def test_unpad_gives_back_what_pad_padded():
         assert all(torch.equal(back[key], t) for key, t in w.items())
 
 
-def test_runs_that_differ_in_more_than_shape_are_refused():
+def test_runs_that_differ_in_more_than_shape_and_task_are_refused():
     base = runs("standard")
-    with pytest.raises(ValueError, match="run 1 cannot share a stack with run 0: they differ in model.d_model"):
-        train_shapes([base[0], replace(base[1], model=replace(base[1].model, d_model=16))], progress=False)
+    with pytest.raises(ValueError, match=r"run 1 cannot share a stack with run 0: they differ in model.attention\.$"):
+        train_shapes([base[0], replace(base[1], model=replace(base[1].model, attention="linear"))], progress=False)
     with pytest.raises(ValueError, match="train.batch_size"):
         train_shapes([base[0], replace(base[1], train=replace(base[1].train, batch_size=8))], progress=False)
+    with pytest.raises(ValueError, match="they differ in task.seq_len"):
+        train_shapes([base[0], replace(base[1], task=replace(base[1].task, seq_len=9))], progress=False)
+    other_task = replace(base[1], task=replace(base[1].task, n_subjects=8))  # the generator sampler
+    with pytest.raises(ValueError, match=r"a stack of tasks needs the counter sampler\)\.$"):
+        train_shapes([base[0], other_task], progress=False)
+
+
+# ------------------------------------------------------------ stacks of tasks and sizes
+def task_runs(parameterisation: str) -> list[RunConfig]:
+    """Three cells of the capacity sweep's kind (S = R, N = S + R) that differ in S, d, H, d_h,
+    m, lr and seed; the smallest task stops early."""
+    train_ = TrainConfig(batch_size=256, steps=50, eval_every=10, eval_size=512, target_accuracy=2.0,
+                         device=str(TEST_DEVICE), sampler="counter")
+    cells = [(8, 32, 2, 8, 32, dict(lr=(1e-2, 3e-3))),
+             (5, 24, 4, 4, 48, dict(lr=(3e-3,), seed=(1,), steps=40)),
+             (3, 16, 1, 6, 16, dict(lr=(3e-2,), eval_every=5, target_accuracy=0.6))]
+    return [RunConfig(task=TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=4, n_noise=2 * S),
+                      model=ModelConfig(d_model=d, n_heads=H, d_head=dh, d_mlp=m, parameterisation=parameterisation),
+                      train=replace(train_, **fields_))
+            for S, d, H, dh, m, fields_ in cells]
+
+
+@pytest.mark.parametrize("parameterisation", ["standard", "authors"])
+def test_each_task_and_size_equals_its_run_alone(parameterisation):
+    together = train_shapes(task_runs(parameterisation), progress=False)
+    assert 0 < together[2].training["steps_run"] < 50  # it stopped early, the others went on
+    for run, result in zip(task_runs(parameterisation), together):
+        alone = train(run, progress=False)
+        assert result.section == alone.section and result.task.to_config() == alone.task.to_config()
+        assert result.training["steps_run"] == alone.training["steps_run"]
+        assert result.training["stack"] == {"models": 4, "d_model": 32, "n_heads": 4, "d_head": 8, "d_mlp": 48,
+                                            "d_vocab": 33, "d_vocab_out": 32}
+        assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
+        for key, value in alone.stacked.items():  # frozen ones exactly: each model's own initialisation
+            tolerance = dict(rtol=0, atol=0) if key not in result.training["trainable"] else dict(rtol=1e-3, atol=2e-4)
+            torch.testing.assert_close(result.stacked[key], value, **tolerance, msg=lambda m, key=key: f"{key}: {m}")
+        for mine, theirs in zip(result.metrics, alone.metrics):
+            for m, t in zip(mine["models"], theirs["models"]):
+                assert abs(m["loss"] - t["loss"]) < 1e-5 and abs(m["accuracy"] - t["accuracy"]) <= 1 / 512
+
+
+@pytest.mark.parametrize("cells", [runs, task_runs], ids=["shapes", "tasks and sizes"])
+def test_padding_and_its_adam_moments_stay_zero(cells):
+    state = _start_shapes(cells("authors"), TEST_DEVICE)
+    _loop_shapes(state, progress=False)
+    sections = [c.section for c in state.cells for _ in c.run.train.runs]
+    masks = gradient_masks(sections, list(state.params))
+    for key, mask in masks.items():
+        padding = ~mask.bool()
+        for name, t in (("weight", state.params[key]), ("m", state.optimizer.m[key]), ("v", state.optimizer.v[key])):
+            assert not t.detach().cpu()[padding].any(), (name, key)
+    assert {"blocks.0.attn.W_Q", "blocks.0.mlp.W_out"} <= masks.keys()
+    stopped = state.cells[2]
+    result = _cell_result(state, stopped, "kept")  # frozen since it stopped: the weights of its last snapshot
+    assert stopped.stopped == max(result.snapshots)
+    for key, value in result.snapshots[stopped.stopped].items():
+        assert torch.equal(result.weights[key], value), key

@@ -227,6 +227,20 @@ def test_training_step_never_waits_for_the_device(variant, sampler):
     assert syncs.calls == ["aten::_local_scalar_dense"]
 
 
+def test_a_stack_of_tasks_and_sizes_steps_without_waiting_for_the_device():
+    """The padded stack's step (per-task counter batches, -inf answer padding, gradient masks,
+    per-model query scales) reads nothing back to the host either."""
+    from models.shape_trainer import _start_shapes
+    from tests.test_shape_stack import task_runs
+
+    state = _start_shapes(task_runs("authors"), torch.device("cpu"))
+    assert state.query_scale is not None  # every part of the padded step runs
+    with _HostSyncs() as syncs:
+        for _ in range(2):
+            loss, = state.step_once()
+    assert syncs.calls == [] and int(state.optimizer.t) == 2 and bool(loss.isfinite())
+
+
 def test_override_refuses_unknown_fields():
     from models.config import ModelConfig, override
     assert override(ModelConfig(), {"n_heads": 2}).n_heads == 2
