@@ -134,6 +134,23 @@ def _launch(kernel, like: torch.Tensor, *args, **meta) -> None:
     kernel[(triton.cdiv(B, BLOCK_B), H, K)](*args, BLOCK_B=BLOCK_B, **meta)
 
 
+def per_token_attention(q, key, value, index, score_pos, linear):
+    """FusedAttention's contract in plain torch, differentiated by autograd: each token's key
+    and value gathered from the tables ([K, H, e, B, T] each). The tests' reference, and the
+    pure-torch per-token form bench/attention_cores.py times (its backward is a scatter_add
+    per table)."""
+    K, H, E, B = q.shape
+    T = index.shape[-1]
+    flat = index.reshape(K, H, 1, B * T).expand(K, H, E, B * T)
+    keys = key.gather(-1, flat).view(K, H, E, B, T)  # [K, H, e, B, T]
+    values = value.gather(-1, flat).view(K, H, E, B, T)
+    scores = (q[..., None] * keys).sum(2)  # [K, H, B, T]
+    if score_pos is not None:
+        scores = scores + score_pos
+    pattern = scores if linear else scores.softmax(-1)
+    return (pattern[:, :, None] * values).sum(-1), pattern  # [K, H, e, B], [K, H, B, T]
+
+
 class FusedAttention(torch.autograd.Function):
     """models.forward.VocabAttention's contract, computed per token: q [K, H, e, B] (already
     scaled), key and value tables [K, H, e, V], token index [K, H, B, T] (any strides: the

@@ -29,21 +29,6 @@ def _inputs(dtype, positional, K=2, H=3, E=5, B=37, V=11, T=7):
     return leaf(K, H, E, B), leaf(K, H, E, V), leaf(K, H, E, V), tokens[:, None].expand(K, H, B, T), score_pos
 
 
-def _per_token(q, key, value, index, score_pos, linear):
-    """The same attention in plain torch (autograd differentiates it): each token's key and
-    value gathered from the tables."""
-    K, H, E, B = q.shape
-    T = index.shape[-1]
-    flat = index.reshape(K, H, 1, B * T).expand(K, H, E, B * T)
-    keys = key.gather(-1, flat).view(K, H, E, B, T)  # [K, H, e, B, T]
-    values = value.gather(-1, flat).view(K, H, E, B, T)
-    scores = (q[..., None] * keys).sum(2)  # [K, H, B, T]
-    if score_pos is not None:
-        scores = scores + score_pos
-    pattern = scores if linear else scores.softmax(-1)
-    return (pattern[:, :, None] * values).sum(-1), pattern  # [K, H, e, B], [K, H, B, T]
-
-
 def _outputs_and_gradients(core, inputs, linear, use_pattern):
     """z, pattern and the gradients of every input under a fixed weighted sum of the outputs
     (the pattern's term left out unless `use_pattern`: then its gradient is None)."""
@@ -68,7 +53,7 @@ def test_fused_core_equals_vocabulary_core_and_autograd(dtype, positional, linea
     inputs = _inputs(dtype, positional)
     fused = _outputs_and_gradients(fused_attention.FusedAttention.apply, inputs, linear, use_pattern)
     references = {"vocabulary core": _outputs_and_gradients(VocabAttention.apply, inputs, linear, use_pattern),
-                  "autograd": _outputs_and_gradients(_per_token, inputs, linear, use_pattern)}
+                  "autograd": _outputs_and_gradients(fused_attention.per_token_attention, inputs, linear, use_pattern)}
     for name, reference in references.items():
         assert len(fused) == len(reference)
         for ours, theirs in zip(fused, reference):
