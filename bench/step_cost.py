@@ -1,6 +1,9 @@
 """What one training step of K stacked models costs: its FLOPs and the bytes it moves, by
 tensor, as the code of models/forward.py and the trainer around it does them; and the
-machine's ceilings to hold them against (fp32 FLOP/s, memory bandwidth).
+machine's ceilings to hold them against (fp32 FLOP/s, memory bandwidth). As a script: both
+attention cores' costs for a configuration and a measured step time, against an H200.
+
+    .venv/bin/python bench/step_cost.py --preset paper-tradeoff --n-heads 32 --d-mlp 128 --k 169 --step-ms 22
 
 Bytes are an estimate from counted passes (fp32 tensors of 4 bytes, token indices of 8), with
 no positional embedding (our models have none). A pass is one read or one write of a whole
@@ -10,12 +13,16 @@ counted once per pass, not once per head (the heads re-read it from cache).
 """
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from models.config import RunConfig
+from models.config import RunConfig, override
+from models.presets import preset
 
 FLOAT, INDEX = 4, 8  # bytes per element
 # Ceilings of an NVIDIA H200 (SXM), by the vendor's datasheet: fp32 without tensor cores, HBM3e.
@@ -137,3 +144,27 @@ def cost_lines(s: StepShape, core: str, steps_per_second: float, peak_flops: flo
             f"  floor {1e3 * max(flops / peak_flops, total / peak_bandwidth):.3f} ms/step "
             f"(the larger of FLOPs at the peak rate and bytes at the peak bandwidth), "
             f"step {1e3 / steps_per_second:.3f} ms"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="paper-tradeoff", help="models.config preset (task + model)")
+    parser.add_argument("--n-heads", type=int, default=None, help="replace the preset model's head count")
+    parser.add_argument("--d-mlp", type=int, default=None, help="replace the preset model's MLP width")
+    parser.add_argument("--k", type=int, default=1, help="models stacked")
+    parser.add_argument("--batch", type=int, default=1024, help="prompts per step per model")
+    parser.add_argument("--step-ms", type=float, required=True, help="a measured step time, ms")
+    parser.add_argument("--peak-flops", type=float, default=H200_FP32_FLOPS, help="fp32 FLOP/s (default an H200)")
+    parser.add_argument("--peak-bandwidth", type=float, default=H200_BANDWIDTH, help="bytes/s (default an H200)")
+    args = parser.parse_args()
+    run = preset(args.preset)
+    fields = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp)) if value is not None}
+    shape = StepShape.of(RunConfig(run.task, override(run.model, fields), run.train), args.batch, args.k)
+    print(shape)
+    for core in ("vocab", "fused"):
+        print("\n".join(cost_lines(shape, core, 1e3 / args.step_ms, args.peak_flops, args.peak_bandwidth)))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
