@@ -22,7 +22,12 @@ torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With 
 ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
-        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed]
+        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed] [--n-heads H] [--d-mlp M] \
+        [--attention-core auto|vocab|fused] [--compare-core vocab|fused] [--peak-flops F] [--peak-bandwidth B]
+
+It also prints the step's FLOPs and bytes moved by tensor (bench/step_cost.py) and the rates
+achieved against the device's peaks (an H200's by default on CUDA; on the CPU the measured
+matmul and copy rates).
 """
 from __future__ import annotations
 
@@ -32,41 +37,50 @@ import math
 import multiprocessing as mp
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.step_cost, run as a script
 
-from models.bridge import build_bridge, resolve_device
-from models.config import RunConfig, override
-from models.forward import has_positions, last_position_logits
-from models.graphed import Step
-from models.optimizer import Optimizer
-from models.presets import preset
-from models.subnormals import flushed
-from models.train_state import load_state
-from models.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step
-from models.weights import init_weights, stack, trainable_keys
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench.step_cost import H200_BANDWIDTH, H200_FP32_FLOPS, StepShape, copy_bandwidth, cost_lines, step_flops  # noqa: E402
+from models import fused_attention  # noqa: E402
+from models.bridge import build_bridge, resolve_device  # noqa: E402
+from models.config import RunConfig, override  # noqa: E402
+from models.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
+from models.graphed import Step  # noqa: E402
+from models.optimizer import Optimizer  # noqa: E402
+from models.presets import preset  # noqa: E402
+from models.subnormals import flushed  # noqa: E402
+from models.train_state import load_state  # noqa: E402
+from models.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step  # noqa: E402
+from models.weights import init_weights, stack, trainable_keys  # noqa: E402
 
 MEMORY_STEPS = 3
 TL_TRAINABLE = (".q.", ".k.", ".v.", ".o.", ".fc_in.", ".fc_out.")  # bridge weight names; biases stay frozen
 
 
-def bench_run(preset_name: str, seq_len: int | None = None) -> RunConfig:
-    """The preset, with its sequence length replaced when `seq_len` is given."""
+def bench_run(preset_name: str, seq_len: int | None = None, model: dict | None = None) -> RunConfig:
+    """The preset, with its sequence length replaced when `seq_len` is given and its model's
+    fields by `model` (say {"n_heads": 32, "d_mlp": 128})."""
     run = preset(preset_name)
-    return run if seq_len is None else RunConfig(override(run.task, {"seq_len": seq_len}), run.model, run.train)
+    task = run.task if seq_len is None else override(run.task, {"seq_len": seq_len})
+    return RunConfig(task, override(run.model, model or {}), run.train)
 
 
 def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
-              trained: dict | None = None, sampler: str = "generator", graphed: bool = False):
+              trained: dict | None = None, sampler: str = "generator", graphed: bool = False,
+              model: dict | None = None, attention_core: str = "auto"):
     """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1), from
     fresh weights or, given `trained` (a saved training state of one model), K copies of it;
     the data from `sampler` (models.trainer.TrainingData); with `graphed`, the step captured
-    in a CUDA graph and replayed, as the trainer does (models.graphed.Step)."""
-    run = bench_run(preset_name, seq_len)
+    in a CUDA graph and replayed, as the trainer does (models.graphed.Step); `model`: fields
+    of the preset's model replaced; `attention_core`: models.forward.CORES."""
+    run = bench_run(preset_name, seq_len, model)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
     weights = stack([init_weights(run.model, task, s) for _, s in runs])  # [K, ...]
@@ -84,16 +98,17 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
         if data.generators:
             data.generators[0].set_state(trained["rng"])
     positional = has_positions(weights)  # as models.trainer.train: decided once
-    return Step(training_step(weights, optimizer, data, run.model.attention, positional), graphed)
+    return Step(training_step(weights, optimizer, data, run.model.attention, positional,
+                              attention_core=attention_core), graphed)
 
 
 def make_tl(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
-            trained: dict | None = None):
+            trained: dict | None = None, model: dict | None = None):
     """A closure doing one step of the plain TransformerBridge training loop (one model),
     from fresh weights or from `trained` (its weights, Adam moments and data stream)."""
     from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
-    run = bench_run(preset_name, seq_len)
+    run = bench_run(preset_name, seq_len, model)
     task, lr = run.task.build(), run.train.lr[0]
     start = init_weights(run.model, task, 0)
     if trained is not None:
@@ -160,32 +175,15 @@ def subnormal_shares(preset_name: str, trained: dict, batch: int) -> tuple[float
     return ((p > 0) & (p < tiny)).float().mean().item(), (p == 0).float().mean().item()
 
 
+def core_name(core: str, device: torch.device) -> str:
+    """The attention core `core` resolves to on `device`: vocab or fused."""
+    return "fused" if choose_core(core, device) is fused_attention.FusedAttention else "vocab"
+
+
 def median_ratio(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> tuple[str, float]:
     """Per-round ratios a / b (sorted, as text) and their median."""
     ratios = sorted(x * scale / y for x, y in zip(a, b))
     return ", ".join(f"{r:.{digits}f}" for r in ratios), statistics.median(ratios)
-
-
-def step_flops(run: RunConfig, batch: int) -> int:
-    """FLOPs (2 per multiply-add) of the matrix products one training step of one model
-    cannot avoid with per-vocabulary tables: the last-position forward (query, key and value
-    tables, scores and mix over the vocabulary, W_O, MLP, unembedding) and the backward
-    products for the trainable weights and the activations upstream of them (the frozen W_E
-    and W_U get no gradient). Elementwise work (softmax, ReLU, Adam, sampling) is not counted."""
-    task = run.task.build()
-    model = run.model.for_task(task)
-    B, V, O = batch, task.d_vocab, task.d_vocab_out
-    d, H, dh, m = model.d_model, model.n_heads, model.d_head, 0 if model.attn_only else model.d_mlp
-    tables = 2 * V * d * H * dh  # key and value tables
-    mix = 2 * B * H * V * dh  # scores, and pattern @ value table
-    forward = B * d * H * dh + tables + mix + B * H * dh * d + 2 * B * d * m + B * d * O
-    backward = (B * O * d  # d(resid) through the frozen unembedding
-                + 4 * B * d * m  # MLP: both weights, hidden and input
-                + 2 * B * H * dh * d  # W_O and z
-                + 2 * mix  # both operands of both vocabulary products
-                + tables  # W_K and W_V from their tables
-                + B * d * H * dh)  # W_Q (the embedding is frozen)
-    return 2 * (forward + backward)
 
 
 def matmul_flops_per_second(device: torch.device, n: int = 1024, repeats: int = 10, rounds: int = 3) -> float:
@@ -219,7 +217,7 @@ def _status_mib(field: str) -> float:
 
 
 def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: str,
-                    seq_len: int | None = None) -> float:
+                    seq_len: int | None = None, model: dict | None = None) -> float:
     """Run in a fresh process: build `variant`, do MEMORY_STEPS steps, return its peak memory."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (library import not counted)
 
@@ -228,7 +226,7 @@ def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: 
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the RSS high-water mark (VmHWM) to the current RSS
         rss_before = _status_mib("VmRSS")
-    step = VARIANTS[variant](preset_name, batch, k, dev, seq_len)
+    step = VARIANTS[variant](preset_name, batch, k, dev, seq_len, model=model)
     for _ in range(MEMORY_STEPS):
         step()
     if dev.type == "cuda":
@@ -245,6 +243,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per timed block (a round is >= 1 block)")
     parser.add_argument("--round-seconds", type=float, default=1.0, help="least seconds timed per round")
     parser.add_argument("--k", type=int, default=1, help="models stacked in our trainer")
+    parser.add_argument("--n-heads", type=int, default=None, help="replace the preset model's head count")
+    parser.add_argument("--d-mlp", type=int, default=None, help="replace the preset model's MLP width")
+    parser.add_argument("--attention-core", choices=CORES, default="auto",
+                        help="our attention core (models.forward.CORES; auto: fused on a GPU with Triton)")
+    parser.add_argument("--compare-core", choices=CORES[1:], default=None,
+                        help="also time ours with this attention core (variant ours-CORE, against ours)")
+    parser.add_argument("--peak-flops", type=float, default=None,
+                        help="the device's fp32 FLOP/s (default: on CUDA an H200's 6.7e13, on the CPU the "
+                             "measured matmul rate)")
+    parser.add_argument("--peak-bandwidth", type=float, default=None,
+                        help="the device's memory bytes/s (default: on CUDA an H200's 4.8e12, on the CPU the "
+                             "measured copy rate)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--counter", action="store_true",
                         help="also time ours with the counter sampler (variant ours-counter)")
@@ -268,9 +278,21 @@ def main() -> None:
     args.counter = args.counter or args.graphed
     if args.trained_steps and 2 ** round(math.log2(args.trained_steps)) != args.trained_steps:
         parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
+    model = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp)) if value is not None}
+    if model and args.trained_steps:
+        parser.error("--n-heads and --d-mlp time fresh weights only: add --trained-steps 0")
+    core = core_name(args.attention_core, device)
+    if args.compare_core is not None:
+        FLUSHED[f"ours-{args.compare_core}"] = True
+        if args.compare_core == "fused" and not fused_attention.runs_on(device):
+            parser.error(f"--compare-core fused cannot run on {device} here (it needs Triton)")
 
-    steps = {name: make(args.preset, args.batch, args.k, device) for name, make in VARIANTS.items()}
-    ours = functools.partial(make_ours, args.preset, args.batch, args.k, device)
+    steps = {name: make(args.preset, args.batch, args.k, device, model=model) for name, make in VARIANTS.items()}
+    ours = functools.partial(make_ours, args.preset, args.batch, args.k, device, model=model,
+                             attention_core=args.attention_core)
+    steps["ours"] = ours()
+    if args.compare_core is not None:
+        steps[f"ours-{args.compare_core}"] = ours(attention_core=args.compare_core)
     if args.counter:
         steps["ours-counter"] = ours(sampler="counter")
     if args.graphed:
@@ -287,26 +309,28 @@ def main() -> None:
             steps_per_second(step, 5, device)
     rates = {name: [] for name in steps}
     cpu_rates = {name: [] for name in steps}
-    matmul_rates = []  # measured in every round, next to ours: the floor moves with the machine
+    matmul_rates, copy_rates = [], []  # measured in every round, next to ours: the floor moves with the machine
     for _ in range(args.repeats):
         for name, step in steps.items():
             with flushed(device, FLUSHED[name]):  # as models.trainer.train does for ours
                 rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds, cpu_rates[name]))
             if name == "ours":
                 matmul_rates.append(matmul_flops_per_second(device))
+                copy_rates.append(copy_bandwidth(device))
 
     def memory_of(name: str, seq_len: int | None = None) -> float:
         with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-            return pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device), seq_len))
+            return pool.apply(peak_memory_mib, (name, args.preset, args.batch, args.k, str(device), seq_len, model))
     memory = {} if args.no_memory else {name: memory_of(name) for name in VARIANTS}
     memory_by_length = {} if args.no_memory else {T: memory_of("ours", T) for T in args.memory_seq_lens}
 
-    run = preset(args.preset)
-    task, model = run.task, run.model
+    run = bench_run(args.preset, model=model)
+    task, shape = run.task, run.model
     print(f"config {args.preset}: S={task.n_subjects} R={task.n_relations} D={task.answers_per_relation} "
-          f"N={task.n_noise} T={task.seq_len} d={model.d_model} H={model.n_heads} d_h={model.d_head} "
-          f"m={model.d_mlp} | batch {args.batch} | K={args.k} | {args.repeats} rounds of >= {args.steps} steps "
-          f"and >= {args.round_seconds:g} s | device {device} | torch threads {torch.get_num_threads()}")
+          f"N={task.n_noise} T={task.seq_len} d={shape.d_model} H={shape.n_heads} d_h={shape.d_head} "
+          f"m={shape.d_mlp} | batch {args.batch} | K={args.k} | {args.repeats} rounds of >= {args.steps} steps "
+          f"and >= {args.round_seconds:g} s | device {device} | torch threads {torch.get_num_threads()} "
+          f"| attention core {core}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
     print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}"
           f"   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
@@ -315,7 +339,8 @@ def main() -> None:
         models = 1 if name.startswith("tl") else args.k
         print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}"
               f"{statistics.median(cpu_rates[name]):>12.2f}")
-    flops = step_flops(run, args.batch) * args.k
+    sizes = StepShape.of(run, args.batch, args.k)
+    flops = step_flops(sizes, core)
     ours_rate, matmul = statistics.median(rates["ours"]), statistics.median(matmul_rates)
     floor_ms, step_ms = 1e3 * flops / matmul, 1e3 / ours_rate
     # per round: our step time over the floor at that round's matmul throughput
@@ -327,6 +352,20 @@ def main() -> None:
           f"{floor_ms:.2f} ms/step, ours {step_ms:.2f} ms/step")
     print("step time over the floor per round: " + ", ".join(f"{r:.2f}" for r in floor_ratios))
     print(f"floor_ratio {statistics.median(floor_ratios):.2f}")
+    copy = statistics.median(copy_rates)
+    print(f"copy_bandwidth {copy:.3e} B/s (a 256 MiB tensor copy, read and write counted, median over rounds)")
+    cuda = device.type == "cuda"
+    peak_flops = args.peak_flops or (H200_FP32_FLOPS if cuda else matmul)
+    peak_bandwidth = args.peak_bandwidth or (H200_BANDWIDTH if cuda else copy)
+    print(f"against the peaks ({'flags' if args.peak_flops or args.peak_bandwidth else 'defaults'}: "
+          f"{'an H200' if cuda else 'the measured matmul and copy rates'}):")
+    cores = {"ours": core} | ({f"ours-{args.compare_core}": args.compare_core} if args.compare_core else {})
+    for name, named_core in cores.items():
+        print(f"{name}: " + "\n".join(cost_lines(sizes, core_name(named_core, device), statistics.median(rates[name]),
+                                                 peak_flops, peak_bandwidth)))
+    if args.compare_core is not None:
+        per_round, median = median_ratio(rates[f"ours-{args.compare_core}"], rates["ours"])
+        print(f"ours_{args.compare_core}_over_ours {median:.2f}  (per round: {per_round})")
     print("peak memory of ours by sequence length: " + (", ".join(
         f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()) or "not measured"))
     # each round's ratio compares two runs seconds apart, so the machine's drift (measured here:

@@ -21,6 +21,11 @@ key table (8x the FLOPs), gathering per-token key vectors (its backward is a lar
 the value mix as F.embedding_bag with the pattern as per-sample weights (exact, and 10x
 slower: its CPU backward), one flat Adam buffer for all parameters (1% of the step).
 
+On a GPU the [K, H, B, V] buffer is the step's cost: at 169 stacked models of the trade-off
+grid's largest cell it is 2.9 GB, passed over about fourteen times a step. There the attention
+core is `models.fused_attention.FusedAttention` (Triton kernels that walk each prompt's tokens
+and never write that buffer); `attention_core` chooses (`CORES`, `choose_core`).
+
 Same math as TransformerLens (tests/test_parity.py pins the logits to the TransformerBridge
 model to 1e-5 and the gradients to autograd's); analyses never use this, they use the
 model's hooks.
@@ -31,7 +36,10 @@ import math
 
 import torch
 
+from models import fused_attention
 from models.weights import ATTN, MLP
+
+CORES = ("auto", "vocab", "fused")  # the attention core: chosen by rule, per vocabulary entry, per token
 
 
 def has_positions(w: dict[str, torch.Tensor]) -> bool:
@@ -96,6 +104,19 @@ class VocabAttention(torch.autograd.Function):
         return d_query, d_key, d_value, None, d_scores if ctx.positional else None, None
 
 
+def choose_core(core: str, device: torch.device) -> type[torch.autograd.Function]:
+    """The attention core for `core` (one of CORES) on `device`. "auto": the vocabulary core,
+    on every device for now: on the CPU it is the faster (bench/README.md), and the fused
+    per-token core (it moves the pattern, not a [K, H, B, V] buffer) has not yet run on a GPU,
+    where its atomic adds would also end bit-identical same-seed runs. "fused" asks for it
+    (Triton on CUDA, or Triton's interpreter on the CPU)."""
+    if core not in CORES:
+        raise ValueError(f"attention core must be one of {', '.join(CORES)}, got {core!r}.")
+    if core == "auto":
+        core = "vocab"
+    return fused_attention.FusedAttention if core == "fused" else VocabAttention
+
+
 def _heads_transposed(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor,
                       scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Per-head projections with d_head as rows, scaled: (x W + b) * scale for
@@ -110,12 +131,13 @@ def _heads_transposed(W: torch.Tensor, b: torch.Tensor | None, x: torch.Tensor,
 
 
 def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, attention: str = "softmax",
-                         positional: bool | None = None, query_scale: torch.Tensor | None = None) -> torch.Tensor:
+                         positional: bool | None = None, query_scale: torch.Tensor | None = None,
+                         attention_core: str = "auto") -> torch.Tensor:
     """Logits at the last position [K, batch, d_vocab_out] for a stack `w` ([K, ...]
     tensors) on tokens [K, batch, T]. `positional` says whether W_pos is non-zero (None:
     look, which costs a host sync). `query_scale` [K] is each model's 1/sqrt(d_head) when
     the stack zero-pads heads of different sizes (models.shape_stack); None: the stack's
-    own d_head."""
+    own d_head. `attention_core`: one of CORES (choose_core)."""
     E = w["embed.W_E"]  # [K, V, d]
     K, B, T = tokens.shape
     H, d_head = w[ATTN + "W_Q"].shape[1], w[ATTN + "W_Q"].shape[-1]
@@ -138,7 +160,8 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
         W_pos = w["pos_embed.W_pos"]  # [K, T, d]
         score_pos = q.transpose(-1, -2) @ _heads_transposed(w[ATTN + "W_K"], None, W_pos)  # [K, H, B, T]
     # The last query sees every position, so the causal mask removes nothing here.
-    z, pattern = VocabAttention.apply(q, key, value, index, score_pos, attention != "softmax")  # [K, H, e, B]
+    core = choose_core(attention_core, tokens.device)
+    z, pattern = core.apply(q, key, value, index, score_pos, attention != "softmax")  # [K, H, e, B]
     if positional:
         z = z + _heads_transposed(w[ATTN + "W_V"], None, W_pos) @ pattern.transpose(-1, -2)  # [K, H, e, B]
     W_O = w[ATTN + "W_O"].reshape(K, H * d_head, -1)  # [K, H e, d]

@@ -263,10 +263,11 @@ def check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
 
 def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,
                attention: str = "softmax", positional: bool | None = None,
-               query_scale: torch.Tensor | None = None) -> torch.Tensor:
+               query_scale: torch.Tensor | None = None, attention_core: str = "auto") -> torch.Tensor:
     """One update of every model on tokens [K, B, T], answers [K, B]; returns the summed loss.
-    `query_scale` [K]: each model's 1/sqrt(d_head) in a stack of padded shapes."""
-    logits = last_position_logits(weights, tokens, attention, positional, query_scale)  # [K, B, O]
+    `query_scale` [K]: each model's 1/sqrt(d_head) in a stack of padded shapes;
+    `attention_core`: models.forward.CORES."""
+    logits = last_position_logits(weights, tokens, attention, positional, query_scale, attention_core)  # [K, B, O]
     loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / tokens.shape[1]
     loss.backward()
     optimizer.step()
@@ -274,13 +275,13 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
 
 
 def training_step(weights: dict, optimizer: Optimizer, data: TrainingData, attention: str, positional: bool,
-                  query_scale: torch.Tensor | None = None):
+                  query_scale: torch.Tensor | None = None, attention_core: str = "auto"):
     """One update of every model on its batch of this step, as a function of no arguments
     (models.graphed.Step runs or replays it): the step count is read from the optimizer's
     device counter `t` (steps taken), never from the host, so a replay draws the next batch."""
     def step() -> tuple[torch.Tensor]:
         tokens, answers = data.batch(optimizer.t)  # [K, B, T], [K, B]
-        return (train_step(weights, optimizer, tokens, answers, attention, positional, query_scale),)
+        return (train_step(weights, optimizer, tokens, answers, attention, positional, query_scale, attention_core),)
     return step
 
 

@@ -11,7 +11,8 @@
 #   env        the GPU, driver and torch
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): summary in tests_cuda.txt
 #   bench      bench/train_throughput.py: graphed, eager and the TransformerLens loop at config
-#              A; tiny graphed at K = 1 and K = 64 (bench.txt)
+#              A; tiny graphed at K = 1 and K = 64; 169 models at the grid's largest cell with
+#              each attention core (bench.txt)
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
 #   grid       Figure 4 right: the 169-cell grid with storage shares, stacked, timed (grid.png)
 #   fig4_left  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
@@ -89,6 +90,7 @@ if [ $dry = 1 ]; then
   tests=(tests/test_graphed.py -k "refuses or auto_captures")
   bench_a=(--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory)
   bench_k=()
+  bench_stack=()
   grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1)
   shapes=(1,1,2 2,2,2)
   fig4=(--d 8,11 --answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64
@@ -102,6 +104,9 @@ else
          tests/test_reliability.py)
   bench_a=(--device cuda --graphed --trained-steps 0 --repeats 3)
   bench_k=(--device cuda --graphed --trained-steps 0 --repeats 3 --preset tiny --no-memory)
+  # the grid's largest cell, 169 models: memory-bound with the vocabulary core; the fused one beside it
+  bench_stack=(--device cuda --trained-steps 0 --no-memory --repeats 2 --preset paper-tradeoff --n-heads 32
+               --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
   grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128)
   shapes=()
   for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
@@ -116,8 +121,9 @@ finish_anyway=1 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,
 finish_anyway=1 step tests 180 "$python" -m pytest -p no:cacheprovider "${tests[@]}"
 tail -n 30 "$work/tests.txt" > "$work/tests_cuda.txt" 2>/dev/null; put tests_cuda.txt tests_cuda.txt
 
-finish_anyway=1 step bench 150 bash -c "$python bench/train_throughput.py ${bench_a[*]} && \
-  if [ -n '${bench_k[*]}' ]; then for k in 1 64; do $python bench/train_throughput.py ${bench_k[*]} --k \$k; done; fi"
+finish_anyway=1 step bench 240 bash -c "$python bench/train_throughput.py ${bench_a[*]} && \
+  if [ -n '${bench_k[*]}' ]; then for k in 1 64; do $python bench/train_throughput.py ${bench_k[*]} --k \$k; done; fi && \
+  if [ -n '${bench_stack[*]}' ]; then $python bench/train_throughput.py ${bench_stack[*]}; fi"
 put bench.txt bench.txt
 
 if [ $dry = 0 ]; then

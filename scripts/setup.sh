@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv from nothing: torch 2.13.0 first (the local CPU wheel here, the normal
-# build elsewhere) so nothing pulls a second torch, then this package with its test and ray
-# extras (the sweep executor's tests run on a local Ray instance).
+# build elsewhere) so nothing pulls a second torch, then this package with its test, ray and
+# kernels extras (the sweep executor's tests run on a local Ray instance; the fused attention
+# core's tests run its Triton kernels in Triton's interpreter).
 # Re-running is cheap: it reinstalls only when pyproject.toml changed.
 # Also installs Debian's chromium for the browser test (tests/test_browser.py) when it is
 # missing, we are root and apt-get exists; set-up never fails over it (the test then skips).
@@ -36,7 +37,7 @@ if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q torch==2.13.0
-  .venv/bin/python -m pip install -q -e ".[test,ray]"
+  .venv/bin/python -m pip install -q -e ".[test,ray,kernels]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from models import fused_attention
 from models.forward import has_positions, last_position_logits
 from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
 from models.presets import preset
@@ -196,9 +197,11 @@ class _HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("core", ["vocab", pytest.param("fused", marks=pytest.mark.skipif(
+    not fused_attention.runs_on(torch.device("cpu")), reason="the fused core needs Triton"))])
 @pytest.mark.parametrize("sampler", ["generator", "counter"])
 @pytest.mark.parametrize("variant", ["uniform", "zipf, two seeds, positions"])
-def test_training_step_never_waits_for_the_device(variant, sampler):
+def test_training_step_never_waits_for_the_device(variant, sampler, core):
     """The hot loop (a fresh batch, forward, backward, Adam) reads no value back to the host,
     so on a GPU steps queue without a synchronisation; checked on the CPU by the ops it runs."""
     run = preset("tiny")
@@ -220,7 +223,7 @@ def test_training_step_never_waits_for_the_device(variant, sampler):
     with _HostSyncs() as syncs:
         for step in range(2):
             tokens, answers = data.batch(opt.t if sampler == "counter" else step)  # the device's step count
-            loss = train_step(weights, opt, tokens, answers, positional=positional)
+            loss = train_step(weights, opt, tokens, answers, positional=positional, attention_core=core)
     assert syncs.calls == []
     with _HostSyncs() as syncs:  # the recorder does see a read-back
         bool(loss > 0)

@@ -1,0 +1,117 @@
+"""The last query's attention as two Triton kernels that never write a [K, H, B, V] tensor.
+
+`FusedAttention` computes what `models.forward.VocabAttention` computes (same arguments,
+same outputs, same gradients up to the order of float sums), but walks each prompt's T
+tokens with the small key and value tables ([e, V] per head, a few KB, held in cache): one
+program per (model, head, block of prompts) gathers the tokens' keys, scores them, takes the
+softmax over positions and mixes the tokens' values. The backward recomputes nothing but the
+gathers and scatters the key and value gradients into their tables with atomic adds. Per step
+the attention then moves the pattern [K, H, B, T] twice and the queries, outputs and their
+gradients once, instead of about fourteen passes over a [K, H, B, V] buffer (bench/README.md).
+
+Triton is optional (`pip install -e .[kernels]`): the kernels compile for CUDA tensors and, in
+a process without a GPU, run in Triton's interpreter on CPU tensors (exact, and far too slow to
+train with: the tests use it). `runs_on(device)` says which; elsewhere models.forward keeps
+its vocabulary path.
+The atomic adds make the key and value gradients' float sums run in no fixed order on a GPU
+(as torch's scatter_add_ there): GPU runs with this core are not bit-reproducible.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BLOCK_B = 16  # prompts per program
+
+
+@functools.cache
+def _kernels():
+    """models.fused_kernels, imported on first use. A process without a GPU has Triton
+    interpret them (TRITON_INTERPRET is read when Triton is imported)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from models import fused_kernels
+    return fused_kernels
+
+
+def runs_on(device: torch.device) -> bool:
+    """Whether the fused core can run on `device`: Triton is installed, and compiles for CUDA
+    or, in a process without a GPU, interprets on the CPU."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    interpreted = _kernels().triton.knobs.runtime.interpret
+    return device.type == "cpu" if interpreted else device.type == "cuda"
+
+
+def _launch(kernel: str, like: torch.Tensor, *args, **meta) -> None:
+    """models.fused_kernels.`kernel` on a grid of (blocks of prompts, heads, models), for
+    q-shaped `like` [K, H, e, B]."""
+    if not runs_on(like.device):
+        raise ValueError(f"the fused attention core cannot run on {like.device} here "
+                         "(it needs Triton, and CUDA tensors, or CPU tensors in a process without a GPU)")
+    K, H, _, B = like.shape
+    getattr(_kernels(), kernel)[(-(-B // BLOCK_B), H, K)](*args, BLOCK_B=BLOCK_B, **meta)
+
+
+def per_token_attention(q, key, value, index, score_pos, linear):
+    """FusedAttention's contract in plain torch, differentiated by autograd: each token's key
+    and value gathered from the tables ([K, H, e, B, T] each). The tests' reference, and the
+    pure-torch per-token form bench/attention_cores.py times (its backward is a scatter_add
+    per table)."""
+    K, H, E, B = q.shape
+    T = index.shape[-1]
+    flat = index.reshape(K, H, 1, B * T).expand(K, H, E, B * T)
+    keys = key.gather(-1, flat).view(K, H, E, B, T)  # [K, H, e, B, T]
+    values = value.gather(-1, flat).view(K, H, E, B, T)
+    scores = (q[..., None] * keys).sum(2)  # [K, H, B, T]
+    if score_pos is not None:
+        scores = scores + score_pos
+    pattern = scores if linear else scores.softmax(-1)
+    return (pattern[:, :, None] * values).sum(-1), pattern  # [K, H, e, B], [K, H, B, T]
+
+
+class FusedAttention(torch.autograd.Function):
+    """models.forward.VocabAttention's contract, computed per token: q [K, H, e, B] (already
+    scaled), key and value tables [K, H, e, V], token index [K, H, B, T] (any strides: the
+    tokens expanded over heads), optional positional scores [K, H, B, T]; returns the head
+    outputs z [K, H, e, B] and the pattern [K, H, B, T]."""
+
+    @staticmethod
+    def forward(ctx, q, key, value, index, score_pos, linear: bool):
+        K, H, E, B = q.shape
+        T = index.shape[-1]
+        z = q.new_empty(K, H, E, B)  # [K, H, e, B]
+        pattern = q.new_empty(K, H, B, T)  # [K, H, B, T]
+        positional = score_pos is not None
+        pos = score_pos if positional else pattern  # a placeholder pointer when absent
+        _launch("forward", q, q, key, value, index, pos, z, pattern, B, T,
+                *q.stride(), *key.stride(), *value.stride(), *index.stride(), *pos.stride(), *z.stride(),
+                *pattern.stride(), E=E, BLOCK_T=1 << (T - 1).bit_length(), POSITIONAL=positional, LINEAR=linear)
+        ctx.save_for_backward(q, key, value, index, pattern)
+        ctx.linear, ctx.positional = linear, positional
+        ctx.set_materialize_grads(False)
+        return z, pattern
+
+    @staticmethod
+    def backward(ctx, d_z, d_pattern):
+        if d_z is None and d_pattern is None:
+            return None, None, None, None, None, None
+        q, key, value, index, pattern = ctx.saved_tensors
+        K, H, E, B = q.shape
+        T, V = index.shape[-1], key.shape[-1]
+        # d_z and d_q share one contiguous layout, d_pattern and d_scores the pattern's
+        d_z = q.new_zeros(q.shape) if d_z is None else d_z.contiguous()  # [K, H, e, B]
+        d_q = torch.empty_like(d_z)  # [K, H, e, B]
+        d_pattern = None if d_pattern is None else d_pattern.contiguous()  # [K, H, B, T]
+        d_scores = torch.empty_like(pattern) if ctx.positional else None  # [K, H, B, T]
+        d_key, d_value = key.new_zeros(K, H, E, V), key.new_zeros(K, H, E, V)  # [K, H, e, V]
+        at = pattern if d_pattern is None else d_pattern  # a placeholder pointer when absent
+        _launch("backward", q, q, key, value, index, pattern, d_z, at, d_q, d_key, d_value,
+                at if d_scores is None else d_scores, B, T,
+                *q.stride(), *key.stride(), *value.stride(), *index.stride(), *pattern.stride(), *d_z.stride(),
+                *at.stride(), *d_key.stride(), E=E, BLOCK_T=1 << (T - 1).bit_length(),
+                HAS_DPATTERN=d_pattern is not None, POSITIONAL=ctx.positional, LINEAR=ctx.linear)
+        return d_q, d_key, d_value, None, d_scores, None

@@ -1,0 +1,93 @@
+"""The fused attention core (Triton, interpreted on the CPU) equals the vocabulary core and
+autograd: outputs and every gradient, in float64 and float32."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import fused_attention
+from models.config import ModelConfig
+from models.forward import VocabAttention, choose_core, last_position_logits
+from models.weights import init_weights, stack
+from tasks.factual_recall import FactualRecallTask
+from tests.conftest import TEST_DEVICE
+
+needs_fused = pytest.mark.skipif(not fused_attention.runs_on(TEST_DEVICE),
+                                 reason="the fused core needs Triton (pip install -e .[kernels])")
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}
+
+
+def _inputs(dtype, positional, K=2, H=3, E=5, B=37, V=11, T=7):
+    """q [K, H, e, B], tables [K, H, e, V], index [K, H, B, T] (tokens expanded over heads, as
+    models.forward passes them), positional scores [K, H, B, T] or None; B not a multiple of
+    the kernel's block and T not a power of two, so the masks are exercised."""
+    g = torch.Generator().manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype).to(TEST_DEVICE).requires_grad_()
+    tokens = torch.randint(0, V, (K, B, T), generator=g).to(TEST_DEVICE)
+    score_pos = leaf(K, H, B, T) if positional else None
+    return leaf(K, H, E, B), leaf(K, H, E, V), leaf(K, H, E, V), tokens[:, None].expand(K, H, B, T), score_pos
+
+
+def _outputs_and_gradients(core, inputs, linear, use_pattern):
+    """z, pattern and the gradients of every input under a fixed weighted sum of the outputs
+    (the pattern's term left out unless `use_pattern`: then its gradient is None)."""
+    leaves = [x for x in inputs if x is not None and x.requires_grad]
+    for x in leaves:
+        x.grad = None
+    z, pattern = core(*inputs, linear)
+    loss = (z * torch.linspace(-1, 1, z.numel(), dtype=z.dtype, device=z.device).view_as(z)).sum()
+    if use_pattern:
+        loss = loss + (pattern * torch.linspace(2, -1, pattern.numel(), dtype=z.dtype,
+                                                device=z.device).view_as(pattern)).sum()
+    loss.backward()
+    return [z.detach(), pattern.detach()] + [x.grad.clone() for x in leaves]
+
+
+@needs_fused
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("positional", [False, True], ids=["no-pos", "pos"])
+@pytest.mark.parametrize("linear", [False, True], ids=["softmax", "linear"])
+@pytest.mark.parametrize("use_pattern", [False, True], ids=["z", "z+pattern"])
+def test_fused_core_equals_vocabulary_core_and_autograd(dtype, positional, linear, use_pattern):
+    inputs = _inputs(dtype, positional)
+    fused = _outputs_and_gradients(fused_attention.FusedAttention.apply, inputs, linear, use_pattern)
+    references = {"vocabulary core": _outputs_and_gradients(VocabAttention.apply, inputs, linear, use_pattern),
+                  "autograd": _outputs_and_gradients(fused_attention.per_token_attention, inputs, linear, use_pattern)}
+    for name, reference in references.items():
+        assert len(fused) == len(reference)
+        for ours, theirs in zip(fused, reference):
+            scale = max(1.0, theirs.abs().max().item())
+            assert (ours - theirs).abs().max().item() <= TOLERANCE[dtype] * scale, name
+
+
+@needs_fused
+def test_fused_core_gives_the_model_the_same_logits_and_gradients():
+    """last_position_logits with either core: the same logits and weight gradients, with a
+    positional embedding (so the positional scores' gradient is used too)."""
+    task = FactualRecallTask(12, 4, 3, 10, 9)
+    model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40)
+    g = torch.Generator().manual_seed(1)
+    w = stack([{k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(model, task, s).items()}
+               for s in (0, 1)])
+    batch = task.sample(40, torch.Generator().manual_seed(2))
+    results = []
+    for core in ("vocab", "fused"):
+        params = {k: v.to(TEST_DEVICE).requires_grad_() for k, v in w.items()}
+        tokens = batch.tokens.to(TEST_DEVICE).expand(2, -1, -1)
+        logits = last_position_logits(params, tokens, positional=True, attention_core=core)  # [2, B, O]
+        F.cross_entropy(logits.flatten(0, 1), batch.answers.to(TEST_DEVICE).repeat(2)).backward()
+        results.append({"logits": logits.detach(), **{k: p.grad for k, p in params.items() if p.grad is not None}})
+    assert results[0].keys() == results[1].keys() and "blocks.0.attn.W_K" in results[0]
+    for key, vocab in results[0].items():
+        assert torch.allclose(results[1][key], vocab, atol=1e-5, rtol=1e-4), key
+
+
+def test_the_core_is_chosen_by_device():
+    """Every device keeps the vocabulary core unless the fused one is asked for (it has not
+    yet run on a GPU); names are checked."""
+    assert choose_core("auto", torch.device("cpu")) is VocabAttention
+    assert choose_core("auto", torch.device("cuda")) is VocabAttention
+    assert choose_core("vocab", torch.device("cpu")) is VocabAttention
+    with pytest.raises(ValueError, match="attention core must be one of auto, vocab, fused, got 'flash'"):
+        choose_core("flash", torch.device("cpu"))
