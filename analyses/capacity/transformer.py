@@ -18,7 +18,7 @@ from analyses.sweep import Cell, Cells, bisection, run_jobs, search, stacked_sea
 from models import parameterisation as param
 from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
-from models.shape_trainer import train_shapes
+from models.shape_trainer import train_stacks
 from models.trainer import train
 from models.weights import parameter_count
 
@@ -162,16 +162,17 @@ def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device
 
 
 def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
-    """Every (size, seed) of a round trained as stacks (one per size: models.shape_trainer),
-    each its own run with its own early stop; {cell key: its probe row}."""
+    """Every (size, seed) of a round, each its own run with its own early stop, trained as
+    few stacks as models.shape_trainer.train_stacks allows (with the counter sampler the sizes
+    share a stack; the generator sampler stacks the seeds of one size); {cell key: its probe row}."""
+    pairs = [(S, seed) for S in sizes for seed in sweep.seeds]
+    runs = [sweep.run(shape, d, S, device, seed) for S, seed in pairs]
     rows = {}
-    for S in sizes:
-        runs = [sweep.run(shape, d, S, device, seed) for seed in sweep.seeds]
-        for seed, run, result in zip(sweep.seeds, runs, train_shapes(runs, progress=False)):
-            key = probe_key(shape, d, S, seed)
-            if keep.get(key) is not None:
-                result.save(keep[key])
-            rows[key] = {**probe_row(shape, d, S, run, result), "seed": seed}
+    for (S, seed), run, result in zip(pairs, runs, train_stacks(runs, progress=False)):
+        key = probe_key(shape, d, S, seed)
+        if keep.get(key) is not None:
+            result.save(keep[key])
+        rows[key] = {**probe_row(shape, d, S, run, result), "seed": seed}
     return rows
 
 
