@@ -14,7 +14,8 @@
 #              A; tiny graphed at K = 1 and K = 64; 169 models at the grid's largest cell with
 #              each attention core (bench.txt)
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
-#   grid       Figure 4 right: the 169-cell grid with storage shares, stacked, timed (grid.png)
+#   grid       Figure 4 right: the 169-cell grid with storage shares over seeds 0, 1, 2, stacked,
+#              timed (grid.png)
 #   fig4_left  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
 #              learning rates) over seeds 0, 1, 2 (S*: the largest S most seeds store), shapes
 #              searched in GPU_RUN_JOBS parallel processes until the time is up
@@ -91,7 +92,7 @@ if [ $dry = 1 ]; then
   bench_a=(--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory)
   bench_k=()
   bench_stack=()
-  grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1)
+  grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1 --seeds 0,1)
   shapes=(1,1,2 2,2,2)
   fig4=(--d 8,11 --answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64
         --min-size 2 --max-size 5 --seeds 0,1)
@@ -107,7 +108,7 @@ else
   # the grid's largest cell, 169 models: memory-bound with the vocabulary core; the fused one beside it
   bench_stack=(--device cuda --trained-steps 0 --no-memory --repeats 2 --preset paper-tradeoff --n-heads 32
                --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
-  grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128)
+  grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2)
   shapes=()
   for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
   fig4=(--d 8,11,16,22,32,45,64,90,128,181 --answers 8 --seq-len 32 --eval-size 1024 --seeds 0,1,2)

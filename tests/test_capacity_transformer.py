@@ -230,6 +230,36 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     assert (tmp_path / "grid.png").is_file()
 
 
+def test_a_grid_over_seeds_records_each_seed_and_the_frontiers_spread(tmp_path, capsys):
+    from analyses.tradeoff import main
+    from analyses.tradeoff.grid import frontier_of
+
+    argv = ["grid", "--heads", "1,2", "--widths", "4,32", "--seeds", "0,1", "--stack", "on", *TINY,
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "(8 new cells)" in capsys.readouterr().out
+    assert sorted(p.stem for p in (tmp_path / "cells").glob("H*.json")) == sorted(
+        f"H{h}_m{m}_seed{s}" for h in (1, 2) for m in (4, 32) for s in (0, 1))
+    by_seed, grid = pd.read_csv(tmp_path / "grid_by_seed.csv"), pd.read_csv(tmp_path / "grid.csv")
+    assert len(by_seed) == 8 and sorted(set(by_seed["seed"])) == [0, 1] and (grid["seeds"] == 2).all()
+    for row in grid.itertuples():  # each cell of grid.csv: its seeds' mean, lowest and highest
+        cell = by_seed[(by_seed["heads"] == row.heads) & (by_seed["width"] == row.width)]["best_accuracy"]
+        assert row.best_accuracy == pytest.approx(cell.mean())
+        assert (row.best_accuracy_min, row.best_accuracy_max) == (cell.min(), cell.max())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for seed in (0, 1):
+        expected = {str(h): m for h, m in frontier_of(by_seed[by_seed["seed"] == seed]).items()}
+        assert summary["frontier_by_seed"][str(seed)] == expected
+    for h, spread in summary["frontier_spread"].items():
+        reached = sorted(f[h] for f in summary["frontier_by_seed"].values() if f[h] is not None)
+        assert spread["seeds_reaching"] == len(reached) and spread["min"] == (reached[0] if reached else None)
+    assert "seed" not in json.loads((tmp_path / "settings.json").read_text())["run"]["train"]
+    assert main(argv) == 0
+    assert "(0 new cells)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--seeds trains every cell with the seeds it names; drop --seed"):
+        main([*argv, "--seed", "3"])
+
+
 @pytest.mark.parametrize("shape", [["--widths", "4"], ["--attn-only"]], ids=["one cell", "attention-only"])
 def test_a_one_row_grid_writes_its_tables_and_figure(shape, tmp_path):
     import pandas as pd

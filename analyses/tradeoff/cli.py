@@ -92,15 +92,20 @@ def main(argv=None) -> int:
         grid.models(run)  # every cell's model is refused before anything runs
         per_cell = ("n_heads", "d_mlp")  # set by --heads and --widths, recorded as those
         earlier = sweep_settings("grid", run, locating, grid.recorded(run))  # grids that recorded the preset's H, m
-        cells = Cells(out, sweep_settings("grid", run, locating, grid.recorded(run), per_cell),
-                      executor.torch_threads, earlier=(earlier,), keep_checkpoints=args.keep_checkpoints)
+        settings = sweep_settings("grid", run, locating, grid.recorded(run), per_cell)
+        if grid.seeds:
+            if args.seed is not None:
+                raise ValueError("--seeds trains every cell with the seeds it names; drop --seed.")
+            settings["run"]["train"].pop("seed")  # in each cell's key
+        cells = Cells(out, settings, executor.torch_threads, earlier=(earlier,),
+                      keep_checkpoints=args.keep_checkpoints)
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)
         print(grid_text(result, out))
     elif args.command == "swap":
         cells = Cells(out, sweep_settings("swap", run, locating, {"variants": list(VARIANTS)}), executor.torch_threads,
-                      args.keep_checkpoints)
+                      keep_checkpoints=args.keep_checkpoints)
         result = swap_tables(swap_rows(run, locating, cells, executor, progress), run, cells.computed)
         write_swap(result, out)
         print(swap_text(result, out))

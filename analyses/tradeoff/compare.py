@@ -12,7 +12,7 @@ import pandas as pd
 from analyses.output import save_figure
 from analyses.tradeoff.common import Result, accuracy_column, write_result
 from analyses.tradeoff.figures import frontier_cells, frontier_line, heat_map, panel_grid, paper_grid, paper_lines
-from analyses.tradeoff.grid import frontier_of
+from analyses.tradeoff.grid import floor_between, frontier_of
 
 SHARES = ["share_attention", "share_mlp", "share_both", "share_distributed", "share_not_stored"]
 CELL = ["heads", "width"]
@@ -54,14 +54,6 @@ def setting_differences(a: RecordedGrid, b: RecordedGrid) -> dict[str, list]:
     """Every setting the two sweeps do not share: {name: [a's value, b's value]} (None: unset)."""
     fa, fb = _flat(a.settings), _flat(b.settings)
     return {k: [fa.get(k), fb.get(k)] for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
-
-
-def floor_between(frontier: dict[int, int | None]) -> list[int | None]:
-    """The attention floor as [largest H below it (no m reaches 99%), smallest H reaching 99%]."""
-    reaching = [h for h, m in frontier.items() if m is not None]
-    first = min(reaching) if reaching else None
-    below = [h for h, m in frontier.items() if m is None and (first is None or h < first)]
-    return [max(below) if below else None, first]
 
 
 def compare_grids(a: RecordedGrid, b: RecordedGrid) -> Result:

@@ -2,7 +2,7 @@
 finds the facts; the 99% frontier and the corners."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +30,10 @@ class Grid:
         "help": "on: train the cells of one H (every m) as one zero-padded stack, equal to each cell alone "
                 "up to float rounding, so recorded with the sweep | off: each cell alone | "
                 "auto: on where the training runs on CUDA"})
+    seeds: tuple[int, ...] = field(default=(), metadata={
+        "help": "train every cell with each of these seeds (in place of --seed): grid.csv the mean over seeds, "
+                "grid_by_seed.csv each seed's cells, the frontier and the attention floor per seed and their "
+                "spread (docs/tradeoff.md)"})
 
     def __post_init__(self):
         cli.at_least(self, heads=1, widths=1)
@@ -44,7 +48,8 @@ class Grid:
         """What settings.json records of the grid (`stacked` only when on: grids recorded
         before stacks existed resume)."""
         stacked = {"stacked": True} if self.stacked(run) else {}
-        return {"heads": list(self.heads), "widths": list(self.widths_of(run)), **stacked}
+        seeded = {"seeds": "per cell"} if self.seeds else {}  # a seeded grid can take more seeds later
+        return {"heads": list(self.heads), "widths": list(self.widths_of(run)), **stacked, **seeded}
 
     def widths_of(self, run: RunConfig) -> tuple[int, ...]:
         """The m values the grid trains: --widths, or m = 0 alone when the model has no MLP."""
@@ -58,13 +63,21 @@ class Grid:
             model.validate()
         return models
 
+    def runs(self, run: RunConfig) -> dict[str, RunConfig]:
+        """Every cell's run by its key: H{h}_m{m}, and _seed{s} for each of --seeds."""
+        models = self.models(run)
+        if not self.seeds:
+            return {f"H{h}_m{m}": RunConfig(run.task, model, run.train) for (h, m), model in models.items()}
+        return {f"H{h}_m{m}_seed{s}": RunConfig(run.task, model, replace(run.train, seed=(s,)))
+                for (h, m), model in models.items() for s in self.seeds}
+
 
 # ---------------------------------------------------------------------------- cells
 def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells, executor: ExecutorSettings,
               progress: bool = True, compute: bool = True) -> list[dict]:
     """One row per cell (H, m): accuracy and the shares of the storage labels (compute=False:
     the recorded cells only). Stacked, the cells of one H not yet recorded train as one stack."""
-    runs = {f"H{h}_m{m}": RunConfig(run.task, model, run.train) for (h, m), model in grid.models(run).items()}
+    runs = grid.runs(run)
     stacked = grid.stacked(run)
     groups = [(key,) for key in runs if not stacked or cells.recorded(key) is not None]  # cells alone
     alone = {key for (key,) in groups}
@@ -83,7 +96,8 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
                            compute=compute)
     rows = {key: row for keys, result in zip(groups, results) if result is not None  # a stack's job: a tuple
             for key, row in zip(keys, result if isinstance(result, tuple) else (result,))}
-    return [rows[key] for key in runs if key in rows]  # the grid's order, whichever way the cells ran
+    return [{**rows[key], **({"seed": runs[key].train.seed[0]} if grid.seeds else {})}
+            for key in runs if key in rows]  # the grid's order, whichever way the cells ran
 
 
 # --------------------------------------------------------------------------- tables
@@ -94,10 +108,22 @@ def frontier_of(table: pd.DataFrame) -> dict[int, int | None]:
             for h, g in table.groupby("heads")}
 
 
+def floor_between(frontier: dict[int, int | None]) -> list[int | None]:
+    """The attention floor as [largest H below it (no m reaches 99%), smallest H reaching 99%]."""
+    reaching = [h for h, m in frontier.items() if m is not None]
+    first = min(reaching) if reaching else None
+    below = [h for h, m in frontier.items() if m is None and (first is None or h < first)]
+    return [max(below) if below else None, first]
+
+
 def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> Result:
-    """grid.csv, and the 99% frontier (smallest m reaching 99% at each H) and the corners."""
-    table = pd.DataFrame(rows)
-    table["width"] = table["width"].fillna(0).astype(int)  # an attention-only cell: m = 0
+    """grid.csv, and the 99% frontier (smallest m reaching 99% at each H), the attention
+    floor and the corners. With seeds: grid.csv is the mean over seeds of each cell (its
+    frontier and floor are the mean's), grid_by_seed.csv every seed's cells, and the summary
+    adds each seed's frontier and floor and, per H, the spread of the frontier over seeds."""
+    by_seed = pd.DataFrame(rows)
+    by_seed["width"] = by_seed["width"].fillna(0).astype(int)  # an attention-only cell: m = 0
+    table = seed_means(by_seed) if grid.seeds else by_seed
     score = accuracy_column(table)
     frontier = frontier_of(table)
     widths = grid.widths_of(run)
@@ -105,10 +131,43 @@ def grid_tables(rows: list[dict], grid: Grid, run: RunConfig, computed: int) -> 
                for name, h, m in (("attention_heavy", max(grid.heads), min(widths)),
                                   ("mlp_heavy", min(grid.heads), max(widths)))
                if len(corner := table[(table["heads"] == h) & (table["width"] == m)])}  # recorded ones
-    summary = {"frontier_min_width_at_99": frontier, "frontier_accuracy": score, "corners": corners,
+    summary = {"frontier_min_width_at_99": frontier, "floor_between": floor_between(frontier),
+               "frontier_accuracy": score, "corners": corners,
                "task": repr(run.task.build()), "cells": f"{len(table)} of {len(grid.heads) * len(widths)}",
                "cells_computed": computed}
-    return Result({"grid.csv": table}, summary)
+    tables = {"grid.csv": table}
+    if grid.seeds:
+        tables["grid_by_seed.csv"] = by_seed
+        summary.update(seed_spread(by_seed))
+    return Result(tables, summary)
+
+
+def seed_means(by_seed: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (H, m): the mean over its seeds of every number, the lowest and highest
+    accuracy, and how many seeds it has."""
+    score = accuracy_column(by_seed)
+    fixed = ["attention_parameters", "mlp_parameters"]  # the cell's, whatever the seed
+    numbers = by_seed.select_dtypes("number").columns.drop(["heads", "width", "seed", "lr", *fixed])
+    cells = by_seed.groupby(["heads", "width"], sort=False)
+    table = cells[fixed].first().join(cells[list(numbers)].mean()).reset_index()
+    table[f"{score}_min"] = cells[score].min().to_numpy()
+    table[f"{score}_max"] = cells[score].max().to_numpy()
+    table["seeds"] = cells["seed"].nunique().to_numpy()
+    return table
+
+
+def seed_spread(by_seed: pd.DataFrame) -> dict:
+    """Each seed's frontier and floor, and per H the smallest, median and largest frontier m
+    over the seeds that reach 99% at that H, with how many do."""
+    frontiers = {int(s): frontier_of(g) for s, g in by_seed.groupby("seed")}
+    spread = {}
+    for h in sorted({h for f in frontiers.values() for h in f}):
+        widths = sorted(f[h] for f in frontiers.values() if f.get(h) is not None)
+        spread[h] = {"seeds_reaching": len(widths), "min": widths[0] if widths else None,
+                     "median": float(pd.Series(widths).median()) if widths else None,
+                     "max": widths[-1] if widths else None}
+    return {"frontier_by_seed": frontiers, "floor_by_seed": {s: floor_between(f) for s, f in frontiers.items()},
+            "frontier_spread": spread}
 
 
 # --------------------------------------------------------------------------- report
@@ -121,5 +180,10 @@ def grid_text(result: Result, out: Path) -> str:
     table = result.tables["grid.csv"]
     columns = ["heads", "width", *dict.fromkeys(["accuracy", accuracy_column(table)]), "share_attention",
                "share_mlp", "share_both", "share_distributed", "share_not_stored"]
-    return (table[columns].to_string(index=False, float_format="%.3f")
-            + f"\nwrote {out}/ ({result.summary['cells_computed']} new cells)")
+    lines = [table[columns].to_string(index=False, float_format="%.3f")]
+    if "frontier_spread" in result.summary:  # a grid over seeds: the means above, the frontier's spread here
+        lines.append("smallest m at 99% per seed (min / median / max over the seeds reaching it):")
+        lines += [f"  H={h}: " + (f"{v['min']} / {v['median']:g} / {v['max']}, {v['seeds_reaching']} of "
+                                  f"{table['seeds'].max()} seeds" if v["seeds_reaching"] else "no seed reaches 99%")
+                  for h, v in result.summary["frontier_spread"].items()]
+    return "\n".join(lines) + f"\nwrote {out}/ ({result.summary['cells_computed']} new cells)"
