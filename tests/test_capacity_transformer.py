@@ -169,8 +169,8 @@ def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
 def test_a_search_over_seeds_records_each_seed_and_resumes(tmp_path, capsys):
     argv = ["transformer", "--shape", "1,1,2,6", "--d", "4,6", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
             "--steps", "60", "--batch-size", "64", "--eval-every", "20", "--eval-size", "64", "--min-size", "2",
-            "--max-size", "4", "--seeds", "0,1,2", "--sampler", "counter", "--probes", "2", "--device", "cpu",
-            "--quiet", "--out", str(tmp_path)]
+            "--max-size", "4", "--seeds", "0,1,2", "--sampler", "counter", "--probes", "2", "--stack", "on",
+            "--device", "cpu", "--quiet", "--out", str(tmp_path)]
     code, out, _ = _cli(argv, capsys)
     assert code == 0 and "sizes searched: 2 of 2" in out
     table = pd.read_csv(tmp_path / "capacity.csv")

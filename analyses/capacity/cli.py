@@ -27,7 +27,7 @@ def _shape(text: str) -> tuple:
 
 
 # the search's and the figure's settings, and the model: the departures study sets these itself
-UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "seeds", "parameterisation", "embedding",
+UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "seeds", "stack", "parameterisation", "embedding",
              "bits_per_parameter", "facts_per_parameter")
 
 

@@ -16,6 +16,7 @@ from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
 from analyses.sweep import Cell, Cells, bisection, run_jobs, search, stacked_search
 from models import parameterisation as param
+from models.bridge import resolve_device
 from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from models.shape_trainer import train_stacks
@@ -50,6 +51,9 @@ class TransformerSweep:
     sampler: str = setting("generator", "training data: generator | counter (every seed's batch a hash of seed and "
                            "step: the sampler a CUDA graph can replay)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
+    stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
+                         "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
+                         "training runs on CUDA: on a CPU a stack is no faster)", choices=("auto", "on", "off"))
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
@@ -162,13 +166,16 @@ def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device
 
 
 def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
-    """Every (size, seed) of a round, each its own run with its own early stop, trained as
-    few stacks as models.shape_trainer.train_stacks allows (with the counter sampler the sizes
-    share a stack; the generator sampler stacks the seeds of one size); {cell key: its probe row}."""
+    """Every (size, seed) of a round, each its own run with its own early stop; stacked
+    (--stack), as few stacks as models.shape_trainer.train_stacks allows (with the counter
+    sampler the sizes share a stack; the generator sampler stacks the seeds of one size), else
+    one after another. {cell key: its probe row}."""
     pairs = [(S, seed) for S in sizes for seed in sweep.seeds]
     runs = [sweep.run(shape, d, S, device, seed) for S, seed in pairs]
+    stacked = sweep.stack == "on" or (sweep.stack == "auto" and resolve_device(device).type == "cuda")
+    results = train_stacks(runs, progress=False) if stacked else [train(run, progress=False) for run in runs]
     rows = {}
-    for (S, seed), run, result in zip(pairs, runs, train_stacks(runs, progress=False)):
+    for (S, seed), run, result in zip(pairs, runs, results):
         key = probe_key(shape, d, S, seed)
         if keep.get(key) is not None:
             result.save(keep[key])
