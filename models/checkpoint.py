@@ -29,6 +29,7 @@ from tasks.factual_recall import FactualRecallTask
 FORMAT = "factual-recall-ckpt"
 FORMAT_VERSION = 1
 SNAPSHOT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
+STATE_RE = re.compile(r"^step_(\d{8})\.json$")  # a training state is complete when its JSON is there
 
 
 class CheckpointError(ValueError):
@@ -178,8 +179,6 @@ def read_weights(path: str | Path, section: ModelSection) -> dict[str, torch.Ten
 def interrupted_run(ckpt: Path) -> str:
     """What to do with a directory models.train started (run.json) and never finished (no
     config.json): resume it; no weights can be read before."""
-    from models.train_state import complete_steps, state_dir  # it imports this module
-
     saved = complete_steps(state_dir(ckpt))
     state = (f"its training state is saved at step {saved[-1]}" if saved else "no training state was saved yet")
     return (f"{ckpt}: a training run that was interrupted before it wrote its checkpoint (run.json, no config.json; "
@@ -199,6 +198,18 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
         raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
     section = ModelSection.from_json(config["model"])  # checked by read_config
     return Checkpoint(ckpt, config, section, task, read_weights(file, section))
+
+
+def state_dir(ckpt: str | Path) -> Path:
+    """Where a resumable run keeps its training state (models.train_state)."""
+    return Path(ckpt) / "train_state"
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps whose training state in `folder` is complete, ascending."""
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := STATE_RE.match(p.name)))
 
 
 def snapshot_path(ckpt: str | Path, step: int) -> Path:

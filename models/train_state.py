@@ -10,19 +10,14 @@ Both are written atomically; a kill at any moment leaves every named file whole.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from models.checkpoint import CheckpointError, write_json, write_weights
+from models.checkpoint import CheckpointError, complete_steps, state_dir, write_json, write_weights
 
-STATE_RE = re.compile(r"^step_(\d{8})\.json$")
-
-
-def state_dir(ckpt: str | Path) -> Path:
-    return Path(ckpt) / "train_state"
+__all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "load_state", "restore", "saved_snapshots"]
 
 
 def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict],
@@ -43,11 +38,6 @@ def remove_partial(folder: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def complete_steps(folder: Path) -> list[int]:
-    """Steps whose state is complete, ascending."""
-    if not folder.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := STATE_RE.match(p.name)))
 
 
 def load_state(folder: Path, step: int) -> tuple[dict, dict]:

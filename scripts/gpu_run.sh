@@ -101,8 +101,8 @@ else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
   device=(--device cuda)
   tests=(-n 8 tests/test_graphed.py tests/test_parity.py tests/test_trainer.py tests/test_shape_stack.py
-         tests/test_grid_stack.py tests/test_counter.py tests/test_authors_model.py tests/test_locate_facts.py
-         tests/test_reliability.py)
+         tests/test_grid_stack.py tests/test_stack_buckets.py tests/test_counter.py tests/test_fused_attention.py
+         tests/test_authors_model.py tests/test_locate_facts.py tests/test_reliability.py)
   bench_a=(--device cuda --graphed --trained-steps 0 --repeats 3)
   bench_k=(--device cuda --graphed --trained-steps 0 --repeats 3 --preset tiny --no-memory)
   # the grid's largest cell, 169 models: memory-bound with the vocabulary core; the fused one beside it

@@ -34,7 +34,7 @@ def test_the_grid_figure_counts_parameters_as_grid_csv_and_draws_the_authors_lin
     table = pd.DataFrame([{"heads": h, "width": m, "accuracy": 1.0, "attention_parameters": 4 * h * d_h * d,
                            "mlp_parameters": 2 * m * d} for h in (4, 8) for m in (32, 64)])
     _, ax = subplots()
-    heat_map(ax, table, "accuracy", "viridis", (0, 1), dark=lambda v: False)
+    heat_map(ax, table, "accuracy", "viridis", (0, 1))
     assert [t.get_text() for t in ax.get_yticklabels()] == ["4 (4096)", "8 (8192)"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["32 (2048)", "64 (4096)"]
     paper_lines(ax, table)
