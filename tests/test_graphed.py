@@ -16,7 +16,7 @@ from models.presets import preset
 from models.shape_trainer import train_shapes
 from models.train_state import load_state, restore, save_state
 from models.trainer import train
-from tasks.association import SequenceTask
+from tasks.association import AssociationTask
 from tests.conftest import TEST_DEVICE, quick
 from tests.test_shape_stack import runs as shape_runs
 
@@ -135,9 +135,11 @@ def test_a_graphed_shape_stack_is_bit_identical_to_eager():
 
 
 @CUDA
-def test_graphed_attention_only_training_is_bit_identical_to_eager():
-    task = SequenceTask(n_tokens=10, context=2)
-    runs = [(AoTModelConfig(d_model=8, n_heads=2, d_head=4), 0), (AoTModelConfig(d_model=8, head_layout="dana"), 1)]
+@pytest.mark.parametrize("layout", ["standard", "dana"])
+def test_graphed_attention_only_training_is_bit_identical_to_eager(layout):
+    task = AssociationTask(n_tokens=10, context=2)
+    runs = [(AoTModelConfig(d_model=8, n_heads=2, d_head=4, head_layout=layout), 0),
+            (AoTModelConfig(d_model=8, n_heads=1, d_head=8, head_layout=layout), 1)]
     cfg = AoTTrainConfig(batches=50, epochs=20, batch_size=256, eval_every=100, device=str(TEST_DEVICE))
     eager, graphed = _both(lambda mode: train_aot(task, runs, replace(cfg, cuda_graph=mode), progress=False))
     for e, g in zip(eager, graphed):
