@@ -45,17 +45,30 @@ class Optimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        """One update of every parameter, each formula applied to all parameters at once
+        (torch._foreach_*: on a GPU one kernel for all of them where their shapes agree, so a
+        step launches about a third as many kernels; on a CPU the same per-tensor operations,
+        in the same order, as one parameter at a time)."""
         self.t.add_(1)
-        if self.kind == "adam":
-            row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
-            first, second = row[:, 0], row[:, 1]  # [1] each: 1 - b1^t, sqrt(1 - b2^t)
+        keys = list(self.params)
+        params = [self.params[k] for k in keys]
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None  # the next backward starts from zero
+        rates = [self.lr[k] for k in keys]  # [K, 1, ...] views of the one [K] tensor
+        if self.kind == "sgd":
+            torch._foreach_sub_(params, torch._foreach_mul(rates, grads))
+            return
+        row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
+        first, second = row[0, 0], row[0, 1]  # 1 - b1^t, sqrt(1 - b2^t)
         b1, b2 = ADAM_BETAS
-        for key, p in self.params.items():
-            g, p.grad = p.grad, None  # the next backward starts from zero
-            if self.kind == "sgd":
-                p.sub_(self.lr[key] * g)
-                continue
-            self.m[key].lerp_(g, 1 - b1)
-            self.v[key].mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (self.v[key].sqrt() / second).add_(ADAM_EPS)
-            p.sub_(self.lr[key] / first * self.m[key] / denom)
+        m, v = [self.m[k] for k in keys], [self.v[k] for k in keys]
+        torch._foreach_lerp_(m, grads, 1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, second)
+        torch._foreach_add_(denom, ADAM_EPS)
+        update = torch._foreach_mul(torch._foreach_div(rates, first), m)  # lr / first * m
+        torch._foreach_div_(update, denom)
+        torch._foreach_sub_(params, update)

@@ -1,0 +1,91 @@
+"""Kernels a training step launches, by phase: a graphed step on a GPU is bound by their
+number (one graph node each), so this count is the CPU-measurable map of where a GPU step
+spends its launches.
+
+Counts the aten operations that do work (views and other metadata operations left out) of
+one step of models.trainer on one model with the counter sampler, after two warm-up steps:
+the batch, the forward and loss, the backward, the optimizer. A torch._foreach_* operation
+counts once: on a GPU it is one kernel where its tensors' shapes agree.
+
+    .venv/bin/python bench/step_kernels.py [--preset config-a] [--batch 64]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from models.forward import has_positions, last_position_logits
+from models.optimizer import Optimizer
+from models.presets import preset
+from models.trainer import TrainingData
+from models.weights import init_weights, stack, trainable_keys
+
+METADATA = {"aten::view", "aten::transpose", "aten::expand", "aten::unsqueeze", "aten::detach", "aten::t",
+            "aten::permute", "aten::reshape", "aten::_unsafe_view", "aten::as_strided", "aten::slice",
+            "aten::select", "aten::squeeze", "aten::alias", "aten::split", "aten::split_with_sizes",
+            "aten::unbind", "aten::_reshape_alias", "aten::lift_fresh", "aten::empty", "aten::empty_like",
+            "aten::empty_strided"}
+
+
+class Kernels(TorchDispatchMode):
+    """Counts the operations that do work, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name not in METADATA:
+            self.ops[func._schema.name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_kernels(preset_name: str, batch: int) -> dict[str, collections.Counter]:
+    """The operations of one training step by phase."""
+    run = preset(preset_name)
+    task = run.task.build()
+    weights = stack([init_weights(run.model, task, 0)])
+    params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model)}
+    optimizer = Optimizer(params, torch.tensor([run.train.lr[0]]), run.train.optimizer)
+    data = TrainingData(task, [(run.train.lr[0], 0)], batch, torch.device("cpu"), "counter")
+    positional = has_positions(weights)
+
+    def phases():
+        phase = collections.defaultdict(collections.Counter)
+        with Kernels() as k:
+            tokens, answers = data.batch(optimizer.t)  # [1, B, T], [1, B]
+        phase["batch"] = k.ops
+        with Kernels() as k:
+            logits = last_position_logits(weights, tokens, run.model.attention, positional)  # [1, B, O]
+            loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / batch
+        phase["forward and loss"] = k.ops
+        with Kernels() as k:
+            loss.backward()
+        phase["backward"] = k.ops
+        with Kernels() as k:
+            optimizer.step()
+        phase[f"optimizer ({run.train.optimizer}, {len(params)} parameters)"] = k.ops
+        return phase
+
+    phases(), phases()  # warm-up: the sampler's tables are built on the first step
+    return phases()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="config-a", help="models.presets preset (task + model)")
+    p.add_argument("--batch", type=int, default=64, help="prompts per step (the count does not depend on it)")
+    args = p.parse_args()
+    phases = step_kernels(args.preset, args.batch)
+    for name, ops in phases.items():
+        top = ", ".join(f"{op.removeprefix('aten::')} {n}" for op, n in ops.most_common(6))
+        print(f"{name:<32}{sum(ops.values()):>5}   {top}")
+    print(f"{'a whole step':<32}{sum(sum(ops.values()) for ops in phases.values()):>5}")
+
+
+if __name__ == "__main__":
+    main()
