@@ -3,8 +3,8 @@
   main_job     the tiny preset trained on CUDA and on the CPU (models.train), and
                analyses.locate_facts of the CUDA checkpoint on CUDA and on the CPU: final
                accuracies, and how many facts get a different storage label
-  host_syncs   100 training steps (after warm-up) under torch.cuda.set_sync_debug_mode("error"):
-               the hot loop must never wait for the GPU
+  host_syncs   100 training steps (after warm-up) under torch.cuda.set_sync_debug_mode("error"),
+               eager and replayed as a CUDA graph: the hot loop must never wait for the GPU
   determinism  two same-seed CUDA runs of 1000 steps, plain and with
                torch.use_deterministic_algorithms: bit-identical or not, the largest weight
                difference, and the seconds each run took
@@ -73,22 +73,27 @@ def _fixed_steps(preset_name: str, device: str, steps: int) -> RunConfig:
 
 
 def host_syncs() -> dict:
-    """Run the trainer's inner step 100 times with CUDA's sync debugging set to raise."""
+    """Run the trainer's step 100 times with CUDA's sync debugging set to raise: eager (the
+    generator sampler) and replayed as a CUDA graph (the counter sampler, as --cuda-graph
+    auto trains)."""
     from bench.train_throughput import make_ours
 
-    step = make_ours("tiny", 1024, 1, torch.device("cuda"))
-    for _ in range(10):  # warm-up: allocations and lazy initialisation may sync once
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(100):
+    report = {}
+    for name, options in (("eager", {}), ("graphed", {"sampler": "counter", "graphed": True})):
+        step = make_ours("tiny", 1024, 1, torch.device("cuda"), **options)
+        for _ in range(10):  # warm-up (and the capture): allocations and lazy initialisation may sync once
             step()
-        return {"steps": 100, "host_syncs": "none"}
-    except RuntimeError as e:
-        return {"steps": 100, "host_syncs": str(e).splitlines()[0]}
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(100):
+                step()
+            report[name] = {"steps": 100, "host_syncs": "none"}
+        except RuntimeError as e:
+            report[name] = {"steps": 100, "host_syncs": str(e).splitlines()[0]}
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return report
 
 
 def determinism(steps: int = 1000, presets: tuple[str, ...] = ("tiny", "paper-tradeoff")) -> dict:
