@@ -28,7 +28,7 @@ METADATA = {"aten::view", "aten::transpose", "aten::expand", "aten::unsqueeze", 
             "aten::permute", "aten::reshape", "aten::_unsafe_view", "aten::as_strided", "aten::slice",
             "aten::select", "aten::squeeze", "aten::alias", "aten::split", "aten::split_with_sizes",
             "aten::unbind", "aten::_reshape_alias", "aten::lift_fresh", "aten::empty", "aten::empty_like",
-            "aten::empty_strided"}
+            "aten::empty_strided", "aten::new_empty"}
 
 
 class Kernels(TorchDispatchMode):

@@ -107,9 +107,9 @@ class VocabAttention(torch.autograd.Function):
 def choose_core(core: str, device: torch.device) -> type[torch.autograd.Function]:
     """The attention core for `core` (one of CORES) on `device`. "auto": the vocabulary core,
     on every device for now: on the CPU it is the faster (bench/README.md), and the fused
-    per-token core (it moves the pattern, not a [K, H, B, V] buffer) has not yet run on a GPU,
-    where its atomic adds would also end bit-identical same-seed runs. "fused" asks for it
-    (Triton on CUDA, or Triton's interpreter on the CPU)."""
+    per-token core (it moves the pattern, not a [K, H, B, V] buffer) is chosen on CUDA only
+    once a GPU run has measured it faster there (none has yet). "fused" asks for it (Triton
+    on CUDA, or Triton's interpreter on the CPU)."""
     if core not in CORES:
         raise ValueError(f"attention core must be one of {', '.join(CORES)}, got {core!r}.")
     if core == "auto":

@@ -1,20 +1,23 @@
-"""The last query's attention as two Triton kernels that never write a [K, H, B, V] tensor.
+"""The last query's attention as three Triton kernels that never write a [K, H, B, V] tensor.
 
 `FusedAttention` computes what `models.forward.VocabAttention` computes (same arguments,
 same outputs, same gradients up to the order of float sums), but walks each prompt's T
-tokens with the small key and value tables ([e, V] per head, a few KB, held in cache): one
-program per (model, head, block of prompts) gathers the tokens' keys, scores them, takes the
-softmax over positions and mixes the tokens' values. The backward recomputes nothing but the
-gathers and scatters the key and value gradients into their tables with atomic adds. Per step
-the attention then moves the pattern [K, H, B, T] twice and the queries, outputs and their
-gradients once, instead of about fourteen passes over a [K, H, B, V] buffer (bench/README.md).
+tokens with the small key and value tables ([e, V] per head, a few KB, held in cache):
+- forward, one program per (model, head, block of prompts): gathers the tokens' keys, scores
+  them, takes the softmax over positions, mixes the tokens' values into z;
+- backward, the same programs: the scores' gradient (stored) and the query's;
+- tables, one program per (model, head, block of BLOCK_V vocabulary entries): the key and
+  value tables' gradients at its entries, summed over every prompt block by block in
+  registers (each block's token-weighted one-hot meets its q and d_z) and stored once.
+No atomic adds: every float sum runs in one fixed order, so runs with this core are
+bit-reproducible on a GPU too. Per step the attention moves the pattern [K, H, B, T] and its
+gradient a few times and the queries, outputs and their gradients once, instead of about
+fourteen passes over a [K, H, B, V] buffer (bench/core_cost.py counts both; bench/README.md).
 
 Triton is optional (`pip install -e .[kernels]`): the kernels compile for CUDA tensors and, in
 a process without a GPU, run in Triton's interpreter on CPU tensors (exact, and far too slow to
 train with: the tests use it). `runs_on(device)` says which; elsewhere models.forward keeps
 its vocabulary path.
-The atomic adds make the key and value gradients' float sums run in no fixed order on a GPU
-(as torch's scatter_add_ there): GPU runs with this core are not bit-reproducible.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import os
 
 import torch
 
-BLOCK_B = 16  # prompts per program
+BLOCK_B = 16  # prompts per program (forward and backward), per step of the tables' loop
+BLOCK_V = 32  # vocabulary entries per program of the tables' gradients
 
 
 @functools.cache
@@ -46,14 +50,13 @@ def runs_on(device: torch.device) -> bool:
     return device.type == "cpu" if interpreted else device.type == "cuda"
 
 
-def _launch(kernel: str, like: torch.Tensor, *args, **meta) -> None:
-    """models.fused_kernels.`kernel` on a grid of (blocks of prompts, heads, models), for
-    q-shaped `like` [K, H, e, B]."""
-    if not runs_on(like.device):
-        raise ValueError(f"the fused attention core cannot run on {like.device} here "
+def _launch(kernel: str, grid: tuple[int, int, int], q: torch.Tensor, *args, **meta) -> None:
+    """models.fused_kernels.`kernel` on `grid` (blocks of prompts or of vocabulary entries,
+    heads, models), its first argument the queries `q`."""
+    if not runs_on(q.device):
+        raise ValueError(f"the fused attention core cannot run on {q.device} here "
                          "(it needs Triton, and CUDA tensors, or CPU tensors in a process without a GPU)")
-    K, H, _, B = like.shape
-    getattr(_kernels(), kernel)[(-(-B // BLOCK_B), H, K)](*args, BLOCK_B=BLOCK_B, **meta)
+    getattr(_kernels(), kernel)[grid](q, *args, **meta)
 
 
 def per_token_attention(q, key, value, index, score_pos, linear):
@@ -87,9 +90,10 @@ class FusedAttention(torch.autograd.Function):
         pattern = q.new_empty(K, H, B, T)  # [K, H, B, T]
         positional = score_pos is not None
         pos = score_pos if positional else pattern  # a placeholder pointer when absent
-        _launch("forward", q, q, key, value, index, pos, z, pattern, B, T,
+        _launch("forward", (-(-B // BLOCK_B), H, K), q, key, value, index, pos, z, pattern, B, T,
                 *q.stride(), *key.stride(), *value.stride(), *index.stride(), *pos.stride(), *z.stride(),
-                *pattern.stride(), E=E, BLOCK_T=1 << (T - 1).bit_length(), POSITIONAL=positional, LINEAR=linear)
+                *pattern.stride(), E=E, BLOCK_B=BLOCK_B, BLOCK_T=1 << (T - 1).bit_length(), POSITIONAL=positional,
+                LINEAR=linear)
         ctx.save_for_backward(q, key, value, index, pattern)
         ctx.linear, ctx.positional = linear, positional
         ctx.set_materialize_grads(False)
@@ -106,12 +110,15 @@ class FusedAttention(torch.autograd.Function):
         d_z = q.new_zeros(q.shape) if d_z is None else d_z.contiguous()  # [K, H, e, B]
         d_q = torch.empty_like(d_z)  # [K, H, e, B]
         d_pattern = None if d_pattern is None else d_pattern.contiguous()  # [K, H, B, T]
-        d_scores = torch.empty_like(pattern) if ctx.positional else None  # [K, H, B, T]
-        d_key, d_value = key.new_zeros(K, H, E, V), key.new_zeros(K, H, E, V)  # [K, H, e, V]
+        d_scores = torch.empty_like(pattern)  # [K, H, B, T]
         at = pattern if d_pattern is None else d_pattern  # a placeholder pointer when absent
-        _launch("backward", q, q, key, value, index, pattern, d_z, at, d_q, d_key, d_value,
-                at if d_scores is None else d_scores, B, T,
+        block_t = 1 << (T - 1).bit_length()
+        _launch("backward", (-(-B // BLOCK_B), H, K), q, key, value, index, pattern, d_z, at, d_q, d_scores, B, T,
                 *q.stride(), *key.stride(), *value.stride(), *index.stride(), *pattern.stride(), *d_z.stride(),
-                *at.stride(), *d_key.stride(), E=E, BLOCK_T=1 << (T - 1).bit_length(),
-                HAS_DPATTERN=d_pattern is not None, POSITIONAL=ctx.positional, LINEAR=ctx.linear)
-        return d_q, d_key, d_value, None, d_scores, None
+                *at.stride(), E=E, BLOCK_B=BLOCK_B, BLOCK_T=block_t, HAS_DPATTERN=d_pattern is not None,
+                LINEAR=ctx.linear)
+        d_key, d_value = key.new_empty(K, H, E, V), key.new_empty(K, H, E, V)  # [K, H, e, V], every entry stored
+        _launch("tables", (-(-V // BLOCK_V), H, K), q, index, pattern, d_z, d_scores, d_key, d_value, B, T, V,
+                *q.stride(), *index.stride(), *pattern.stride(), *d_z.stride(), *d_scores.stride(), *d_key.stride(),
+                E=E, BLOCK_E=1 << (E - 1).bit_length(), BLOCK_B=BLOCK_B, BLOCK_T=block_t, BLOCK_V=BLOCK_V)
+        return d_q, d_key, d_value, None, d_scores if ctx.positional else None, None

@@ -1,4 +1,4 @@
-"""The fused attention core's two Triton kernels (models.fused_attention launches them; it
+"""The fused attention core's three Triton kernels (models.fused_attention launches them; it
 imports this module on first use, after deciding whether Triton compiles or interprets)."""
 import triton
 import triton.language as tl
@@ -41,17 +41,14 @@ def forward(q, key, value, index, score_pos, z, pattern, B, T,
         tl.store(z_at + e * sz_e, tl.sum(p * v_e, axis=1), mask=row)
 
 @triton.jit
-def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_key, d_value, d_scores, B, T,
+def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_scores, B, T,
              sq_k, sq_h, sq_e, sq_b, skey_k, skey_h, skey_e, skey_v, sval_k, sval_h, sval_e, sval_v,
-             si_k, si_h, si_b, si_t, sp_k, sp_h, sp_b, sp_t, sz_k, sz_h, sz_e, sz_b,
-             sd_k, sd_h, sd_b, sd_t, sg_k, sg_h, sg_e, sg_v,
+             si_k, si_h, si_b, si_t, sp_k, sp_h, sp_b, sp_t, sz_k, sz_h, sz_e, sz_b, sd_k, sd_h, sd_b, sd_t,
              E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-             HAS_DPATTERN: tl.constexpr, POSITIONAL: tl.constexpr,
-             LINEAR: tl.constexpr):
+             HAS_DPATTERN: tl.constexpr, LINEAR: tl.constexpr):
     """One (block of prompts, head, model): the pattern's gradient from z's, the scores'
-    gradient through the softmax, the query's gradient, and the key and value tables'
-    gradients added into their entries. d_q and d_z have q's strides (sq_*, sz_*: both
-    passed), d_pattern and d_scores one layout (sd_*), d_key and d_value one (sg_*)."""
+    gradient through the softmax (written to d_scores) and the query's gradient. d_q and d_z
+    have q's strides (sq_*, sz_*: both passed), d_pattern and d_scores one layout (sd_*)."""
     k, h = tl.program_id(2), tl.program_id(1)
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     t = tl.arange(0, BLOCK_T)  # [BT]
@@ -59,14 +56,12 @@ def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_key, d_value,
     inside = row[:, None] & col[None, :]  # [BB, BT]
     tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside, other=0)
     p = tl.load(pattern + k * sp_k + h * sp_h + b[:, None] * sp_b + t[None, :] * sp_t, mask=inside, other=0.0)
-    grad_at = k * sg_k + h * sg_h + tokens * sg_v  # [BB, BT] entries of the table gradients
     dp = tl.zeros([BLOCK_B, BLOCK_T], dtype=p.dtype)
     d_z_at = d_z + k * sz_k + h * sz_h + b * sz_b
     value_at = value + k * sval_k + h * sval_h + tokens * sval_v
     for e in tl.static_range(E):
         d_z_e = tl.load(d_z_at + e * sz_e, mask=row, other=0.0)  # [BB]
         dp += d_z_e[:, None] * tl.load(value_at + e * sval_e, mask=inside, other=0.0)
-        tl.atomic_add(d_value + grad_at + e * sg_e, d_z_e[:, None] * p, mask=inside)
     pattern_at = k * sd_k + h * sd_h + b[:, None] * sd_b + t[None, :] * sd_t
     if HAS_DPATTERN:
         dp += tl.load(d_pattern + pattern_at, mask=inside, other=0.0)
@@ -74,13 +69,50 @@ def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_key, d_value,
         ds = dp
     else:
         ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])  # [BB, BT]
-    if POSITIONAL:
-        tl.store(d_scores + pattern_at, ds, mask=inside)
-    q_at = q + k * sq_k + h * sq_h + b * sq_b
+    tl.store(d_scores + pattern_at, ds, mask=inside)
     d_q_at = d_q + k * sz_k + h * sz_h + b * sz_b
     key_at = key + k * skey_k + h * skey_h + tokens * skey_v
     for e in tl.static_range(E):
         k_e = tl.load(key_at + e * skey_e, mask=inside, other=0.0)  # [BB, BT]
         tl.store(d_q_at + e * sz_e, tl.sum(ds * k_e, axis=1), mask=row)
-        q_e = tl.load(q_at + e * sq_e, mask=row, other=0.0)  # [BB]
-        tl.atomic_add(d_key + grad_at + e * sg_e, q_e[:, None] * ds, mask=inside)
+
+
+@triton.jit
+def tables(q, index, pattern, d_z, d_scores, d_key, d_value, B, T, V,
+           sq_k, sq_h, sq_e, sq_b, si_k, si_h, si_b, si_t, sp_k, sp_h, sp_b, sp_t, sz_k, sz_h, sz_e, sz_b,
+           sd_k, sd_h, sd_b, sd_t, sg_k, sg_h, sg_e, sg_v,
+           E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
+           BLOCK_V: tl.constexpr):
+    """One (block of vocabulary entries, head, model): the key and value tables' gradients
+    at those entries, summed over every prompt in blocks of BLOCK_B, in registers, and
+    stored once (no atomic add: the sums run in one fixed order). Per block of prompts the
+    token-weighted one-hots [BB, BV] (the pattern's and the score gradient's weight on each
+    entry) meet the block's d_z and q:
+        d_value[:, v] += d_z [e, BB] . pattern one-hot [BB, v],  d_key[:, v] += q . d_scores one-hot.
+    d_key and d_value share strides (sg_*)."""
+    k, h = tl.program_id(2), tl.program_id(1)
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)  # [BV]
+    e = tl.arange(0, BLOCK_E)  # [BE]
+    t = tl.arange(0, BLOCK_T)  # [BT]
+    d_key_acc = tl.zeros([BLOCK_E, BLOCK_V], dtype=q.dtype.element_ty)  # [BE, BV]
+    d_value_acc = tl.zeros([BLOCK_E, BLOCK_V], dtype=q.dtype.element_ty)
+    for start in range(0, B, BLOCK_B):
+        b = start + tl.arange(0, BLOCK_B)  # [BB]
+        row = b < B
+        inside = row[:, None] & (t < T)[None, :]  # [BB, BT]
+        tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside, other=-1)
+        p = tl.load(pattern + k * sp_k + h * sp_h + b[:, None] * sp_b + t[None, :] * sp_t, mask=inside, other=0.0)
+        ds = tl.load(d_scores + k * sd_k + h * sd_h + b[:, None] * sd_b + t[None, :] * sd_t, mask=inside,
+                     other=0.0)
+        hit = tokens[:, :, None] == v[None, None, :]  # [BB, BT, BV]
+        p_v = tl.sum(tl.where(hit, p[:, :, None], 0.0), axis=1)  # [BB, BV]
+        ds_v = tl.sum(tl.where(hit, ds[:, :, None], 0.0), axis=1)
+        heads = (e < E)[:, None] & row[None, :]  # [BE, BB]
+        q_b = tl.load(q + k * sq_k + h * sq_h + e[:, None] * sq_e + b[None, :] * sq_b, mask=heads, other=0.0)
+        d_z_b = tl.load(d_z + k * sz_k + h * sz_h + e[:, None] * sz_e + b[None, :] * sz_b, mask=heads, other=0.0)
+        d_key_acc += tl.sum(q_b[:, :, None] * ds_v[None, :, :], axis=1)  # [BE, BV]
+        d_value_acc += tl.sum(d_z_b[:, :, None] * p_v[None, :, :], axis=1)
+    out = k * sg_k + h * sg_h + e[:, None] * sg_e + v[None, :] * sg_v  # [BE, BV]
+    entries = (e < E)[:, None] & (v < V)[None, :]
+    tl.store(d_key + out, d_key_acc, mask=entries)
+    tl.store(d_value + out, d_value_acc, mask=entries)

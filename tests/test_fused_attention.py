@@ -1,9 +1,13 @@
 """The fused attention core (Triton, interpreted on the CPU) equals the vocabulary core and
 autograd: outputs and every gradient, in float64 and float32."""
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.core_cost import core_cost
+from bench.step_kernels import Kernels
 from models import fused_attention
 from models.config import ModelConfig
 from models.forward import VocabAttention, choose_core, last_position_logits
@@ -59,6 +63,75 @@ def test_fused_core_equals_vocabulary_core_and_autograd(dtype, positional, linea
         for ours, theirs in zip(fused, reference):
             scale = max(1.0, theirs.abs().max().item())
             assert (ours - theirs).abs().max().item() <= TOLERANCE[dtype] * scale, name
+
+
+@needs_fused
+def test_fused_core_is_exact_over_several_blocks_of_vocabulary_entries():
+    """A vocabulary of two and a half blocks of the tables' kernel, heads of size 8: the table
+    gradients of every block equal the vocabulary core's and autograd's."""
+    inputs = _inputs(torch.float64, True, E=8, V=2 * fused_attention.BLOCK_V + 13, T=9)
+    fused = _outputs_and_gradients(fused_attention.FusedAttention.apply, inputs, False, True)
+    for core in (VocabAttention.apply, fused_attention.per_token_attention):
+        for ours, theirs in zip(fused, _outputs_and_gradients(core, inputs, False, True), strict=True):
+            assert (ours - theirs).abs().max().item() <= 1e-12 * max(1.0, theirs.abs().max().item())
+
+
+class _Launches(Kernels):
+    """Kernels (bench/step_kernels.py) that also counts the fused core's Triton launches (not
+    the aten operations Triton's interpreter runs inside one), and global atomics: CUDA's
+    scatter_add_ (one per source element) and the elements of every tl.atomic_add."""
+
+    def __init__(self):
+        super().__init__()
+        self.atomics, self.inside = 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.inside:
+            return func(*args, **(kwargs or {}))
+        if func._schema.name == "aten::scatter_add_":
+            self.atomics += args[3].numel()
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def launch(self, real):
+        def counted(kernel, *args, **meta):
+            self.ops[f"triton::{kernel}"] += 1
+            self.inside = True
+            try:
+                return real(kernel, *args, **meta)
+            finally:
+                self.inside = False
+        return counted
+
+    def atomic_rmw(self, real):
+        def counted(builder, op, ptr, val, mask, *rest):
+            self.atomics += int(mask.data.sum())
+            return real(builder, op, ptr, val, mask, *rest)
+        return counted
+
+
+@needs_fused
+@pytest.mark.parametrize("core", ["vocab", "fused"])
+def test_the_cost_report_counts_the_kernels_launched_and_their_atomics(core):
+    """bench/core_cost.py's launches and global atomics of each core equal those counted while
+    the core runs a forward and backward on the CPU (the fused kernels in Triton's
+    interpreter): the fused core adds no atomics, the vocabulary core one per scatter_add_
+    source element."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    K, H, E, B, V, T = 2, 3, 5, 37, 11, 7
+    inputs = _inputs(torch.float32, False, K, H, E, B, V, T)
+    apply = VocabAttention.apply if core == "vocab" else fused_attention.FusedAttention.apply
+    z, _ = apply(*inputs, False)
+    d_z = torch.ones_like(z)
+    counter = _Launches()
+    with mock.patch.object(fused_attention, "_launch", counter.launch(fused_attention._launch)), \
+            mock.patch.object(InterpreterBuilder, "create_atomic_rmw", counter.atomic_rmw(
+                InterpreterBuilder.create_atomic_rmw)), counter:
+        z, _ = apply(*inputs, False)
+        z.backward(d_z)
+    cost = core_cost(core, K, H, E, B, V, T)
+    assert sum(counter.ops.values()) == cost["launches"], counter.ops
+    assert counter.atomics == cost["atomics"]
 
 
 @needs_fused
