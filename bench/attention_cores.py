@@ -8,7 +8,8 @@ size e, B prompts of T tokens, vocabulary V, for each (V, T) of --shapes:
              autograd's scatter_add backward)
   fused      models.fused_attention.FusedAttention (Triton; timed only where it compiles, on a GPU)
 
-Interleaved rounds, median ms per forward + backward. With --profile, also one training step
+Interleaved rounds, median ms per forward + backward; beside it each core's cost from its
+kernels' arithmetic (bench/core_cost.py: launches, global atomics, bytes). With --profile, also one training step
 of --preset at --k models (models.trainer, eager) under torch.profiler: the ops by self time.
 
     .venv/bin/python bench/attention_cores.py [--k 13] [--heads 32] [--batch 1024] \
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.train_thro
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from bench.core_cost import core_cost, cost_line  # noqa: E402
 from bench.train_throughput import make_ours  # noqa: E402
 from models import fused_attention  # noqa: E402
 from models.bridge import resolve_device  # noqa: E402
@@ -86,6 +88,9 @@ def time_cores(args, device: torch.device) -> None:
         median = {name: statistics.median(t) for name, t in times.items()}
         print(f"{V:>6}{T:>5}" + "".join(f"{m:>12.2f}" for m in median.values()) + "   " +
               ", ".join(f"{name} {m / median['vocab']:.2f}" for name, m in median.items() if name != "vocab"))
+        for name in ("vocab", "fused"):
+            cost = core_cost(name, args.k, args.heads, args.d_head, args.batch, V, T)
+            print(f"{'':>11}{cost_line(name, cost, median.get(name))}")
 
 
 def profile_step(args, device: torch.device) -> None:

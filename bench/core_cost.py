@@ -73,8 +73,8 @@ def cost_line(core: str, cost: dict[str, int], ms: float | None = None) -> str:
     """One printed line of a core's cost; with a measured `ms`, the bandwidth it implies."""
     moved = cost["read"] + cost["written"]
     line = (f"{core:>10}: {cost['launches']:>3} launches, {cost['atomics']:.3e} global atomics, "
-            f"{cost['read'] / 1e9:.3f} GB read, {cost['written'] / 1e9:.3f} GB written")
-    return line + ("" if ms is None else f"; {ms:.3f} ms measured = {moved / ms / 1e6:.3e} B/s")
+            f"{cost['read'] / 1e9:.4g} GB read, {cost['written'] / 1e9:.4g} GB written")
+    return line + ("" if ms is None else f"; {ms:.3f} ms measured = {moved / (ms * 1e-3):.3e} B/s")
 
 
 def main() -> None:

@@ -37,13 +37,15 @@ H200_FP32_FLOPS, H200_BANDWIDTH = 67e12, 4.8e12
 VOCAB_BUFFER_PASSES = 14
 # Passes over [K, H, B, T] (pattern, scores and their gradients). Vocabulary core: forward
 # gather out (1), softmax in and out (2), scatter source (1); backward gather out (1), softmax
-# backward two in and one out (3), scatter source (1). Fused core: the pattern written by the
-# forward and read by the backward.
-PATTERN_PASSES = {"vocab": 9, "fused": 2}
-INDEX_PASSES = {"vocab": 4, "fused": 2}  # the gathers and scatters (vocabulary), the two kernels (fused)
+# backward two in and one out (3), scatter source (1). Fused core (bench/core_cost.py): the
+# pattern written by the forward, read by the backward and the tables' kernel; the scores'
+# gradient written by the backward, read by the tables' kernel.
+PATTERN_PASSES = {"vocab": 9, "fused": 5}
+INDEX_PASSES = {"vocab": 4, "fused": 3}  # the gathers and scatters (vocabulary), the three kernels (fused)
 # q, z and their gradients [K, H, e, B]: q written, read; z written, read by W_O; d_z written,
-# read (twice by the vocabulary core's products); d_q written, read; q read again by d_key.
-HEAD_PASSES = {"vocab": 10, "fused": 9}
+# read (twice by the vocabulary core's products; by the backward and the tables' kernel in the
+# fused core); d_q written, read; q read again by d_key (the tables' kernel).
+HEAD_PASSES = {"vocab": 10, "fused": 10}
 # Activations of the rest of the step, forward and backward (written, read, their gradients
 # written and read): [K, B, d] x_last, attention out, residual (two), MLP out; [K, B, m] the
 # hidden layer (ReLU in place); [K, B, O] logits, log-probabilities and their gradient.
