@@ -25,9 +25,33 @@ from models.config import RunConfig, override
 from models.presets import preset
 
 FLOAT, INDEX = 4, 8  # bytes per element
-# Ceilings of an NVIDIA H200 (SXM), by the vendor's datasheet: fp32 without tensor cores, HBM3e.
-# A device-to-device copy measured there moved about 4.3 TB/s (the device notes of this workplace).
-H200_FP32_FLOPS, H200_BANDWIDTH = 67e12, 4.8e12
+# Ceilings by the vendors' datasheets: fp32 FLOP/s without tensor cores, memory bytes/s; looked
+# up by the words of torch.cuda.get_device_name, the first entry whose words all occur in it.
+# (A device-to-device copy measured on the H200 moved about 4.3 TB/s.)
+KNOWN_PEAKS = ((("H200",), (67e12, 4.8e12)), (("H100", "PCIe"), (51e12, 2.0e12)), (("H100", "NVL"), (60e12, 3.9e12)),
+               (("H100",), (67e12, 3.35e12)), (("A100",), (19.5e12, 2.0e12)))
+H200_FP32_FLOPS, H200_BANDWIDTH = KNOWN_PEAKS[0][1]
+
+
+def known_peaks(device_name: str) -> tuple[float, float] | None:
+    """The datasheet's (fp32 FLOP/s, bytes/s) of the device named `device_name`, or None."""
+    return next((peaks for words, peaks in KNOWN_PEAKS if all(w in device_name for w in words)), None)
+
+
+def device_peaks(device: torch.device, measured_flops: float, measured_bandwidth: float,
+                 flags: tuple[float | None, float | None] = (None, None)) -> tuple[float, float, str]:
+    """The ceilings to hold a step against on `device`, and where they come from: the flags
+    where given, else the datasheet's peaks of a known GPU (by its name), else the rates
+    measured on the device (matmul, copy)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    known = known_peaks(name)
+    if known:
+        peaks, source = known, f"the datasheet's peaks of the {name}"
+    else:
+        peaks, source = (measured_flops, measured_bandwidth), f"the measured matmul and copy rates of {name or device}"
+    if any(f is not None for f in flags):
+        return flags[0] or peaks[0], flags[1] or peaks[1], f"flags (else {source})"
+    return peaks[0], peaks[1], source
 
 # Passes over the [K, H, B, V] buffer in VocabAttention (one buffer reused):
 # forward: scores written by q^T key (1), gathered (1), zeroed (1), scattered into (read and

@@ -26,8 +26,10 @@ ours is also timed with the counter sampler (`ours-counter`). See bench/README.m
         [--attention-core auto|vocab|fused] [--compare-core vocab|fused] [--peak-flops F] [--peak-bandwidth B]
 
 It also prints the step's FLOPs and bytes moved by tensor (bench/step_cost.py) and the rates
-achieved against the device's peaks (an H200's by default on CUDA; on the CPU the measured
-matmul and copy rates).
+achieved against the device's peaks: the datasheet's of a GPU it knows by name
+(bench/step_cost.py KNOWN_PEAKS), else the matmul and copy rates it measured; it says which.
+For each variant of ours it prints the model-FLOP utilisation: the step's useful FLOPs per
+second over the measured matmul rate.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.step_cost,
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.step_cost import H200_BANDWIDTH, H200_FP32_FLOPS, StepShape, copy_bandwidth, cost_lines, step_flops  # noqa: E402
+from bench.step_cost import StepShape, copy_bandwidth, cost_lines, device_peaks, step_flops  # noqa: E402
 from models import fused_attention  # noqa: E402
 from models.bridge import build_bridge, resolve_device  # noqa: E402
 from models.config import RunConfig, override  # noqa: E402
@@ -250,10 +252,10 @@ def main() -> None:
     parser.add_argument("--compare-core", choices=CORES[1:], default=None,
                         help="also time ours with this attention core (variant ours-CORE, against ours)")
     parser.add_argument("--peak-flops", type=float, default=None,
-                        help="the device's fp32 FLOP/s (default: on CUDA an H200's 6.7e13, on the CPU the "
+                        help="the device's fp32 FLOP/s (default: a known GPU's datasheet peak, else the "
                              "measured matmul rate)")
     parser.add_argument("--peak-bandwidth", type=float, default=None,
-                        help="the device's memory bytes/s (default: on CUDA an H200's 4.8e12, on the CPU the "
+                        help="the device's memory bytes/s (default: a known GPU's datasheet peak, else the "
                              "measured copy rate)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--counter", action="store_true",
@@ -354,15 +356,16 @@ def main() -> None:
     print(f"floor_ratio {statistics.median(floor_ratios):.2f}")
     copy = statistics.median(copy_rates)
     print(f"copy_bandwidth {copy:.3e} B/s (a 256 MiB tensor copy, read and write counted, median over rounds)")
-    cuda = device.type == "cuda"
-    peak_flops = args.peak_flops or (H200_FP32_FLOPS if cuda else matmul)
-    peak_bandwidth = args.peak_bandwidth or (H200_BANDWIDTH if cuda else copy)
-    print(f"against the peaks ({'flags' if args.peak_flops or args.peak_bandwidth else 'defaults'}: "
-          f"{'an H200' if cuda else 'the measured matmul and copy rates'}):")
+    peak_flops, peak_bandwidth, source = device_peaks(device, matmul, copy, (args.peak_flops, args.peak_bandwidth))
+    print(f"against the peaks {peak_flops:.3e} FLOP/s and {peak_bandwidth:.3e} B/s: {source}")
     cores = {"ours": core} | ({f"ours-{args.compare_core}": args.compare_core} if args.compare_core else {})
     for name, named_core in cores.items():
         print(f"{name}: " + "\n".join(cost_lines(sizes, core_name(named_core, device), statistics.median(rates[name]),
                                                  peak_flops, peak_bandwidth)))
+    for name in (n for n in rates if n.startswith("ours")):  # useful FLOPs over the measured matmul rate
+        useful = step_flops(sizes, core_name(cores.get(name, core), device)) * statistics.median(rates[name])
+        print(f"model_flop_utilisation {name} {100 * useful / matmul:.1f}%  ({useful:.3e} useful FLOP/s, "
+              f"{args.preset} K={args.k}, {statistics.median(rates[name]):.1f} steps/s, matmul {matmul:.3e} FLOP/s)")
     if args.compare_core is not None:
         per_round, median = median_ratio(rates[f"ours-{args.compare_core}"], rates["ours"])
         print(f"ours_{args.compare_core}_over_ours {median:.2f}  (per round: {per_round})")
