@@ -12,7 +12,9 @@
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): summary in tests_cuda.txt
 #   bench      bench/train_throughput.py: graphed, eager and the TransformerLens loop at config
 #              A; tiny graphed at K = 1 and K = 64; 169 models at the grid's largest cell with
-#              each attention core (bench.txt)
+#              each attention core; then bench/step_profile.py: the top 25 kernels by GPU time
+#              of each of those stacks, graphed (bench.txt); the model-FLOP utilisation of
+#              each line in report.txt
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
 #   grid       Figure 4 right: the 169-cell grid with storage shares over seeds 0, 1, 2, stacked,
 #              timed (grid.png)
@@ -92,6 +94,7 @@ if [ $dry = 1 ]; then
   bench_a=(--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory)
   bench_k=()
   bench_stack=()
+  profile=(--device cpu --small --steps 2 --rows 10)
   grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1 --seeds 0,1)
   shapes=(1,1,2 2,2,2)
   fig4=(--d 8,11 --answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64
@@ -108,6 +111,7 @@ else
   # the grid's largest cell, 169 models: memory-bound with the vocabulary core; the fused one beside it
   bench_stack=(--device cuda --trained-steps 0 --no-memory --repeats 2 --preset paper-tradeoff --n-heads 32
                --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
+  profile=(--device cuda --steps 5 --rows 25)
   grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2)
   shapes=()
   for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
@@ -122,10 +126,14 @@ finish_anyway=1 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,
 finish_anyway=1 step tests 180 "$python" -m pytest -p no:cacheprovider "${tests[@]}"
 tail -n 30 "$work/tests.txt" > "$work/tests_cuda.txt" 2>/dev/null; put tests_cuda.txt tests_cuda.txt
 
-finish_anyway=1 step bench 240 bash -c "$python bench/train_throughput.py ${bench_a[*]} && \
+bench_earlier=$([ -f "$work/done/bench" ] && echo 1 || echo 0)
+finish_anyway=1 step bench 330 bash -c "$python bench/train_throughput.py ${bench_a[*]} && \
   if [ -n '${bench_k[*]}' ]; then for k in 1 64; do $python bench/train_throughput.py ${bench_k[*]} --k \$k; done; fi && \
-  if [ -n '${bench_stack[*]}' ]; then $python bench/train_throughput.py ${bench_stack[*]}; fi"
+  if [ -n '${bench_stack[*]}' ]; then $python bench/train_throughput.py ${bench_stack[*]}; fi; rc=\$?; \
+  $python bench/step_profile.py ${profile[*]} || rc=1; exit \$rc"
 put bench.txt bench.txt
+[ "$bench_earlier" = 1 ] || grep -h '^model_flop_utilisation' "$work/bench.txt" 2>/dev/null | sed 's/^/  /' \
+  | tee -a "$work/report.txt"
 
 if [ $dry = 0 ]; then
   finish_anyway=1 step checks 120 "$python" bench/gpu_checks.py --out "$work/checks"

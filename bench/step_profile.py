@@ -1,0 +1,90 @@
+"""Where a training step's GPU time goes: torch.profiler tables of the stacks a GPU run times,
+so a GPU run brings back what it takes to optimise without one.
+
+For each configuration: steps per second (timed before profiling), the model-FLOP
+utilisation (the step's useful FLOPs, bench/step_cost.py, per second over the measured fp32
+matmul rate), and the top --rows kernels by GPU time (self time; on the CPU by CPU time) over
+--steps profiled steps, with their call counts. Configurations (models.trainer's step, the
+counter sampler, graphed on CUDA as the trainers run it):
+
+  config-a            config A, one model
+  tiny-k64            `tiny`, K = 64
+  stack-vocab         169 models at the trade-off grid's largest cell (H = 32, m = 128), the vocabulary core
+  stack-fused         the same, the fused core (only where Triton compiles: CUDA)
+
+With --small every configuration runs at K <= 2 and B = 64 on `tiny`'s task (a dry run on the CPU).
+
+    .venv/bin/python bench/step_profile.py [--device auto] [--steps 5] [--rows 25] [--small]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.train_throughput, run as a script
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench.step_cost import StepShape, step_flops  # noqa: E402
+from bench.train_throughput import bench_run, make_ours, matmul_flops_per_second, steps_per_second  # noqa: E402
+from models import fused_attention  # noqa: E402
+from models.bridge import resolve_device  # noqa: E402
+
+STACK = {"n_heads": 32, "d_mlp": 128}  # the trade-off grid's largest cell
+CONFIGS = {"config-a": ("config-a", 1, {}, "vocab"),  # name: preset, K, model fields, attention core
+           "tiny-k64": ("tiny", 64, {}, "vocab"),
+           "stack-vocab": ("paper-tradeoff", 169, STACK, "vocab"),
+           "stack-fused": ("paper-tradeoff", 169, STACK, "fused")}
+
+
+def profile_config(name: str, device: torch.device, batch: int, steps: int, rows: int, small: bool) -> None:
+    """Time, then profile, one configuration of CONFIGS; print its utilisation and table."""
+    preset_name, k, model, core = CONFIGS[name]
+    if small:
+        preset_name, k, model = "tiny", min(k, 2), {}
+    graphed = device.type == "cuda"
+    step = make_ours(preset_name, batch, k, device, sampler="counter", graphed=graphed, model=model,
+                     attention_core=core)
+    steps_per_second(step, 5, device)  # warm-up (and a graphed step's capture)
+    rate = steps_per_second(step, steps, device, seconds=1.0)
+    matmul = matmul_flops_per_second(device)
+    useful = step_flops(StepShape.of(bench_run(preset_name, model=model), batch, k), core) * rate
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    print(f"== {name}: {preset_name}{' ' + str(model) if model else ''} K={k} B={batch}, attention core {core}, "
+          f"{'graphed' if graphed else 'eager'}, device {device}")
+    print(f"model_flop_utilisation {name} {100 * useful / matmul:.1f}%  ({rate:.1f} steps/s, "
+          f"{useful:.3e} useful FLOP/s, matmul {matmul:.3e} FLOP/s)")
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"top {rows} kernels by {sort} over {steps} steps (counts: '# of Calls')")
+    print(prof.key_averages().table(sort_by=sort, row_limit=rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--steps", type=int, default=5, help="steps profiled per configuration")
+    parser.add_argument("--rows", type=int, default=25, help="kernels in each table")
+    parser.add_argument("--small", action="store_true", help="tiny sizes (K <= 2, B = 64): a dry run")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
+    for name in names:
+        if CONFIGS[name][3] == "fused" and not (device.type == "cuda" and fused_attention.runs_on(device)):
+            print(f"== {name}: not profiled on {device} (the fused core compiles only for CUDA, with Triton)")
+            continue
+        profile_config(name, device, 64 if args.small else 1024, args.steps, args.rows, args.small)
+
+
+if __name__ == "__main__":
+    main()
