@@ -5,7 +5,9 @@ spends its launches.
 Counts the aten operations that do work (views and other metadata operations left out) of
 one step of models.trainer on one model with the counter sampler, after two warm-up steps:
 the batch, the forward and loss, the backward, the optimizer. A torch._foreach_* operation
-counts once: on a GPU it is one kernel where its tensors' shapes agree.
+counts once: on a GPU it is one kernel where its tensors' shapes agree. Counted twice: as
+the CPU runs the step, and with the batch drawn as on CUDA (one Triton kernel, the sampler's
+form there), so the second count is the graphed GPU step's.
 
     .venv/bin/python bench/step_kernels.py [--preset config-a] [--batch 64]
 """
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import functools
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -23,29 +28,44 @@ from models.optimizer import Optimizer
 from models.presets import preset
 from models.trainer import TrainingData
 from models.weights import init_weights, stack, trainable_keys
+from tasks import factual_recall
 
 METADATA = {"aten::view", "aten::transpose", "aten::expand", "aten::unsqueeze", "aten::detach", "aten::t",
             "aten::permute", "aten::reshape", "aten::_unsafe_view", "aten::as_strided", "aten::slice",
             "aten::select", "aten::squeeze", "aten::alias", "aten::split", "aten::split_with_sizes",
             "aten::unbind", "aten::_reshape_alias", "aten::lift_fresh", "aten::empty", "aten::empty_like",
-            "aten::empty_strided", "aten::new_empty"}
+            "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided"}
 
 
 class Kernels(TorchDispatchMode):
-    """Counts the operations that do work, by name."""
+    """Counts the operations that do work, by name; `one_launch` counts a Triton kernel's
+    launch as one (not the operations Triton's interpreter runs inside it)."""
 
     def __init__(self):
         super().__init__()
         self.ops = collections.Counter()
+        self.inside = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name not in METADATA:
+        if not self.inside and func._schema.name not in METADATA:
             self.ops[func._schema.name] += 1
         return func(*args, **(kwargs or {}))
 
+    def one_launch(self, name: str, launch):
+        """`launch` (a function that launches one Triton kernel), counted as one operation `name`."""
+        def counted(*args, **kwargs):
+            self.ops[name] += 1
+            self.inside = True
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                self.inside = False
+        return counted
 
-def step_kernels(preset_name: str, batch: int) -> dict[str, collections.Counter]:
-    """The operations of one training step by phase."""
+
+def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> dict[str, collections.Counter]:
+    """The operations of one training step by phase; with `cuda_sampler`, the batch drawn as on
+    CUDA: the counter sampler's one Triton kernel (run here by Triton's interpreter)."""
     run = preset(preset_name)
     task = run.task.build()
     weights = stack([init_weights(run.model, task, 0)])
@@ -56,9 +76,14 @@ def step_kernels(preset_name: str, batch: int) -> dict[str, collections.Counter]
 
     def phases():
         phase = collections.defaultdict(collections.Counter)
-        with Kernels() as k:
+        with Kernels() as k, contextlib.ExitStack() as sampler:
+            if cuda_sampler:
+                sampler.enter_context(mock.patch.object(factual_recall, "counter_prompts", functools.partial(
+                    factual_recall.counter_prompts, kernel=True)))
+                sampler.enter_context(mock.patch.object(factual_recall, "_kernel_prompts", k.one_launch(
+                    "triton::counter_kernel.prompts", factual_recall._kernel_prompts)))
             tokens, answers = data.batch(optimizer.t)  # [1, B, T], [1, B]
-        phase["batch"] = k.ops
+        phase["batch" + (" (one Triton kernel)" if cuda_sampler else "")] = k.ops
         with Kernels() as k:
             logits = last_position_logits(weights, tokens, run.model.attention, positional)  # [1, B, O]
             loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / batch
@@ -80,11 +105,14 @@ def main() -> None:
     p.add_argument("--preset", default="config-a", help="models.presets preset (task + model)")
     p.add_argument("--batch", type=int, default=64, help="prompts per step (the count does not depend on it)")
     args = p.parse_args()
-    phases = step_kernels(args.preset, args.batch)
-    for name, ops in phases.items():
-        top = ", ".join(f"{op.removeprefix('aten::')} {n}" for op, n in ops.most_common(6))
-        print(f"{name:<32}{sum(ops.values()):>5}   {top}")
-    print(f"{'a whole step':<32}{sum(sum(ops.values()) for ops in phases.values()):>5}")
+    for cuda_sampler in (False, True):
+        print("on CUDA: the counter sampler as one Triton kernel (counted in Triton's interpreter)" if cuda_sampler
+              else "on the CPU: torch operations")
+        phases = step_kernels(args.preset, args.batch, cuda_sampler)
+        for name, ops in phases.items():
+            top = ", ".join(f"{op.removeprefix('aten::')} {n}" for op, n in ops.most_common(6))
+            print(f"  {name:<34}{sum(ops.values()):>5}   {top}")
+        print(f"  {'a whole step':<34}{sum(sum(ops.values()) for ops in phases.values()):>5}")
 
 
 if __name__ == "__main__":

@@ -21,33 +21,13 @@ its vocabulary path.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-
 import torch
+
+from tasks import triton_kernels
 
 BLOCK_B = 16  # prompts per program (forward and backward), per step of the tables' loop
 BLOCK_V = 32  # vocabulary entries per program of the tables' gradients
-
-
-@functools.cache
-def _kernels():
-    """models.fused_kernels, imported on first use. A process without a GPU has Triton
-    interpret them (TRITON_INTERPRET is read when Triton is imported)."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    from models import fused_kernels
-    return fused_kernels
-
-
-def runs_on(device: torch.device) -> bool:
-    """Whether the fused core can run on `device`: Triton is installed, and compiles for CUDA
-    or, in a process without a GPU, interprets on the CPU."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    interpreted = _kernels().triton.knobs.runtime.interpret
-    return device.type == "cpu" if interpreted else device.type == "cuda"
+runs_on = triton_kernels.runs_on  # whether the fused core can run on a device: Triton compiles or interprets there
 
 
 def _launch(kernel: str, grid: tuple[int, int, int], q: torch.Tensor, *args, **meta) -> None:
@@ -56,7 +36,7 @@ def _launch(kernel: str, grid: tuple[int, int, int], q: torch.Tensor, *args, **m
     if not runs_on(q.device):
         raise ValueError(f"the fused attention core cannot run on {q.device} here "
                          "(it needs Triton, and CUDA tensors, or CPU tensors in a process without a GPU)")
-    getattr(_kernels(), kernel)[grid](q, *args, **meta)
+    getattr(triton_kernels.load("models.fused_kernels"), kernel)[grid](q, *args, **meta)
 
 
 def per_token_attention(q, key, value, index, score_pos, linear):

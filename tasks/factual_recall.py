@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks import counter
+from tasks import counter, triton_kernels
+
+COUNTER_BLOCK_B = 32  # prompts per program of the counter sampler's kernel
 
 
 @dataclass(frozen=True)
@@ -302,12 +304,17 @@ class CounterTables:
                    ticks([t.relation_ticks for t in tasks], R_max), facts.flatten(1).to(device), R_max)
 
 
-def counter_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor) -> Batch:
+def counter_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor,
+                    kernel: bool | None = None) -> Batch:
     """Every seed's prompts [K, batch, ...] at `step` from counter-based values, each seed's at
     its own task's sizes (`tables`), in a fixed number of torch calls. Per prompt: T-1 noise
     values, then one each for the subject, the relation and the two positions; (s, r) by
     inverse CDF. Integer arithmetic only: a seed draws the same prompts alone, in a stack of
-    any size or tasks, and on any device."""
+    any size or tasks, and on any device. `kernel`: draw them with one Triton kernel
+    (tasks/counter_kernel.py, the same bits; default: on CUDA, where Triton compiles) instead
+    of about ninety torch operations."""
+    if kernel or (kernel is None and seeds.device.type == "cuda" and triton_kernels.runs_on(seeds.device)):
+        return _kernel_prompts(tables, batch_size, seeds, step)
     K, B, T = len(seeds), batch_size, tables.seq_len
     values = counter.bits(seeds, step, B * (T + 3)).view(K, B, T + 3)  # [K, B, T+3]
     noise, picks = values.split([T - 1, 4], -1)  # [K, B, T-1], [K, B, 4]
@@ -322,6 +329,27 @@ def counter_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor,
     tokens.scatter_(-1, subject_pos[..., None], subjects[..., None])
     tokens.scatter_(-1, relation_pos[..., None], relation_tokens[..., None])
     answers = tables.facts.expand(K, -1).gather(-1, subjects * tables.n_relations_max + relations)  # [K, B]
+    return Batch(tokens, subjects, relations, answers, subject_pos, relation_pos)
+
+
+def _kernel_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor, step: int | torch.Tensor) -> Batch:
+    """counter_prompts as one launch of tasks.counter_kernel.prompts."""
+    K, B, T = len(seeds), batch_size, tables.seq_len
+    tokens = seeds.new_empty(K, B, T)  # [K, B, T]
+    fields = [seeds.new_empty(K, B) for _ in range(5)]  # subjects, relations, answers, subject_pos, relation_pos
+    if tables.n_subjects.shape[0] > 1:  # one row per seed, or (stride 0) one shared by all
+        table_row, facts_row = 1, tables.facts.stride(0)
+    else:
+        table_row = facts_row = 0
+    s_ticks, r_ticks = tables.subject_ticks, tables.relation_ticks
+    pointer = isinstance(step, torch.Tensor)
+    triton_kernels.load("tasks.counter_kernel").prompts[(-(-B // COUNTER_BLOCK_B), K)](
+        seeds, step, tokens, *fields, tables.n_subjects, tables.first_noise, tables.n_noise, tables.eos,
+        s_ticks, r_ticks, tables.facts, B, s_ticks.shape[-1], r_ticks.shape[-1], tables.n_relations_max,
+        s_ticks.stride(0) if s_ticks.dim() == 2 else 0, r_ticks.stride(0) if r_ticks.dim() == 2 else 0,
+        table_row, facts_row, T=T, STEP_IS_POINTER=pointer, BLOCK_B=COUNTER_BLOCK_B,
+        BLOCK_T=1 << (T - 1).bit_length(), BLOCK_S=64)
+    subjects, relations, answers, subject_pos, relation_pos = fields
     return Batch(tokens, subjects, relations, answers, subject_pos, relation_pos)
 
 

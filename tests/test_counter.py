@@ -7,8 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.trainer import TrainingData
-from tasks import counter
-from tasks.factual_recall import FactualRecallTask, TaskStack
+from tasks import counter, triton_kernels
+from tasks.factual_recall import FactualRecallTask, TaskStack, counter_prompts
 from tests.conftest import TEST_DEVICE
 
 
@@ -50,6 +50,30 @@ def test_the_test_device_draws_what_the_cpu_draws():
     cpu = task.sample_counter(256, seeds, 17)
     device = task.sample_counter(256, seeds.to(TEST_DEVICE), torch.tensor([17], device=TEST_DEVICE))
     assert torch.equal(device.tokens.cpu(), cpu.tokens) and torch.equal(device.answers.cpu(), cpu.answers)
+
+
+needs_triton = pytest.mark.skipif(not triton_kernels.runs_on(TEST_DEVICE), reason="the kernel needs Triton")
+FIELDS = ("tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos")
+
+
+@needs_triton
+def test_the_kernel_draws_the_bits_the_torch_operations_draw():
+    """counter_prompts as one Triton kernel (interpreted on the CPU) equals its torch form on
+    every field: one task shared by every seed and a stack of tasks, uniform and Zipf draws,
+    seeds beyond 32 bits and negative, the step as an int and as a device tensor, a batch
+    that is not a whole number of the kernel's blocks."""
+    shared = FactualRecallTask(10, 5, 3, 7, 9, subject_zipf=0.8)
+    stack = TaskStack([shared, FactualRecallTask(3, 3, 4, 6, 9, fact_seed=1),
+                       FactualRecallTask(70, 2, 2, 1, 9, relation_zipf=1.1)])
+    seeds = torch.tensor([5, 2 ** 40 + 3, -7], device=TEST_DEVICE)
+    for draws in (shared, stack):
+        for step in (0, 1000, torch.tensor([2 ** 31 + 5], device=TEST_DEVICE)):
+            draws.sample_counter(8, seeds, 0)  # the tables, built once
+            tables = next(iter(draws._counter_tables.values()))
+            ours = counter_prompts(tables, 45, seeds, step, kernel=True)
+            theirs = counter_prompts(tables, 45, seeds, step, kernel=False)
+            for name in FIELDS:
+                assert torch.equal(getattr(ours, name), getattr(theirs, name)), (draws, step, name)
 
 
 def test_a_model_gets_its_own_seeds_batch_in_any_stack():
