@@ -10,13 +10,24 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():  # a process without a GPU has Triton interpret the kernels:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when Triton is imported (torch may import it)
+
+def _interpret_without_a_gpu() -> None:
+    """Have Triton interpret the kernels in a process without a GPU. TRITON_INTERPRET is read
+    when Triton is imported, and torch may import it first: a CPU-only torch says so at once
+    (this module's import); a CUDA torch is asked at first use (asking before a fork would
+    keep the forked processes from CUDA)."""
+    if torch.version.cuda is None and torch.version.hip is None or not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+if torch.version.cuda is None and torch.version.hip is None:
+    _interpret_without_a_gpu()
 
 
 @functools.cache
 def load(module: str):
     """The kernel module `module` (say "tasks.counter_kernel"), imported once."""
+    _interpret_without_a_gpu()
     return importlib.import_module(module)
 
 
@@ -25,6 +36,7 @@ def runs_on(device: torch.device) -> bool:
     or, in a process without a GPU, interprets on the CPU."""
     if importlib.util.find_spec("triton") is None:
         return False
+    _interpret_without_a_gpu()
     import triton
 
     return device.type == ("cpu" if triton.knobs.runtime.interpret else "cuda")
