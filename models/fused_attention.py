@@ -10,9 +10,10 @@ tokens with the small key and value tables ([e, V] per head, a few KB, held in c
   value tables' gradients at its entries, summed over every prompt block by block in
   registers (each block's token-weighted one-hot meets its q and d_z) and stored once.
 No atomic adds: every float sum runs in one fixed order, so runs with this core are
-bit-reproducible on a GPU too. Per step the attention moves the pattern [K, H, B, T] and its
-gradient a few times and the queries, outputs and their gradients once, instead of about
-fourteen passes over a [K, H, B, V] buffer (bench/core_cost.py counts both; bench/README.md).
+bit-reproducible on a GPU too (by construction; not yet checked on one). Per step the
+attention moves the pattern [K, H, B, T] and its gradient a few times and the queries,
+outputs and their gradients once, instead of about fourteen passes over a [K, H, B, V]
+buffer (bench/core_cost.py counts both; bench/README.md).
 
 Triton is optional (`pip install -e .[kernels]`): the kernels compile for CUDA tensors and, in
 a process without a GPU, run in Triton's interpreter on CPU tensors (exact, and far too slow to

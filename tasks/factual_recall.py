@@ -17,7 +17,7 @@ import torch
 
 from tasks import counter, triton_kernels
 
-COUNTER_BLOCK_B = 32  # prompts per program of the counter sampler's kernel
+COUNTER_BLOCK_B, COUNTER_BLOCK_TICKS = 32, 64  # the counter sampler's kernel: prompts per program, thresholds per pass
 
 
 @dataclass(frozen=True)
@@ -344,11 +344,11 @@ def _kernel_prompts(tables: CounterTables, batch_size: int, seeds: torch.Tensor,
     s_ticks, r_ticks = tables.subject_ticks, tables.relation_ticks
     pointer = isinstance(step, torch.Tensor)
     triton_kernels.load("tasks.counter_kernel").prompts[(-(-B // COUNTER_BLOCK_B), K)](
-        seeds, step, tokens, *fields, tables.n_subjects, tables.first_noise, tables.n_noise, tables.eos,
+        seeds.contiguous(), step, tokens, *fields, tables.n_subjects, tables.first_noise, tables.n_noise, tables.eos,
         s_ticks, r_ticks, tables.facts, B, s_ticks.shape[-1], r_ticks.shape[-1], tables.n_relations_max,
         s_ticks.stride(0) if s_ticks.dim() == 2 else 0, r_ticks.stride(0) if r_ticks.dim() == 2 else 0,
         table_row, facts_row, T=T, STEP_IS_POINTER=pointer, BLOCK_B=COUNTER_BLOCK_B,
-        BLOCK_T=1 << (T - 1).bit_length(), BLOCK_S=64)
+        BLOCK_T=1 << (T - 1).bit_length(), BLOCK_S=COUNTER_BLOCK_TICKS)
     subjects, relations, answers, subject_pos, relation_pos = fields
     return Batch(tokens, subjects, relations, answers, subject_pos, relation_pos)
 

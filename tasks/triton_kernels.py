@@ -31,6 +31,7 @@ def load(module: str):
     return importlib.import_module(module)
 
 
+@functools.cache
 def runs_on(device: torch.device) -> bool:
     """Whether Triton kernels run on `device` here: Triton is installed, and compiles for CUDA
     or, in a process without a GPU, interprets on the CPU."""
