@@ -157,8 +157,8 @@ def test_fused_core_gives_the_model_the_same_logits_and_gradients():
 
 
 def test_the_core_is_chosen_by_device():
-    """Every device keeps the vocabulary core unless the fused one is asked for (it has not
-    yet run on a GPU); names are checked."""
+    """Every device keeps the vocabulary core unless the fused one is asked for (until a GPU
+    run has measured the fused core faster); names are checked."""
     assert choose_core("auto", torch.device("cpu")) is VocabAttention
     assert choose_core("auto", torch.device("cuda")) is VocabAttention
     assert choose_core("vocab", torch.device("cpu")) is VocabAttention
