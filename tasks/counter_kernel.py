@@ -5,8 +5,8 @@ the torch form, so the two draw the same bits (tests/test_counter.py, in Triton'
 import triton
 import triton.language as tl
 
-MASK = 0xFFFFFFFF
-GOLDEN = 0x9E3779B9
+MASK = tl.constexpr(0xFFFFFFFF)  # 2^32 - 1 (tasks.counter)
+GOLDEN = tl.constexpr(0x9E3779B9)
 
 
 @triton.jit

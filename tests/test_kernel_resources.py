@@ -1,0 +1,30 @@
+"""The toolkit's Triton kernels compile for a GPU (an H100, sm_90) on a machine without one,
+with no spills and no global atomic adds (bench/kernel_resources.py): what Triton's
+interpreter, which runs a kernel's Python, cannot show."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nvidia_tools() -> bool:
+    spec = importlib.util.find_spec("triton")
+    return spec is not None and (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend")
+def test_every_kernel_compiles_for_an_h100_without_spills_or_global_atomics():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/kernel_resources.py", "--arch", "90"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()[1:]
+    assert [line.split("  ")[0] for line in lines] == ["fused forward", "fused backward", "fused tables",
+                                                       "counter prompts"]
+    for line in lines:
+        assert ", 0 B spilled," in line and line.endswith(", 0 global atomic instructions"), line
