@@ -238,7 +238,7 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     assert (grid["share_not_stored"] <= 2 * (1 - grid["located_accuracy"]) + 1e-9).all()
     assert (grid["share_not_stored"] >= 1 - 2 * grid["located_accuracy"] - 1e-9).all()
     settings = json.loads((tmp_path / "settings.json").read_text())
-    assert "sampler" not in settings["run"]["train"] and "parameterisation" in settings["run"]["model"]
+    assert settings["run"]["train"]["sampler"] == "counter" and "parameterisation" in settings["run"]["model"]
     (tmp_path / "cells" / "H2_m32.json").unlink()
     assert main(argv) == 0
     assert "(1 new cells)" in capsys.readouterr().out
