@@ -62,6 +62,24 @@ def test_each_hazard_is_refused_naming_the_operation_and_the_line(body, message)
         check_capturable(lambda: body(w))
 
 
+class _HostScaledGradient(torch.autograd.Function):
+    """Doubles its input; its backward multiplies by a CPU tensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.tensor(2.0)
+
+
+def test_a_hazard_in_the_backward_is_refused():
+    w = _weights()
+    with pytest.raises(CaptureHazard, match=r"aten\.mul\.Tensor at tests/test_capture_check\.py:\d+: a CPU tensor"):
+        check_capturable(lambda: _HostScaledGradient.apply(w).sum().backward())
+
+
 def test_a_step_whose_work_changes_between_calls_is_refused():
     w, calls = _weights(), []
 
