@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 ROOT = Path(__file__).resolve().parent.parent  # the toolkit's sources: where a hazard is reported
+INDEXING = ("index", "index_put", "index_put_", "_index_put_impl_")  # torch tags them dynamic: only a mask is
 
 
 class CaptureHazard(ValueError):
@@ -61,11 +62,9 @@ def _reason(func, args, kwargs, out_device: torch.device | None) -> str | None:
     devices = {t.device.type for t in inputs} | ({out_device.type} if out_device is not None else set())
     if torch.Tag.data_dependent_output in tags:
         return "waits for a value on the host (.item(), bool(), a Python branch on a tensor, .tolist())"
-    if name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
-            t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]):
+    if name in INDEXING and any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]):
         return "boolean-mask indexing: its shape depends on the data"
-    if torch.Tag.dynamic_output_shape in tags and name not in ("index", "index_put", "index_put_",
-                                                                "_index_put_impl_"):
+    if torch.Tag.dynamic_output_shape in tags and name not in INDEXING:
         return "its output's shape depends on the data"
     if torch.Tag.nondeterministic_seeded in tags:
         return "a random draw: a replay repeats only the draws of generators registered with the graph"
@@ -109,8 +108,8 @@ def check_capturable(step: Callable[[], object]) -> None:
         traces.append(watch.trace)
     if not any(device == "meta" for op in traces[0] for device, *_ in op[1:]):
         raise ValueError("the step ran no operation on the meta device: build its tensors there to check it.")
-    if traces[0] != traces[1]:
-        first = next(i for i, (a, b) in enumerate(zip(traces[0] + [None], traces[1] + [None])) if a != b)
-        raise CaptureHazard(f"the step's work differs between two calls (operation {first}: "
-                            f"{(traces[0] + [None])[first]} then {(traces[1] + [None])[first]}): a replay repeats "
-                            "the captured call.")
+    first, second = traces[0] + [None], traces[1] + [None]  # None: the shorter one ended
+    if first != second:
+        i = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+        raise CaptureHazard(f"the step's work differs between two calls (operation {i}: {first[i]} then "
+                            f"{second[i]}): a replay repeats the captured call.")
