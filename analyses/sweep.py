@@ -188,6 +188,20 @@ class Cells:
     def path(self, key: str) -> Path:
         return self.dir / (_file_name(key) + ".json")
 
+    @staticmethod
+    def recorded_sampler(out: Path, *where: str) -> str | None:
+        """The training sampler of the sweep recorded in OUT/settings.json (at the keys `where`
+        in it): the one it names, else `generator`, which every sweep recorded before the
+        counter sampler became the default trained with and does not name; None where OUT
+        holds no readable settings. A sweep resumed without --sampler takes it."""
+        try:
+            recorded = json.loads((Path(out) / "settings.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        for key in where:
+            recorded = recorded.get(key) if isinstance(recorded, dict) else None
+        return recorded.get("sampler", "generator") if isinstance(recorded, dict) else None
+
     def checkpoint(self, key: str) -> Path | None:
         """Where the cell `key` keeps its trained model (absolute, so a Ray worker on this
         file system writes it there), or None when checkpoints are not kept."""

@@ -141,9 +141,10 @@ class TrainConfig:
     snapshots_per_octave: int = setting(2, "log-spaced weight snapshots per doubling of the step (0: none)")
     freeze_ov: bool = setting(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
     device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
-    sampler: str = setting("generator", "training data: generator (one torch.Generator per seed, drawn in turn) | "
-                           "counter (a hash of seed, step, row and column: every seed's batch in one call, the "
-                           "same alone or stacked, on a CPU or a GPU)", choices=SAMPLERS)
+    sampler: str = setting("counter", "training data: counter (a hash of seed, step, row and column: every seed's "
+                           "batch in one call, the same alone or stacked, on a CPU or a GPU, and replayable in a "
+                           "CUDA graph) | generator (one torch.Generator per seed, drawn in turn: runs recorded "
+                           "before the counter sampler was the default)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
 
     @property

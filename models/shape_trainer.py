@@ -137,14 +137,15 @@ def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining
         tasks += [task] * K
         pairs += run.train.runs
     padded = padded_section(sections)
-    weights = {k: t.to(device) for k, t in stack([pad(w, padded) for w in models]).items()}
+    initial = stack([pad(w, padded) for w in models])  # [K, ...] CPU
+    weights = {k: t.to(device) for k, t in initial.items()}
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, runs[0].model, cfg.freeze_ov)}
     for key, mask in gradient_masks(sections, list(params)).items():
         params[key].register_hook(functools.partial(torch.mul, mask.to(device)))
     lr = torch.tensor([lr for lr, _ in pairs], device=device)
     scale = query_scales(sections)
     scale = None if scale is None else scale.to(device)
-    positional, optimizer = has_positions(weights), Optimizer(params, lr, cfg.optimizer)
+    positional, optimizer = has_positions(initial), Optimizer(params, lr, cfg.optimizer)  # positions read on the CPU
     data = TrainingData(tasks if len(built) > 1 else tasks[0], pairs, cfg.batch_size, device, cfg.sampler)
     step_once = Step(training_step(weights, optimizer, data, runs[0].model.attention, positional, scale),
                      use_cuda_graph(cfg.cuda_graph, device, cfg.sampler))

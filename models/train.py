@@ -73,7 +73,8 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
         raise ValueError(f"{path}: missing; {ckpt} is not a run started by models.train, nothing to resume.")
     try:
         saved = json.loads(path.read_text())
-        train_cfg = {**saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
+        train_cfg = {"sampler": "generator",  # runs started before the sampler was a setting drew with generators
+                     **saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
         run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
         return run, saved["preset"]
     except (json.JSONDecodeError, KeyError, TypeError):

@@ -140,9 +140,10 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
     cfg = run.train
     task = run.task.build()
     runs = cfg.runs
-    weights = {k: t.to(device) for k, t in stack([init_weights(run.model, task, seed) for _, seed in runs]).items()}
+    initial = stack([init_weights(run.model, task, seed) for _, seed in runs])  # [K, ...] CPU
+    positional = has_positions(initial)  # read on the CPU: the run's device is never waited for
+    weights = {k: t.to(device) for k, t in initial.items()}
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model, cfg.freeze_ov)}
-    positional = has_positions(weights)
     optimizer = Optimizer(params, torch.tensor([lr for lr, _ in runs], device=device), cfg.optimizer)
     data = TrainingData(task, runs, cfg.batch_size, device, cfg.sampler)
     step_once = Step(training_step(weights, optimizer, data, run.model.attention, positional),
@@ -321,6 +322,8 @@ class TrainingData:
         self.generators = {} if self.counter else {
             s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
         self.seeds = torch.tensor([s + DATA_SEED_OFFSET for s in seeds], device=device)  # [U] data seeds
+        if self.counter:  # the sampler's tables, on the device before the first step reads them
+            self.task.counter_tables(self.seeds.device)
         rows = [draws.index((distinct.index(t), seed)) for t, (_, seed) in zip(tasks, runs)]
         self.rows = None if rows == list(range(len(runs))) else torch.tensor(rows, device=device)  # [K] into [U]
 

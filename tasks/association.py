@@ -17,6 +17,8 @@ Token layout: inputs and outputs are the same N tokens (d_vocab = d_vocab_out = 
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -31,6 +33,7 @@ class SequenceTask:
 
     kind = "sequence"
     MAX_SEQUENCES = 10_000_000
+    TABLES: tuple[str, ...] = ()  # the tensors that define the task: scoring and training read them
 
     def __init__(self, n_tokens: int, context: int):
         self.n_tokens = _positive_int("n_tokens", n_tokens, 2)
@@ -71,6 +74,14 @@ class SequenceTask:
         """Sequence indices [batch] drawn from the uniform prior."""
         return torch.randint(0, self.n_sequences, (batch_size,), generator=generator, device=generator.device)
 
+    def to(self, device: str | torch.device) -> SequenceTask:
+        """This task with its tables (TABLES) on `device`: a trainer moves its task there once,
+        so a step reads only device tensors (a CUDA graph cannot copy from the host)."""
+        moved = copy.copy(self)
+        for name in self.TABLES:
+            setattr(moved, name, getattr(self, name).to(device))
+        return moved
+
     def _base_config(self) -> dict:
         return {"kind": self.kind, "n_tokens": self.n_tokens, "context": self.context, "seq_len": self.seq_len}
 
@@ -91,6 +102,7 @@ class AssociationTask(SequenceTask):
     (or given as an explicit list `next_tokens` of T_0 ids)."""
 
     kind = "association"
+    TABLES = ("next_tokens",)
 
     def __init__(self, n_tokens: int = 50, context: int = 2, table_seed: int = 0,
                  next_tokens: list[int] | torch.Tensor | None = None):
@@ -144,6 +156,7 @@ class DistributionTask(SequenceTask):
     g_t ~ N(0, I_N) drawn from `target_seed`: 0 is uniform, large is nearly a look-up table."""
 
     kind = "distribution"
+    TABLES = ("log_targets",)
 
     def __init__(self, n_tokens: int = 50, context: int = 2, target_seed: int = 0, concentration: float = 1.0):
         super().__init__(n_tokens, context)

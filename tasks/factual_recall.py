@@ -11,7 +11,7 @@ Token layout (docs/checkpoint_format.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -34,6 +34,10 @@ class Batch:
 
     def __len__(self) -> int:
         return self.tokens.shape[-2]
+
+    def to(self, device: str | torch.device) -> Batch:
+        """The same prompts with every field on `device`."""
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def zipf_probs(n: int, alpha: float) -> torch.Tensor:
@@ -168,15 +172,20 @@ class FactualRecallTask:
         number of torch calls: `sample`'s distribution from counter-based values
         (tasks/counter.py), so each seed's batch depends on its seed and the step alone, the
         same in any stack and on any device (counter_prompts)."""
-        if seeds.device not in self._counter_tables:
-            self._counter_tables[seeds.device] = CounterTables.of([self], seeds.device)
-        return counter_prompts(self._counter_tables[seeds.device], batch_size, seeds, step)
+        return counter_prompts(self.counter_tables(seeds.device), batch_size, seeds, step)
+
+    def counter_tables(self, device: torch.device) -> CounterTables:
+        """What sample_counter reads on `device`, built there once: a trainer builds them
+        before its first step, so the step reads device tensors only."""
+        if device not in self._counter_tables:
+            self._counter_tables[device] = CounterTables.of([self], device)
+        return self._counter_tables[device]
 
     def eval_set(self, n: int, seed: int = 1234, device: str | torch.device = "cpu") -> Batch:
-        """A held-out set: the same `n` prompts for every call with this seed, on `device`.
-        Training draws from its own generator, so these are fresh samples of the population."""
-        generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
-        return self.sample(n, generator)
+        """A held-out set: the same `n` prompts for every call with this seed, on `device`
+        (drawn on the CPU and moved there: the same prompts on every device). Training draws
+        from its own stream, so these are fresh samples of the population."""
+        return self.sample(n, torch.Generator().manual_seed(seed)).to(device)
 
     def fact_prompts(self, subjects: torch.Tensor, relations: torch.Tensor,
                      generator: torch.Generator) -> Batch:
@@ -366,6 +375,10 @@ class TaskStack:
         """Seed k's prompts [K, batch, ...] on task k at `step` (seeds [K] int64, one per task)."""
         if len(seeds) != len(self.tasks):
             raise ValueError(f"a stack of {len(self.tasks)} tasks draws one seed each, got {len(seeds)} seeds.")
-        if seeds.device not in self._counter_tables:
-            self._counter_tables[seeds.device] = CounterTables.of(self.tasks, seeds.device)
-        return counter_prompts(self._counter_tables[seeds.device], batch_size, seeds, step)
+        return counter_prompts(self.counter_tables(seeds.device), batch_size, seeds, step)
+
+    def counter_tables(self, device: torch.device) -> CounterTables:
+        """What sample_counter reads on `device`, built there once (FactualRecallTask.counter_tables)."""
+        if device not in self._counter_tables:
+            self._counter_tables[device] = CounterTables.of(self.tasks, device)
+        return self._counter_tables[device]

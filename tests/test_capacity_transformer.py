@@ -143,6 +143,21 @@ def test_transformer_sweep_writes_tables_and_reads_them_back_when_cut_short(tmp_
     assert list(pd.read_csv(tmp_path / "capacity.csv")["d"]) == [4]
 
 
+def test_a_sweep_recorded_without_a_sampler_resumes_with_the_generator(tmp_path, capsys):
+    """Sweeps recorded before the counter sampler was the default name no sampler: re-run
+    without --sampler, they resume with the generator they trained with; a new sweep records
+    the counter sampler."""
+    argv = ["transformer", "--shape", "1,1,2,4", "--d", "4", "--answers", "2", "--seq-len", "4", "--lr", "0.03",
+            "--steps", "20", "--batch-size", "32", "--eval-every", "10", "--eval-size", "32", "--min-size", "2",
+            "--max-size", "2", "--device", "cpu", "--quiet"]
+    code, _, _ = _cli([*argv, "--sampler", "generator", "--out", str(tmp_path / "old")], capsys)
+    assert code == 0 and "sampler" not in json.loads((tmp_path / "old" / "settings.json").read_text())
+    code, out, err = _cli([*argv, "--out", str(tmp_path / "old")], capsys)
+    assert (code, err) == (0, "") and "(0 new training runs)" in out
+    code, _, _ = _cli([*argv, "--out", str(tmp_path / "new")], capsys)
+    assert code == 0 and json.loads((tmp_path / "new" / "settings.json").read_text())["sampler"] == "counter"
+
+
 def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
     """Votes of 3 seeds per size: all store up to 5, one stores 6, two store 9. A tie is not a
     majority; 9, a majority above a size that failed in the same round, is set aside: S* = 5."""
@@ -223,7 +238,7 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     assert (grid["share_not_stored"] <= 2 * (1 - grid["located_accuracy"]) + 1e-9).all()
     assert (grid["share_not_stored"] >= 1 - 2 * grid["located_accuracy"] - 1e-9).all()
     settings = json.loads((tmp_path / "settings.json").read_text())
-    assert "sampler" not in settings["run"]["train"] and "parameterisation" in settings["run"]["model"]
+    assert settings["run"]["train"]["sampler"] == "counter" and "parameterisation" in settings["run"]["model"]
     (tmp_path / "cells" / "H2_m32.json").unlink()
     assert main(argv) == 0
     assert "(1 new cells)" in capsys.readouterr().out

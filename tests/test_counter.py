@@ -138,7 +138,7 @@ def test_k_seeds_take_as_many_torch_calls_as_one(subject_zipf):
 
     def ops(k: int, sampler: str) -> int:
         data = TrainingData(task, [(1e-2, s) for s in range(k)], 32, torch.device("cpu"), sampler)
-        data.batch(2)  # the sampler's tables are copied to the device once, on the first call
+        data.batch(2)
         with _Ops() as recorder:
             data.batch(3)
         return recorder.count

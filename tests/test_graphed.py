@@ -1,8 +1,9 @@
 """Graphed training (models.graphed): the choice of eager or captured, the in-place restore a
 captured run needs, and, where CUDA is present, the captured step against the eager one."""
+import json
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from models.aot.trainer import train_aot
 from models.config import TrainConfig
 from models.graphed import WARMUP_STEPS, Step, use_cuda_graph
 from models.optimizer import Optimizer
-from models.presets import preset
+from models.presets import PRESETS, preset
 from models.shape_trainer import train_shapes
 from models.train_state import load_state, restore, save_state
 from models.trainer import train
@@ -61,6 +62,47 @@ def test_an_eager_step_runs_the_function_at_every_call():
     step = Step(lambda: (torch.tensor(float(len(calls))), calls.append(1))[:1], graphed=False)
     outputs = [float(step()[0]) for _ in range(WARMUP_STEPS + 3)]
     assert outputs == list(range(WARMUP_STEPS + 3)) and step.graph is None
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_captures_on_cuda_by_default(name):
+    """No flag needed: the default sampler is the one a CUDA graph replays."""
+    train_cfg = preset(name).train
+    assert use_cuda_graph(train_cfg.cuda_graph, GPU, train_cfg.sampler)
+
+
+def test_the_sweeps_capture_on_cuda_by_default(tmp_path):
+    from analyses.capacity.transformer import TransformerSweep
+    from analyses.tradeoff.cli import parser as tradeoff_parser
+    from analyses.tradeoff.common import base_run
+
+    sweep = TransformerSweep()
+    assert use_cuda_graph(sweep.cuda_graph, GPU, sweep.sampler)
+    assert use_cuda_graph(AoTTrainConfig().cuda_graph, GPU)
+    run = base_run(tradeoff_parser().parse_args(["grid", "--out", str(tmp_path / "new")]))
+    assert use_cuda_graph(run.train.cuda_graph, GPU, run.train.sampler)
+
+
+def test_a_trade_off_sweep_recorded_without_a_sampler_resumes_with_the_generator(tmp_path):
+    """Its settings.json (a grid recorded before the counter sampler was the default) names
+    none; --sampler, where given, still chooses."""
+    from analyses.tradeoff.cli import parser as tradeoff_parser
+    from analyses.tradeoff.common import base_run
+
+    (tmp_path / "settings.json").write_text(json.dumps({"analysis": "tradeoff grid", "run": {"train": {}}}))
+    args = ["grid", "--out", str(tmp_path)]
+    assert base_run(tradeoff_parser().parse_args(args)).train.sampler == "generator"
+    assert base_run(tradeoff_parser().parse_args([*args, "--sampler", "counter"])).train.sampler == "counter"
+
+
+def test_a_run_started_before_the_sampler_was_a_setting_resumes_with_the_generator(tmp_path):
+    from models.train import read_run
+
+    recorded = {"preset": "tiny", **asdict(preset("tiny"))}
+    del recorded["train"]["sampler"]
+    (tmp_path / "run.json").write_text(json.dumps(recorded))
+    run, name = read_run(tmp_path)
+    assert (run.train.sampler, name) == ("generator", "tiny") and run.task == preset("tiny").task
 
 
 def test_a_run_records_whether_its_step_was_graphed():

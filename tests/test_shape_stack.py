@@ -100,9 +100,10 @@ def test_runs_that_differ_in_more_than_shape_and_task_are_refused():
         train_shapes([base[0], replace(base[1], train=replace(base[1].train, batch_size=8))], progress=False)
     with pytest.raises(ValueError, match="they differ in task.seq_len"):
         train_shapes([base[0], replace(base[1], task=replace(base[1].task, seq_len=9))], progress=False)
-    other_task = replace(base[1], task=replace(base[1].task, n_subjects=8))  # the generator sampler
+    generator = [replace(run, train=replace(run.train, sampler="generator")) for run in base[:2]]
+    other_task = replace(generator[1], task=replace(generator[1].task, n_subjects=8))
     with pytest.raises(ValueError, match=r"a stack of tasks needs the counter sampler\)\.$"):
-        train_shapes([base[0], other_task], progress=False)
+        train_shapes([generator[0], other_task], progress=False)
 
 
 # ------------------------------------------------------------ stacks of tasks and sizes

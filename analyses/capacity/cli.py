@@ -58,6 +58,13 @@ def parser():
     return p
 
 
+def resumed_sampler(args) -> dict:
+    """{"sampler": the sampler of the sweep recorded in --out} where --sampler is not given and
+    --out holds one (Cells.recorded_sampler), else {}."""
+    sampler = None if args.sampler else Cells.recorded_sampler(args.out)
+    return {"sampler": sampler} if sampler else {}
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     executor = cli.executor(args)
@@ -74,14 +81,16 @@ def main(argv=None) -> int:
         print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
     elif args.command == "departures":
         study = cli.settings(args, DepartureStudy)
-        sweep = study.training(cli.settings(args, TransformerSweep, shapes=(study.shape,), d=(study.d,)), "standard")
+        sweep = study.training(cli.settings(args, TransformerSweep, shapes=(study.shape,), d=(study.d,),
+                                            **resumed_sampler(args)), "standard")
         table, summary = compare_departures(study, sweep, args.out, executor, args.device, progress,
                                             args.keep_checkpoints)
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         if args.seeds and args.seed != 0:
             raise ValueError("--seeds searches the seeds it names; drop --seed.")
-        sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}))
+        sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}),
+                             **resumed_sampler(args))
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
                       keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)

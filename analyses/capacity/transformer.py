@@ -48,8 +48,9 @@ class TransformerSweep:
     embedding: str = setting("auto", "frozen embeddings: auto (the parameterisation's: gaussian where it takes the "
                              "authors' embedding, sphere otherwise) | sphere | gaussian",
                              choices=("auto", "sphere", "gaussian"))
-    sampler: str = setting("generator", "training data: generator | counter (every seed's batch a hash of seed and "
-                           "step: the sampler a CUDA graph can replay)", choices=SAMPLERS)
+    sampler: str = setting("counter", "training data: counter (every seed's batch a hash of seed and step: the "
+                           "sampler a CUDA graph can replay) | generator (a sweep recorded without a sampler resumes "
+                           "with it)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
     stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
                          "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "

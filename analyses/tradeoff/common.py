@@ -9,6 +9,7 @@ import pandas as pd
 
 from analyses.locate_facts import LocateSettings, locate
 from analyses.output import write_csv, write_summary
+from analyses.sweep import Cells
 from models.bridge import build_bridge, resolve_device
 from models.cli import given
 from models.config import (
@@ -31,11 +32,14 @@ BASE = "paper-tradeoff"
 # ------------------------------------------------------------------------- settings
 def base_run(args) -> RunConfig:
     """The paper-tradeoff preset with the task, model and training flags given (snapshots
-    off); refused (ValueError) if the model or the training cannot run."""
+    off; without --sampler, the sampler of the sweep recorded in --out, if any); refused
+    (ValueError) if the model or the training cannot run."""
     base = preset(BASE)
+    sampler = Cells.recorded_sampler(args.out, "run", "train") if getattr(args, "out", None) else None
+    train = {"snapshots_per_octave": 0, **({"sampler": sampler} if sampler else {}), **given(args, TrainConfig)}
     run = RunConfig(task=override(base.task, given(args, TaskConfig)),
                     model=override(base.model, given(args, ModelConfig)),
-                    train=override(base.train, {"snapshots_per_octave": 0, **given(args, TrainConfig)}))
+                    train=override(base.train, train))
     run.train.validate()
     run.model.validate()
     return run

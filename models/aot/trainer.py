@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -33,6 +33,7 @@ from models.bridge import resolve_device
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.progress import progress_bar
+from models.section import ModelSection
 from models.trainer import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
@@ -68,6 +69,40 @@ def population_step(stack: Stack, task: SequenceTask, optimizer: Optimizer, data
     return step
 
 
+@dataclass
+class AoTTraining:
+    """K attention-only models ready to train on one device: every tensor their step reads
+    lives there (models.capture_check builds it on the meta device to check the step)."""
+
+    sections: list[ModelSection]  # each model's config.json model section
+    stack: Stack
+    task: SequenceTask  # the task, its tables on the device
+    optimizer: Optimizer
+    data: torch.Tensor  # [n_seeds, batches, B] each seed's data set (sequence indices)
+    order: torch.Tensor  # [K] each model's row in `data`
+
+    def step(self):
+        """One update of every model (population_step)."""
+        return population_step(self.stack, self.task, self.optimizer, self.data, self.order)
+
+
+def prepare(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig,
+          device: torch.device) -> AoTTraining:
+    """The K (model, seed) `runs` initialised, stacked and moved to `device` with the task's
+    tables, their optimizer and each seed's data set. The data are drawn on the CPU from
+    seed + DATA_SEED_OFFSET and moved once: the same on every device."""
+    sections = [model_cfg.checkpoint_section(task) for model_cfg, _ in runs]
+    stack = stack_models([init_aot_weights(model_cfg, task, seed) for model_cfg, seed in runs], sections).to(device)
+    params = {k: stack.weights[k].requires_grad_() for k in stack.trainable()}
+    optimizer = Optimizer(params, torch.full((len(runs),), cfg.lr, device=device), "adam")
+    seeds = sorted({seed for _, seed in runs})
+    data = torch.stack([task.sample_index(cfg.batches * cfg.batch_size,
+                                          torch.Generator().manual_seed(seed + DATA_SEED_OFFSET))
+                        .view(cfg.batches, cfg.batch_size) for seed in seeds])  # [n_seeds, batches, B]
+    order = torch.tensor([seeds.index(seed) for _, seed in runs])  # [K]
+    return AoTTraining(sections, stack, task.to(device), optimizer, data.to(device), order.to(device))
+
+
 def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: AoTTrainConfig = AoTTrainConfig(),
           progress: bool = True, desc: str = "training") -> list[TrainResult]:
     """Train the K (model, seed) `runs` together on `task`; every model's final scores and
@@ -78,17 +113,8 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
     for model_cfg, _ in runs:
         model_cfg.validate()
     device = resolve_device(cfg.device)
-    sections = [model_cfg.checkpoint_section(task) for model_cfg, _ in runs]
-    stack = stack_models([init_aot_weights(model_cfg, task, seed) for model_cfg, seed in runs], sections).to(device)
-    params = {k: stack.weights[k].requires_grad_() for k in stack.trainable()}
-    optimizer = Optimizer(params, torch.full((len(runs),), cfg.lr, device=device), "adam")
-    seeds = sorted({seed for _, seed in runs})
-    data = {}
-    for seed in seeds:  # the data set of each seed: [batches, batch_size] sequence indices
-        g = torch.Generator(device=device).manual_seed(seed + DATA_SEED_OFFSET)
-        data[seed] = task.sample_index(cfg.batches * cfg.batch_size, g).view(cfg.batches, cfg.batch_size)
-    order = torch.tensor([seeds.index(seed) for _, seed in runs], device=device)  # [K]
-    data_all = torch.stack([data[s] for s in seeds])  # [n_seeds, batches, B]
+    state = prepare(task, runs, cfg, device)
+    sections, stack, on_device = state.sections, state.stack, state.task
 
     curves: list[list[dict]] = [[] for _ in runs]
     start = time.perf_counter()
@@ -105,19 +131,19 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
                               "seconds": round(time.perf_counter() - start, 2)})
         return acc
 
-    step_once = Step(population_step(stack, task, optimizer, data_all, order), use_cuda_graph(cfg.cuda_graph, device))
+    step_once = Step(state.step(), use_cuda_graph(cfg.cuda_graph, device))
     batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
     window = min(BATCH_ACCURACY_STEPS, cfg.steps)
     bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
     for step in range(cfg.steps):
         logits, counts = step_once()  # this batch's logits before the update [K, T_0, N], counts [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
-            batch_correct += (task.sequence_correct(logits) * counts).sum(-1)
+            batch_correct += (on_device.sequence_correct(logits) * counts).sum(-1)
         if step % cfg.eval_every == 0:
-            acc = record(step, task.scores(logits))
+            acc = record(step, on_device.scores(logits))
             bar.set_postfix(mean_acc=f"{sum(acc) / len(acc):.3f}")
         bar.update(1)
-    record(cfg.steps, scores(stack, task))
+    record(cfg.steps, scores(stack, on_device))
     bar.close()
     weights = {k: v.detach() for k, v in stack.effective().items()}
     batch_accuracy = (batch_correct / (window * cfg.batch_size)).tolist()

@@ -1,0 +1,159 @@
+"""The CPU check for CUDA-graph capture hazards (models.capture_check): each hazard it names is
+refused, a clean step passes, and every trainer's step, built on the meta device as the
+trainer builds it, passes with every sampler `--cuda-graph auto` captures. The association
+task's step as it was (its table copied from the host inside the step) is kept as a fixture
+the check must refuse."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from models.aot.config import AoTModelConfig, AoTTrainConfig
+from models.aot.trainer import population_step, prepare
+from models.capture_check import CaptureHazard, check_capturable
+from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
+from models.graphed import use_cuda_graph
+from models.presets import preset
+from models.shape_trainer import _start_shapes
+from models.trainer import _start
+from tasks.association import AssociationTask, DistributionTask
+
+META = torch.device("meta")
+CAPTURED = [s for s in ("generator", "counter") if use_cuda_graph("auto", torch.device("cuda"), s)]
+
+
+def _weights():
+    return torch.zeros(4, 3, device=META).requires_grad_()
+
+
+def _clean_step(w):
+    def step():
+        loss = (w * 2).square().sum()
+        loss.backward()
+        with torch.no_grad():
+            w.sub_(w.grad)
+        w.grad = None
+        return (loss.detach(),)
+    return step
+
+
+def test_a_clean_step_passes_forward_backward_and_update():
+    check_capturable(_clean_step(_weights()))
+
+
+HOST_TABLE = torch.arange(3)  # a tensor the host keeps, as the association task kept its table
+
+
+@pytest.mark.parametrize("body, message", [
+    (lambda w: w.sum(0) + HOST_TABLE, "CPU tensor operand"),
+    (lambda w: w.sum(0) * torch.tensor(2.0), "CPU tensor operand"),
+    (lambda w: w.gather(0, HOST_TABLE.to(w.device)[None]), "copy from the host to the device"),
+    (lambda w: w.detach().cpu(), "copy from the device to the host"),
+    (lambda w: w.sum().item(), "waits for a value on the host"),
+    (lambda w: w * 2 if w.sum() > 0 else w, "waits for a value on the host"),
+    (lambda w: w.nonzero(), "shape depends on the data"),
+    (lambda w: w[w > 0], "boolean-mask indexing"),
+    (lambda w: w + torch.randn(w.shape, device=w.device), "random draw"),
+], ids=["cpu operand", "cpu scalar tensor", "host to device", "device to host", "item", "python branch",
+        "nonzero", "boolean mask", "random draw"])
+def test_each_hazard_is_refused_naming_the_operation_and_the_line(body, message):
+    w = _weights()
+    with pytest.raises(CaptureHazard, match=rf"aten\.\S+ at tests/test_capture_check\.py:\d+: .*{message}"):
+        check_capturable(lambda: body(w))
+
+
+class _HostScaledGradient(torch.autograd.Function):
+    """Doubles its input; its backward multiplies by a CPU tensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.tensor(2.0)
+
+
+def test_a_hazard_in_the_backward_is_refused():
+    w = _weights()
+    with pytest.raises(CaptureHazard, match=r"aten\.mul\.Tensor at tests/test_capture_check\.py:\d+: a CPU tensor"):
+        check_capturable(lambda: _HostScaledGradient.apply(w).sum().backward())
+
+
+def test_a_step_whose_work_changes_between_calls_is_refused():
+    w, calls = _weights(), []
+
+    def step():  # the host decides: a replay would repeat the first call's work
+        calls.append(1)
+        return w * 2 if len(calls) % 2 else w + 1
+    with pytest.raises(CaptureHazard, match="differs between two calls"):
+        check_capturable(step)
+
+
+def test_a_step_on_the_cpu_is_not_called_checked():
+    w = torch.zeros(3, requires_grad=True)
+    with pytest.raises(ValueError, match="no operation on the meta device"):
+        check_capturable(lambda: (w * 2).sum().backward())
+
+
+# ------------------------------------------------------------------ every trainer's step
+AOT_RUNS = {layout: [(AoTModelConfig(d_model=8, n_heads=2, d_head=4, head_layout=layout), 0),
+                     (AoTModelConfig(d_model=6, n_heads=1, d_head=8, d_mlp=4, head_layout=layout), 1)]
+            for layout in ("standard", "dana")}
+AOT_TASKS = {"association": AssociationTask(n_tokens=10, context=2),
+             "distribution": DistributionTask(n_tokens=10, context=3, concentration=2.0)}
+AOT_TRAIN = AoTTrainConfig(batch_size=32, batches=4)
+
+
+@pytest.mark.parametrize("layout", AOT_RUNS)
+@pytest.mark.parametrize("kind", AOT_TASKS)
+def test_the_attention_only_step_is_capturable(kind, layout):
+    state = prepare(AOT_TASKS[kind], AOT_RUNS[layout], AOT_TRAIN, META)
+    check_capturable(state.step())
+
+
+@pytest.mark.parametrize("kind", AOT_TASKS)
+def test_the_step_reading_the_task_from_the_host_is_refused(kind):
+    """The fixture: the step as it was on CUDA, its task's table left on the CPU and copied to
+    the device inside the step (what failed under capture on an H100)."""
+    task = AOT_TASKS[kind]
+    state = prepare(task, AOT_RUNS["standard"], AOT_TRAIN, META)
+    with pytest.raises(CaptureHazard, match=r"at tasks/association\.py:\d+: a copy from the host to the device"):
+        check_capturable(population_step(state.stack, task, state.optimizer, state.data, state.order))
+
+
+def _tiny(**train):
+    return replace(preset("tiny"), train=replace(preset("tiny").train, **train))
+
+
+FACTUAL_RECALL = {
+    "tiny": _tiny(),
+    "lr x seed": _tiny(lr=(1e-2, 3e-3), seed=(0, 1, 2)),
+    "sgd, frozen OV": _tiny(optimizer="sgd", freeze_ov=True),
+    "authors": preset("paper-tradeoff"),
+    "linear, one-hot": preset("fig5-linear"),
+}
+
+
+@pytest.mark.parametrize("sampler", CAPTURED)
+@pytest.mark.parametrize("name", FACTUAL_RECALL)
+def test_the_factual_recall_step_is_capturable(name, sampler):
+    run = FACTUAL_RECALL[name]
+    run = replace(run, train=replace(run.train, sampler=sampler, batch_size=64, eval_size=64))
+    check_capturable(_start(run, META, None).step_once.step)
+
+
+def _shape_runs(d: tuple[int, ...], tasks: tuple[TaskConfig, ...], sampler: str) -> list[RunConfig]:
+    train = TrainConfig(batch_size=64, eval_size=64, sampler=sampler)
+    return [RunConfig(task, shape_model(1.0, 1.0, 2, size), replace(train, seed=(seed,)))
+            for seed, (size, task) in enumerate(zip(d, tasks))]
+
+
+SMALL, LARGER = TaskConfig(n_subjects=8, n_relations=2), TaskConfig(n_subjects=12, n_relations=3, n_noise=20)
+SHAPE_STACKS = {"sizes d": ((8, 16, 12), (SMALL,) * 3), "sizes d and tasks": ((8, 16), (SMALL, LARGER))}
+
+
+@pytest.mark.parametrize("sampler", CAPTURED)
+@pytest.mark.parametrize("name", SHAPE_STACKS)
+def test_the_shape_stack_step_is_capturable(name, sampler):
+    check_capturable(_start_shapes(_shape_runs(*SHAPE_STACKS[name], sampler), META).step_once.step)
