@@ -27,11 +27,11 @@ STEP_HELP = "read the snapshot of this training step instead of the final weight
 SWEEP_OUT_HELP = "output directory (resumable: a re-run skips the cells recorded there)"
 
 
-def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True, quiet: bool = True,
+def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True,
                       with_snapshots: bool = False) -> Parser:
     """The parser of `python -m analyses.NAME CKPT`: the checkpoint, --out (default
-    CKPT/analysis/NAME), --device, --seed (of `seed_of`), and --step / --quiet where it reads
-    snapshots one at a time / has long work."""
+    CKPT/analysis/NAME), --device, --seed (of `seed_of`), --quiet (every analysis takes it,
+    with or without progress bars), and --step where it reads snapshots one at a time."""
     p = parser(f"python -m analyses.{name}", description)
     add_checkpoint(p, with_snapshots)
     add_out(p, f"CKPT/analysis/{name}")
@@ -39,8 +39,7 @@ def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool =
     add_seed(p, seed_of)
     if step:
         add_step(p)
-    if quiet:
-        add_quiet(p)
+    add_quiet(p)
     return p
 
 

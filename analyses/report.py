@@ -30,6 +30,7 @@ from analyses.sweep import setting_changes
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
+from models.section import ModelSection
 from probe import columns
 from probe.phases import PhaseRule
 from probe.storage import LABELS, StorageRule
@@ -119,8 +120,7 @@ def _short(value) -> str:
 def model_section(ckpt: Path, config: dict, task) -> str:
     m, t = config["model"], config.get("training", {})
     rows = [["task", repr(task)],
-            ["model", (f"d={m['d_model']} H={m['n_heads']} d_h={m['d_head']} "
-                      f"{'attention only' if m.get('attn_only') else 'm=' + str(m.get('d_mlp'))}")],
+            ["model", ModelSection.from_json(m).shape],
             ["training", ", ".join(f"{k}={t[k]:.4g}" if isinstance(t[k], float) else f"{k}={t[k]}"
                                    for k in ("optimizer", "lr", "seed", "steps_run", "final_accuracy", "final_loss")
                                    if k in t) or "not recorded"],

@@ -52,8 +52,7 @@ def summary(result, out: Path) -> str:
     counts = parameter_count(section)
     lines = [
         f"task      {task}  ({task.n_facts} facts)",
-        f"model     d={section.d_model} H={section.n_heads} d_h={section.d_head} "
-        f"m={section.d_mlp} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
+        f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
         f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
     ]
     if len(t["runs"]) > 1:

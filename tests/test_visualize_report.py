@@ -40,7 +40,7 @@ def ckpt(tiny_ckpt, tmp_path_factory):
 
 
 def test_visualize_cli_writes_offline_views(ckpt):
-    proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu")
+    proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu", "--quiet")
     assert proc.returncode == 0, proc.stderr
     out = ckpt / "analysis" / "visualize"
     page = (out / "index.html").read_text()
