@@ -23,7 +23,8 @@ __all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run
 CHECKPOINT_HELP = "checkpoint directory (docs/checkpoint_format.md)"
 DEVICE_HELP = "auto (CUDA when present) | cpu | cuda | cuda:N"
 QUIET_HELP = "no progress bars"
-STEP_HELP = "read the snapshot of this training step instead of the final weights"
+STEP_HELP = ("read the snapshot of this training step instead of the final weights (default --out "
+             "CKPT/analysis/step_N/NAME)")
 SWEEP_OUT_HELP = "output directory (resumable: a re-run skips the cells recorded there)"
 
 
@@ -86,11 +87,18 @@ def add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
 
 
 def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
-    """--out, or `default` (a path; 'CKPT/...' is under the checkpoint)."""
+    """--out, or `default` (a path; 'CKPT/analysis/NAME' is under the checkpoint, and with
+    --step N under CKPT/analysis/step_N/NAME: a snapshot's analysis never takes the place of
+    the final weights')."""
     if args.out is not None:
         return args.out
     default = str(default)
-    return Path(args.ckpt) / default.removeprefix("CKPT/") if default.startswith("CKPT/") else Path(default)
+    if not default.startswith("CKPT/"):
+        return Path(default)
+    step = getattr(args, "step", None)
+    if step is not None:
+        default = default.replace("CKPT/analysis/", f"CKPT/analysis/step_{step}/")
+    return Path(args.ckpt) / default.removeprefix("CKPT/")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
