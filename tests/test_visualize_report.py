@@ -226,6 +226,7 @@ def test_a_snapshot_s_analysis_has_its_own_folder(ckpt, tmp_path):
     assert [f for f in files(fresh / "analysis") if f"step_{step}" not in f[0].parts] == finals
     snapshot = fresh / "analysis" / f"step_{step}"
     assert json.loads((snapshot / "locate_facts" / "summary.json").read_text())["step"] == step
+    assert report.differences(snapshot / "locate_facts", {"step": None}) == [f"step: recorded {step}, now null"]
     assert json.loads((snapshot / "visualize" / "views.json").read_text())["step"] == step
 
 
