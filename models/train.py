@@ -27,7 +27,8 @@ DEFAULT_PRESET = "tiny"
 def parser() -> cli.Parser:
     p = cli.parser("python -m models.train", __doc__)
     p.add_argument("--preset", default=None,
-                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
+                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
+                        f"(default {DEFAULT_PRESET})")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
     p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
