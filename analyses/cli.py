@@ -23,15 +23,16 @@ __all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run
 CHECKPOINT_HELP = "checkpoint directory (docs/checkpoint_format.md)"
 DEVICE_HELP = "auto (CUDA when present) | cpu | cuda | cuda:N"
 QUIET_HELP = "no progress bars"
-STEP_HELP = "read the snapshot of this training step instead of the final weights"
+STEP_HELP = ("read the snapshot of this training step instead of the final weights (default --out "
+             "CKPT/analysis/step_N/NAME)")
 SWEEP_OUT_HELP = "output directory (resumable: a re-run skips the cells recorded there)"
 
 
-def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True, quiet: bool = True,
+def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool = True,
                       with_snapshots: bool = False) -> Parser:
     """The parser of `python -m analyses.NAME CKPT`: the checkpoint, --out (default
-    CKPT/analysis/NAME), --device, --seed (of `seed_of`), and --step / --quiet where it reads
-    snapshots one at a time / has long work."""
+    CKPT/analysis/NAME), --device, --seed (of `seed_of`), --quiet (every analysis takes it,
+    with or without progress bars), and --step where it reads snapshots one at a time."""
     p = parser(f"python -m analyses.{name}", description)
     add_checkpoint(p, with_snapshots)
     add_out(p, f"CKPT/analysis/{name}")
@@ -39,8 +40,7 @@ def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool =
     add_seed(p, seed_of)
     if step:
         add_step(p)
-    if quiet:
-        add_quiet(p)
+    add_quiet(p)
     return p
 
 
@@ -87,11 +87,18 @@ def add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
 
 
 def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
-    """--out, or `default` (a path; 'CKPT/...' is under the checkpoint)."""
+    """--out, or `default` (a path; 'CKPT/analysis/NAME' is under the checkpoint, and with
+    --step N under CKPT/analysis/step_N/NAME: a snapshot's analysis never takes the place of
+    the final weights')."""
     if args.out is not None:
         return args.out
     default = str(default)
-    return Path(args.ckpt) / default.removeprefix("CKPT/") if default.startswith("CKPT/") else Path(default)
+    if not default.startswith("CKPT/"):
+        return Path(default)
+    step = getattr(args, "step", None)
+    if step is not None:
+        default = default.replace("CKPT/analysis/", f"CKPT/analysis/step_{step}/")
+    return Path(args.ckpt) / default.removeprefix("CKPT/")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ import pandas as pd
 from analyses import cli, plots
 from analyses.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
-from models.checkpoint import CheckpointError, load_checkpoint, read_weights, snapshot_path, snapshot_steps
+from models.checkpoint import CheckpointError, load_checkpoint, read_config, read_weights, snapshot_path, snapshot_steps
 from models.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
@@ -82,13 +82,26 @@ def log_spaced(steps: list[int], n: int) -> list[int]:
     return [steps[i] for i in index]
 
 
+def snapshots_to_follow(ckpt: str | Path) -> list[int]:
+    """The snapshot steps of a factual-recall checkpoint; a checkpoint the tools refuse (no
+    config.json, another task) is refused as they refuse it, and one without snapshots
+    (a construction, or a run trained without them) says why it has none."""
+    config, _ = read_config(ckpt, kind="factual_recall")
+    steps = snapshot_steps(ckpt)
+    if steps:
+        return steps
+    construction = config["training"].get("construction")
+    if construction:
+        raise CheckpointError(f"{ckpt}: a construction ({construction}), built rather than trained: it has no "
+                              "training to follow.")
+    raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
+                          "--snapshots-per-octave N (N >= 1) to write them.")
+
+
 def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed: int = 0, storage_points: int = 12,
             contexts: int = 4, progress: bool = True) -> tuple[pd.DataFrame, FactualRecallTask]:
     """One row of metrics per snapshot of `ckpt` (the storage shares on a log-spaced subset)."""
-    steps = snapshot_steps(ckpt)
-    if not steps:
-        raise CheckpointError(f"{ckpt}: no snapshots/ to follow over training; train with "
-                              "--snapshots-per-octave N (N >= 1) to write them.")
+    steps = snapshots_to_follow(ckpt)
     first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
     # every snapshot read and checked before any is measured: a damaged one is refused at once
     snapshots = {step: read_weights(snapshot_path(ckpt, step), first.section) for step in steps}
@@ -157,12 +170,23 @@ def report(dynamics: Dynamics, ckpt: str, out: Path) -> str:
         lines.append(f"hallucination phase: steps {phase['start_step']}-{phase['end_step']} "
                      f"({phase['length_octaves']:.2f} octaves, {left}); plateau loss {phase['plateau_loss']:.3f}, "
                      f"relation-only {phase['relation_only_loss']:.4f}, subject-only {phase['subject_only_loss']:.3f}")
-    fills = summary["storage_fills"]
-    lines.append("half the facts or more recalled by the attention path alone from step "
-                 f"{fills['attention'] if fills['attention'] is not None else 'never'}, by the MLP path from step "
-                 f"{fills['mlp'] if fills['mlp'] is not None else 'never (or no MLP)'}")
+    lines.append(f"half the facts or more recalled by the attention path alone: {_fill_text(summary, 'attention')}; "
+                 f"by the MLP path alone: {_fill_text(summary, 'mlp')}")
     lines.append(f"wrote {out}/ (metrics.csv, summary.json, hallucination.png, storage.png)")
     return "\n".join(lines)
+
+
+def _fill_text(summary: dict, path: str) -> str:
+    """When `path` ('attention' or 'mlp') came to recall half the facts, in words."""
+    step = summary["storage_fills"][path]
+    if step is not None:
+        return f"from step {step}"
+    last = summary["final"].get(f"{path}_recall_share")  # NaN (None once read back): no MLP
+    if f"{path}_recall_share" not in summary["final"]:
+        return "not measured (--storage-points 0)"
+    if last is None or math.isnan(last):
+        return "none (the model has no MLP)"
+    return f"not at the last snapshot (share {last:.2f})"
 
 
 def follow(ckpt: str | Path, settings: HallucinationSettings = HallucinationSettings(), rule: PhaseRule = PhaseRule(),

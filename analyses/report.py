@@ -5,21 +5,24 @@ locate_facts summary (where the facts live, with 95% intervals; recall probes; t
 that pick the subject and the relation) with its figures, the attention views of a few
 facts (one per storage label found, circuitsvis's inline script), the MLP units that write
 those facts' answers (a heat map and circuitsvis's neuron view) and, when the checkpoint
-has snapshots, the hallucination analysis (CKPT/analysis/hallucination).
+has snapshots, the hallucination analysis.
 
-Both analyses run with their default settings (locate_facts on the final weights). Their
-results are written beside the report: in CKPT/analysis/ by default, in DIR/ with --out DIR.
-Results recorded there, or where the analyses write by default (CKPT/analysis/NAME), are
-reused when their settings are the report's (it says which it reuses); otherwise, or with
---fresh, the analysis runs. Figures are embedded, so index.html is the whole report: it
-fetches nothing and opens from any folder.
+Both analyses run with their default settings (locate_facts on the final weights). Results
+recorded in DIR/NAME, or where the analyses write by default (CKPT/analysis/NAME), are reused
+when their settings are the report's (it says which it reuses, and names each setting that
+differs where it does not); otherwise, or with --fresh, the analysis runs and its results are
+written to DIR/NAME, after every analysis has run: nothing is written when one fails, and
+results of other settings are never written over (a DIR/NAME that holds them is refused).
+Figures are embedded, so index.html is the whole report: it fetches nothing and opens from
+any folder.
 """
 from __future__ import annotations
 
 import base64
 import html
 import json
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +33,7 @@ from analyses.sweep import setting_changes
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text
+from models.section import ModelSection
 from probe import columns
 from probe.phases import PhaseRule
 from probe.storage import LABELS, StorageRule
@@ -46,19 +50,24 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e}); rerun with --fresh.") from None
 
 
+def differences(folder: Path, wanted: dict) -> list[str]:
+    """How the results recorded in `folder` (its summary.json) differ from `wanted` (each
+    key's value; a locate_facts `settings` compared without its device): [] when they do not."""
+    recorded = _read_json(folder / "summary.json")
+    if isinstance(recorded.get("settings"), dict):
+        recorded["settings"] = {k: v for k, v in recorded["settings"].items() if k != "device"}
+    return setting_changes({k: recorded.get(k) for k in wanted}, wanted)
+
+
 def recorded_results(name: str, folders: list[Path], wanted: dict, fresh: bool, say) -> Path | None:
-    """The first of `folders` whose summary.json records `wanted` (each key's value; a
-    locate_facts `settings` compared without its device), saying so; None, saying why, when
-    none does or `fresh` is asked."""
+    """The first of `folders` whose summary.json records `wanted`, saying so; None, saying
+    why, when none does or `fresh` is asked."""
     if fresh:
         return None
     for folder in dict.fromkeys(folders):
         if not (folder / "summary.json").is_file():
             continue
-        recorded = _read_json(folder / "summary.json")
-        if isinstance(recorded.get("settings"), dict):
-            recorded["settings"] = {k: v for k, v in recorded["settings"].items() if k != "device"}
-        differing = setting_changes({k: recorded.get(k) for k in wanted}, wanted)
+        differing = differences(folder, wanted)
         if not differing:
             say(f"{name}: reusing {folder} (the same settings)")
             return folder
@@ -66,20 +75,42 @@ def recorded_results(name: str, folders: list[Path], wanted: dict, fresh: bool, 
     return None
 
 
+def refuse_other_results(name: str, into: Path, wanted: dict) -> None:
+    """Refuse (ValueError) to write `name` results into `into` when it holds files other than
+    results of `wanted`: the report never writes over another computation."""
+    if not into.is_dir() or not any(into.iterdir()):
+        return
+    differing = differences(into, wanted) if (into / "summary.json").is_file() else ["no summary.json"]
+    if differing:
+        raise ValueError(f"{into} holds other {name} results ({'; '.join(differing)}), which the report does not "
+                         "write over; move them, or choose another --out.")
+
+
+@dataclass(frozen=True)
+class Needed:
+    """An analysis the report shows: its folder and, unless recorded results are reused, how
+    to compute it and write what it computed there."""
+
+    folder: Path
+    compute: Callable[[], object] | None = None
+    write: Callable[[object], None] | None = None
+
+
 def located_results(ckpt: Path, model, task, into: Path, fresh: bool = False, progress: bool = True,
-                    say=print) -> Path:
-    """The folder of locate_facts results for the final weights with the default settings:
-    recorded ones (`into`, or CKPT/analysis/locate_facts) when their settings match, else
-    computed and written to `into`."""
-    settings = {**asdict(LocateSettings()), "rule": asdict(StorageRule())}
-    wanted = {"step": None, "settings": settings}
+                    say=print) -> Needed:
+    """locate_facts on the final weights with the default settings: recorded results (`into`,
+    or CKPT/analysis/locate_facts) when their settings match, else to be computed and written
+    to `into` (refused, ValueError, where `into` holds other results)."""
+    wanted = {"step": None, "settings": {**asdict(LocateSettings()), "rule": asdict(StorageRule())}}
     found = recorded_results("locate_facts", [into, ckpt / "analysis" / "locate_facts"], wanted, fresh, say)
     if found is not None:
-        return found
-    located = locate_facts.locate(model, task, progress=progress)
-    located = replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
-    locate_facts.write(located, into, task)
-    return into
+        return Needed(found)
+    refuse_other_results("locate_facts", into, wanted)
+
+    def compute():
+        located = locate_facts.locate(model, task, progress=progress)
+        return replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
+    return Needed(into, compute, lambda located: locate_facts.write(located, into, task))
 
 
 def facts_to_show(facts: pd.DataFrame) -> list[tuple[int, int]]:
@@ -119,8 +150,7 @@ def _short(value) -> str:
 def model_section(ckpt: Path, config: dict, task) -> str:
     m, t = config["model"], config.get("training", {})
     rows = [["task", repr(task)],
-            ["model", (f"d={m['d_model']} H={m['n_heads']} d_h={m['d_head']} "
-                      f"{'attention only' if m.get('attn_only') else 'm=' + str(m.get('d_mlp'))}")],
+            ["model", ModelSection.from_json(m).shape],
             ["training", ", ".join(f"{k}={t[k]:.4g}" if isinstance(t[k], float) else f"{k}={t[k]}"
                                    for k in ("optimizer", "lr", "seed", "steps_run", "final_accuracy", "final_loss")
                                    if k in t) or "not recorded"],
@@ -153,18 +183,19 @@ def locate_section(folder: Path) -> str:
 
 
 def hallucination_results(ckpt: Path, into: Path, device: str = "auto", fresh: bool = False,
-                          progress: bool = True, say=print) -> Path | None:
-    """The folder of the hallucination analysis with the default settings: recorded results
-    (`into`, or CKPT/analysis/hallucination) when their settings match, else computed and
-    written to `into`; None without snapshots."""
+                          progress: bool = True, say=print) -> Needed | None:
+    """The hallucination analysis with the default settings: recorded results (`into`, or
+    CKPT/analysis/hallucination) when their settings match, else to be computed and written
+    to `into` (refused where it holds other results); None without snapshots."""
     if not snapshot_steps(ckpt):
         return None
     wanted = {"settings": asdict(hallucination.HallucinationSettings()), "rule": asdict(PhaseRule())}
     found = recorded_results("hallucination", [into, ckpt / "analysis" / "hallucination"], wanted, fresh, say)
     if found is not None:
-        return found
-    hallucination.write(hallucination.follow(ckpt, device=device, progress=progress), into)
-    return into
+        return Needed(found)
+    refuse_other_results("hallucination", into, wanted)
+    return Needed(into, lambda: hallucination.follow(ckpt, device=device, progress=progress),
+                  lambda dynamics: hallucination.write(dynamics, into))
 
 
 def hallucination_section(folder: Path | None) -> str:
@@ -194,25 +225,30 @@ def hallucination_section(folder: Path | None) -> str:
 def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fresh: bool = False,
           seed: int = 0, progress: bool = True, analyses: Path | None = None, say=print) -> str:
     """The report page (HTML) of a checkpoint; the analyses it needs are read from, or
-    written to, `analyses`/locate_facts and `analyses`/hallucination (default CKPT/analysis)."""
+    written to, `analyses`/locate_facts and `analyses`/hallucination (default
+    CKPT/analysis/report), written only once both have run."""
     ckpt = Path(ckpt)
-    analyses = ckpt / "analysis" if analyses is None else Path(analyses)
+    analyses = ckpt / "analysis" / "report" if analyses is None else Path(analyses)
     model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
     given = parse_facts(facts, task) if facts else None  # refused before anything is written
-    folder = located_results(ckpt, model, task, analyses / "locate_facts", fresh, progress, say)
+    located = located_results(ckpt, model, task, analyses / "locate_facts", fresh, progress, say)
     dynamics = hallucination_results(ckpt, analyses / "hallucination", device, fresh, progress, say)
-    located = pd.read_csv(folder / "facts.csv")
-    chosen = given or facts_to_show(located)
+    to_run = [needed for needed in (dynamics, located) if needed is not None and needed.compute is not None]
+    computed = [needed.compute() for needed in to_run]  # every analysis runs before any is written
+    for needed, result in zip(to_run, computed):
+        needed.write(result)
+    facts_table = pd.read_csv(located.folder / "facts.csv")
+    chosen = given or facts_to_show(facts_table)
     labels = {(int(s), int(r)): label for s, r, label in
-              zip(located[columns.SUBJECT], located[columns.RELATION], located[columns.LABEL])}
+              zip(facts_table[columns.SUBJECT], facts_table[columns.RELATION], facts_table[columns.LABEL])}
     prompts, table = visualize(model, task, chosen, seed)
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
                       "Everything on this page is in this one file: it opens offline.</p>"),
-                      model_section(ckpt, config, task), locate_section(folder),
+                      model_section(ckpt, config, task), locate_section(located.folder),
                       "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
                       "<h2>MLP</h2>" + neurons_section(unit_view(model, prompts), prompts, "h3"),
-                      hallucination_section(dynamics)])
+                      hallucination_section(None if dynamics is None else dynamics.folder)])
     return page(f"Report: {ckpt.name}", body)
 
 
@@ -229,8 +265,7 @@ def parser():
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     out = cli.out_dir(args, "CKPT/analysis/report")
-    analyses = None if args.out is None else out  # beside the report: CKPT/analysis/, or DIR/ with --out
-    text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet, analyses=analyses)
+    text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet, analyses=out)
     write_text(out / "index.html", text)
     print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)")
     return 0

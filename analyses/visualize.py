@@ -254,7 +254,8 @@ def neuron_view(view: UnitView, prompts: list[FactPrompt]):
     from circuitsvis.activations import text_neuron_activations
 
     values = [torch.tensor([a, w]).permute(1, 0, 2) for a, w in zip(view.activations, view.onto_answer)]  # [T, 2, k]
-    return text_neuron_activations(tokens=[p.tokens for p in prompts], activations=values,
+    spaced = [[t if i == 0 else f" {t}" for i, t in enumerate(p.tokens)] for p in prompts]  # drawn as one text
+    return text_neuron_activations(tokens=spaced, activations=values,
                                    first_dimension_name="quantity", second_dimension_name="unit",
                                    first_dimension_labels=["activation", "write onto a* (logits)"],
                                    second_dimension_labels=[f"unit {k}" for k in view.units])
@@ -289,7 +290,7 @@ def visualize(model, task: FactualRecallTask, facts: list[tuple[int, int]] | Non
 
 
 def parser():
-    p = cli.checkpoint_parser("visualize", __doc__, "the prompts", quiet=False)
+    p = cli.checkpoint_parser("visualize", __doc__, "the prompts")
     p.add_argument("--facts", default=None, metavar="S:R,...",
                    help=f"facts to show, e.g. 3:1,7:0 (default: {N_DEFAULT_FACTS} evenly spaced over the fact table)")
     cli.add_settings(p, ViewSettings, "what is shown", exclude=("seed",))

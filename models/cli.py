@@ -86,11 +86,12 @@ def comma_list(item_type):
 
 def run_cli(main) -> None:
     """Run main(); bad input (ValueError, an unreadable or unwritable path) becomes one
-    line `error: ...` on stderr and exit code 2."""
+    line `error: ...` on stderr and exit code 2; Ctrl-C exits 130 with `interrupted`, or with
+    the line main gave its KeyboardInterrupt (what was saved, how to resume)."""
     try:
         code = main()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(str(e) or "interrupted", file=sys.stderr)
         sys.exit(130)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written
         message = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -178,8 +178,8 @@ def main(argv=None) -> int:
                 "seed": args.seed, "final_accuracy": acc, "attention_logit": ATTENTION_LOGIT,
                 "answer_logit": ANSWER_LOGIT}
     write_checkpoint(prepare_out(args.out, args.force), cfg.checkpoint_section(task), task, training, weights)
-    print(f"{args.kind} construction ({training['construction']}): {task}, d={cfg.d_model} H={cfg.n_heads} "
-          f"d_h={cfg.d_head} m={None if cfg.attn_only else cfg.d_mlp}; held-out accuracy {acc:.4f}; "
+    print(f"{args.kind} construction ({training['construction']}): {task}, "
+          f"{cfg.checkpoint_section(task).shape}; held-out accuracy {acc:.4f}; "
           f"wrote {args.out}/")
     return 0
 

@@ -49,6 +49,12 @@ class ModelSection:
         """m, 0 when attention-only."""
         return 0 if self.attn_only else self.d_mlp
 
+    @property
+    def shape(self) -> str:
+        """The model's size as text: 'd=32 H=4 d_h=8 m=64', or '... d_h=8, attention only'."""
+        return f"d={self.d_model} H={self.n_heads} d_h={self.d_head}" + (
+            ", attention only" if self.attn_only else f" m={self.d_mlp}")
+
     def to_json(self) -> dict:
         """The config.json `model` section, keys in the order the format page shows."""
         data = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from models import cli
 from models.bridge import resolve_device
-from models.checkpoint import load_checkpoint, write_json
+from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
 from models.graphed import use_cuda_graph
 from models.presets import PRESETS, preset
@@ -21,11 +21,14 @@ from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count
 
+DEFAULT_PRESET = "tiny"
+
 
 def parser() -> cli.Parser:
     p = cli.parser("python -m models.train", __doc__)
-    p.add_argument("--preset", default="tiny",
-                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D (default tiny)")
+    p.add_argument("--preset", default=None,
+                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
+                        f"(default {DEFAULT_PRESET})")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
     p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
@@ -40,7 +43,7 @@ def parser() -> cli.Parser:
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
-    base = preset(args.preset)
+    base = preset(args.preset or DEFAULT_PRESET)
     return RunConfig(task=override(base.task, cli.given(args, TaskConfig)),
                      model=override(base.model, cli.given(args, ModelConfig)),
                      train=override(base.train, cli.given(args, TrainConfig)))
@@ -52,8 +55,7 @@ def summary(result, out: Path) -> str:
     counts = parameter_count(section)
     lines = [
         f"task      {task}  ({task.n_facts} facts)",
-        f"model     d={section.d_model} H={section.n_heads} d_h={section.d_head} "
-        f"m={section.d_mlp} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
+        f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
         f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
     ]
     if len(t["runs"]) > 1:
@@ -85,8 +87,9 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.resume:
         overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)]
-        if overrides or args.out or args.force:
-            flags = ", ".join("--" + n.replace("_", "-") for n in overrides) or "--out/--force"
+        overrides += [name for name in ("preset", "out", "force") if getattr(args, name)]
+        if overrides:
+            flags = ", ".join("--" + n.replace("_", "-") for n in overrides)
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
         out = args.resume
         if (out / "config.json").is_file():
@@ -95,15 +98,18 @@ def main(argv=None) -> int:
             return 0
         run, preset_name = read_run(out)
     else:
-        run, preset_name = run_config(args), args.preset
+        run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
-        out = cli.prepare_out(args.out or Path("ckpt") / args.preset.replace(":", "_").replace(",", "_"), args.force)
+        out = cli.prepare_out(args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_"), args.force)
         write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
-    result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
-                   state_folder=state_dir(out))
-    result.save(out)
+    try:
+        result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
+                       state_folder=state_dir(out))
+        result.save(out)
+    except KeyboardInterrupt:  # Ctrl-C: say what was saved and how to go on
+        raise KeyboardInterrupt(interrupted_run(out)) from None
     print(summary(result, out))
     return 0
 

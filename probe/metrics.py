@@ -10,6 +10,7 @@ vocabulary. `last_position_loss` is the task's loss.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -30,17 +31,44 @@ def last_position_loss(logits: torch.Tensor, answers: torch.Tensor, per_prompt: 
 def logit_diff_metric(answers: torch.Tensor, rivals: torch.Tensor, per_prompt: bool = False,
                       normalise: tuple[float, float] | None = None) -> Callable:
     """A patching metric: the mean (per_prompt: [batch]) last-position logit difference
-    logit(answer) - logit(rival), in logits; with `normalise` = (the clean run's value, the
-    corrupted run's value), rescaled so the corrupted run scores 0 and the clean run 1."""
+    logit(answer) - logit(rival), in logits. `normalise` = (clean, corrupted), two numbers:
+    this metric's value on the clean run and on the corrupted run (e.g.
+    `logit_diff_metric(answers, rivals)(clean_logits).item()`), not logits; the metric is
+    then rescaled so the corrupted run scores 0 and the clean run 1. Anything else is refused
+    (ValueError) here, not deep inside a patching call."""
+    if normalise is not None:
+        clean, corrupted = _normalising_values(normalise)
+
     def metric(logits: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_vocab_out]
         device = logits.device
         diff = answer_logit_diff(logits[:, -1], answers.to(device), rivals.to(device))  # [batch]
         diff = diff if per_prompt else diff.mean()
         if normalise is not None:
-            clean, corrupted = normalise
             diff = (diff - corrupted) / (clean - corrupted)
         return diff
     return metric
+
+
+def _normalising_values(normalise) -> tuple[float, float]:
+    """(clean, corrupted) as two distinct finite floats; a one-element tensor counts as its number."""
+    def number(value, name: str) -> float:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"normalise: {name} must be one number, the metric's value on the {name} run "
+                                 f"(metric(logits).item()), got a tensor of shape {list(value.shape)}.")
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"normalise: {name} must be a finite number, got {value!r}.")
+        return float(value)
+
+    if not isinstance(normalise, (tuple, list)) or len(normalise) != 2:
+        raise ValueError(f"normalise must be (clean, corrupted), the metric's values on the clean and the corrupted "
+                         f"run, got {type(normalise).__name__}.")
+    clean, corrupted = number(normalise[0], "clean"), number(normalise[1], "corrupted")
+    if clean == corrupted:
+        raise ValueError(f"normalise: the clean and the corrupted values are equal ({clean:g}): nothing to "
+                         "rescale by.")
+    return clean, corrupted
 
 
 def loss_metric(answers: torch.Tensor, per_prompt: bool = False) -> Callable:

@@ -144,6 +144,14 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     again = subprocess.run(args, check=False, capture_output=True, text=True)
     assert again.returncode == 0 and (out / "runs.csv").read_text() == before
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 0
+    # another task or training into the same --out is refused, naming what differs, nothing written
+    files = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    other = [a for a in args[:-1]] + ["standard"]
+    other[other.index("--n-tokens") + 1], other[other.index("--epochs") + 1] = "7", "3"
+    refused = subprocess.run(other, check=False, capture_output=True, text=True)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "n_tokens: recorded 6, now 7" in refused.stderr and "train.epochs: recorded 2, now 3" in refused.stderr
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == files
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
                          check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr

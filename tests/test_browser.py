@@ -142,11 +142,13 @@ def test_attention_views_render_offline(browser, ckpt):
 
 
 def assert_neuron_view_shown(seen: Rendered, out: Path) -> None:
-    """The neuron view (the last circuitsvis element) shows the prompt's tokens and its units."""
+    """The neuron view (the last circuitsvis element) shows the prompt's tokens, one word each,
+    and its units."""
     shown = out / "index.html"
     assert "MLP units that fire and write each fact" in shown.read_text()
     neurons = seen.texts[-1]
     assert "EOS" in neurons and re.search(r"unit \d+", neurons), neurons
+    assert re.search(r"\bn\d+\s+n\d+\b", neurons) and not re.search(r"[nSR]\d+[nSRE]", neurons), neurons
 
 
 def test_report_renders_offline(browser, ckpt):

@@ -71,6 +71,8 @@ def test_constructions_reach_100_percent(tmp_path, kind):
     assert proc.returncode == 0, proc.stderr
     training = json.loads((out / "config.json").read_text())["training"]
     assert training["final_accuracy"] == 1.0 and training["storage"] == kind
+    shape = "d=48 H=4 d_h=4" + (", attention only" if kind == "attention" else " m=32")
+    assert f"{shape}; held-out accuracy 1.0000" in proc.stdout and "None" not in proc.stdout
 
 
 def test_constructions_refuse_too_small_models(tmp_path):

@@ -1,14 +1,19 @@
 """The user-facing Markdown: every relative link (and its #anchor) resolves, every quoted
-`python -m` command of the toolkit names a command that takes each of its flags, and the
-README stays short enough to read in five minutes."""
+`python -m` command of the toolkit names a command that takes each of its flags, every
+Python block runs and every JSON block parses, the output shown of a cheap command is what it
+prints, and the README stays short enough to read in five minutes."""
 import contextlib
 import functools
 import importlib
 import io
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import TEST_DEVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", *(ROOT / "docs").glob("*.md"),
@@ -98,3 +103,62 @@ def test_an_unknown_flag_is_found(tmp_path):
 
 def test_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def code_blocks(page: Path, language: str) -> list[str]:
+    """The page's fenced blocks of `language` ('' for plain blocks: shown output), in order."""
+    return [block for lang, block in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)
+            if lang == language]
+
+
+@pytest.fixture
+def in_a_project(tiny_ckpt, tmp_path, monkeypatch) -> Path:
+    """A working folder where ckpt/tiny is (a copy of) the tiny preset's checkpoint, as the
+    README's quick start leaves it."""
+    shutil.copytree(tiny_ckpt, tmp_path / "ckpt" / "tiny", ignore=shutil.ignore_patterns("analysis"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if code_blocks(p, "python")], ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run(page, in_a_project):
+    """Each page's Python blocks, in order, in one namespace, as a reader pastes them."""
+    namespace: dict = {}
+    for n, block in enumerate(code_blocks(page, "python")):
+        exec(compile(block, f"{page.name}, Python block {n + 1}", "exec"), namespace)
+
+
+def test_json_blocks_parse():
+    for page in PAGES:
+        for block in code_blocks(page, "json"):
+            json.loads(block)
+
+
+# The shown output of a command cheap enough to run here: the block's first line -> the
+# command (a module's main and its arguments), run in `in_a_project`. A shown block may end
+# with a line `...`: the lines above it are the first lines printed.
+SHOWN = {"ckpt/tiny: 64 facts": ("analyses.locate_facts", ["ckpt/tiny", "--quiet", "--device", "cpu"])}
+
+
+def shown_blocks() -> list[tuple[Path, str]]:
+    return [(page, block) for page in PAGES for block in code_blocks(page, "")
+            if any(block.startswith(first) for first in SHOWN)]
+
+
+@pytest.mark.parametrize("page, block", shown_blocks(), ids=lambda x: str(x.relative_to(ROOT)) if isinstance(x, Path)
+                         else "")
+def test_shown_output_is_what_the_command_prints(page, block, in_a_project, capsys):
+    if TEST_DEVICE.type != "cpu":
+        pytest.skip("the shown output is the CPU's")
+    module, argv = next(command for first, command in SHOWN.items() if block.startswith(first))
+    capsys.readouterr()
+    assert importlib.import_module(module).main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = block.splitlines()
+    if shown[-1] == "...":
+        shown, printed = shown[:-1], printed[:len(shown) - 1]
+    assert shown == printed
+
+
+def test_shown_outputs_are_found():
+    assert {str(page.relative_to(ROOT)) for page, _ in shown_blocks()} == {"README.md", "docs/locate_facts.md"}

@@ -43,3 +43,24 @@ def test_the_grid_figure_counts_parameters_as_grid_csv_and_draws_the_authors_lin
     # at H = 4 the authors' MLP count d m = 2300 - 512 = 1788, m = 55.9: between the columns 32 and 64
     x, y = frontier.get_xdata(), frontier.get_ydata()
     assert x[0] == pytest.approx((1788 / d - 32) / 32) and y[0] == 0
+
+
+def test_facts_figure_draws_every_line_its_legend_names_over_a_single_model_size(tmp_path, monkeypatch):
+    """One --d and one shape: a single point; the paper's line and the information bound
+    still span an interval of parameters, so each legend entry is drawn."""
+    import numpy as np
+
+    from analyses.capacity import figures
+    from analyses.capacity.transformer import TransformerSweep
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.append(fig))
+    table = pd.DataFrame([{"shape": "1, 1, 2", "parameters": 1200, "facts": 64}])
+    figures.facts_figure(table, float("nan"), TransformerSweep(d=(8,)), tmp_path / "f.png")
+    ax = drawn[0].axes[0]
+    named = {line.get_label(): line for line in ax.get_lines()}
+    for label, line in named.items():
+        if label.startswith(("paper", "information bound")):
+            x = np.asarray(line.get_xdata())
+            assert x.min() < 1200 < x.max(), label
+    assert any(k.startswith("paper") for k in named) and any(k.startswith("information bound") for k in named)

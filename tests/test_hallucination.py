@@ -11,6 +11,7 @@ import torch
 from analyses import hallucination
 from models.bridge import build_bridge, load
 from models.checkpoint import CheckpointError, write_checkpoint
+from models.cli import run_cli
 from models.presets import preset
 from models.trainer import train
 from models.weights import init_weights, trainable_keys
@@ -204,7 +205,9 @@ def test_cli_finds_the_phase_on_a_real_run(fig5_fast, tmp_path, capsys):
     assert metrics.mlp_recall_share.isna().all()  # attention-only model
     for figure in ("hallucination.png", "storage.png"):
         assert (out / figure).stat().st_size > 10_000
-    assert "hallucination phase: steps" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "hallucination phase: steps" in said
+    assert "by the MLP path alone: none (the model has no MLP)" in said and "never" not in said
 
 
 def test_cli_on_a_model_with_an_mlp(tiny_ckpt, tmp_path):
@@ -225,6 +228,33 @@ def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
     done = subprocess.run([sys.executable, "-m", "analyses.hallucination", str(ckpt)], capture_output=True, text=True)
     assert done.returncode == 2 and "no snapshots/" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (ckpt / "analysis").exists()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no config.json", "config.json: missing"),
+    ("attention-only task", "task kind 'association' is not a factual-recall task"),
+    ("construction", "a construction (theorem3), built rather than trained"),
+])
+def test_cli_names_what_the_checkpoint_is(tiny_ckpt, tmp_path, case, message, capsys):
+    """A folder the other tools refuse is refused with their words, not for its missing snapshots."""
+    from models.constructions import main as construct
+
+    ckpt = tmp_path / "ckpt"
+    if case == "construction":
+        assert construct(["--kind", "attention", "--out", str(ckpt)]) == 0
+    else:
+        shutil.copytree(tiny_ckpt, ckpt, ignore=shutil.ignore_patterns("snapshots"))
+        config = json.loads((ckpt / "config.json").read_text())
+        if case == "no config.json":
+            (ckpt / "config.json").unlink()
+        else:
+            (ckpt / "config.json").write_text(json.dumps({**config, "task": {**config["task"], "kind": "association"}}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: hallucination.main([str(ckpt), "--device", "cpu", "--quiet"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "no snapshots/" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not (ckpt / "analysis").exists()
 
 
 def test_load_reads_linear_checkpoints(fig5_fast):

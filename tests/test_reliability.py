@@ -93,6 +93,32 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     assert (ckpt / "metrics.jsonl").read_text().count("\n") == (reference / "metrics.jsonl").read_text().count("\n")
 
 
+def test_ctrl_c_names_the_saved_step_and_the_resume_command(tmp_path):
+    ckpt = tmp_path / "run"
+    proc = cli("--out", str(ckpt), *DENSE[2:], "--steps", "200")
+    deadline = time.monotonic() + 120
+    while not complete_steps(ckpt / "train_state") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait() == 130
+    message = proc.stderr.read().strip()
+    saved = complete_steps(ckpt / "train_state")[-1]
+    assert len(message.splitlines()) == 1 and "Traceback" not in message, message
+    assert f"saved at step {saved}" in message and f"`python -m models.train --resume {ckpt}`" in message
+    assert cli("--resume", str(ckpt)).wait() == 0 and (ckpt / "config.json").is_file()
+
+
+def test_resume_refuses_every_other_setting(tmp_path, capsys):
+    from models.cli import run_cli
+    from models.train import main
+
+    for flags in (["--preset", "paper-tradeoff"], ["--lr", "0.1"], ["--out", str(tmp_path / "x")]):
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(lambda flags=flags: main(["--resume", str(tmp_path), *flags]))
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"drop {flags[0]}" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_divergence_stops_naming_step_and_model(tmp_path):
     out = tmp_path / "nan"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--optimizer", "sgd",

@@ -1,5 +1,7 @@
 """The task's vocabulary on the analysis model (TransformerLens string methods) and the
 last-position metrics, used by TransformerLens's own `patching` functions."""
+import re
+
 import pytest
 import torch
 import transformer_lens.patching as tl_patching
@@ -84,3 +86,18 @@ def test_association_tasks_get_their_tokens_too():
     tokenizer = task_tokenizer(AssociationTask(n_tokens=5, context=2))
     assert tokenizer.encode("t0 t4") == [0, 4] and tokenizer.decode([3, 1]) == "t3 t1"
     assert task_tokenizer(FactualRecallTask(2, 2, 2, 3, 4)).get_vocab()["EOS"] == 7
+
+
+@pytest.mark.parametrize("normalise, message", [
+    ((torch.zeros(4, 12, 8), torch.zeros(4, 12, 8)), "clean must be one number"),
+    ((1.0, torch.zeros(3)), "corrupted must be one number"),
+    ((2.0, 2.0), "are equal"),
+    ((1.0, float("nan")), "finite number"),
+    (1.0, "must be (clean, corrupted)"),
+])
+def test_the_normalised_metric_refuses_what_is_not_two_numbers(normalise, message):
+    answers, rivals = torch.tensor([0, 1]), torch.tensor([1, 0])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        logit_diff_metric(answers, rivals, normalise=normalise)
+    logits = torch.tensor([[[3.0, 1.0]], [[0.0, 2.0]]])  # [batch, pos, answer]: logit differences 2 and 2
+    assert logit_diff_metric(answers, rivals, normalise=(torch.tensor(4.0), 0.0))(logits).item() == 0.5

@@ -18,7 +18,8 @@ def write_grid(path, accuracy: dict, parameterisation: str, mlp_share: float, an
              "share_distributed": 0.0, "share_not_stored": 1 - a} for (h, m), a in accuracy.items()]
     path.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(path / "grid.csv", index=False)
-    model = {"d_model": 32, "d_head": 8, "parameterisation": parameterisation}
+    model = {"d_model": 32, "d_head": 8}  # the standard parameterisation left out, as ModelConfig.recorded does
+    model.update({} if parameterisation == "standard" else {"parameterisation": parameterisation})
     (path / "settings.json").write_text(json.dumps({"analysis": analysis, "run": {"model": model}}))
 
 
@@ -43,6 +44,7 @@ def test_each_grids_frontier_floor_and_shares_side_by_side(tmp_path, capsys):
     code, out, _ = _cli([str(tmp_path / "standard"), str(tmp_path / "authors"), "--out", str(tmp_path / "cmp")],
                         capsys)
     assert code == 0 and "5 cells in both grids" in out
+    assert "settings that differ: run.model.parameterisation (standard / authors)" in out and "None" not in out
     frontier = pd.read_csv(tmp_path / "cmp" / "frontier.csv")
     assert frontier["heads"].tolist() == [1, 2, 4]
     assert frontier["standard"].fillna(0).tolist() == [0, 8, 1] and frontier["authors"].fillna(0).tolist() == [0, 0, 8]

@@ -40,7 +40,7 @@ def ckpt(tiny_ckpt, tmp_path_factory):
 
 
 def test_visualize_cli_writes_offline_views(ckpt):
-    proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu")
+    proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu", "--quiet")
     assert proc.returncode == 0, proc.stderr
     out = ckpt / "analysis" / "visualize"
     page = (out / "index.html").read_text()
@@ -120,7 +120,7 @@ def test_default_facts_are_spread_and_fixed():
 
 def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
-    located, dynamics = ckpt / "analysis" / "locate_facts", ckpt / "analysis" / "hallucination"
+    located, dynamics = ckpt / "analysis" / "report" / "locate_facts", ckpt / "analysis" / "report" / "hallucination"
     page = (ckpt / "analysis" / "report" / "index.html").read_text()
     assert (located / "summary.json").is_file() and (located / "facts.csv").is_file()
     assert (dynamics / "summary.json").is_file() and (dynamics / "metrics.csv").is_file()  # tiny has snapshots
@@ -165,6 +165,69 @@ def test_report_out_holds_what_it_computes_and_reuses_results_of_the_same_settin
     assert not (out / "locate_facts").exists()
     assert report.main([str(fresh), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
     assert f"hallucination: reusing {out / 'hallucination'} (the same settings)" in capsys.readouterr().out
+
+
+def files(folder: Path) -> list:
+    """Every file under `folder` with its modification time."""
+    return sorted((p, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file())
+
+
+def test_report_leaves_results_of_other_settings_alone(ckpt, tmp_path, capsys):
+    from analyses import hallucination, locate_facts
+
+    fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
+    assert locate_facts.main([str(fresh), "--device", "cpu", "--quiet", "--contexts", "4"]) == 0
+    assert hallucination.main([str(fresh), "--device", "cpu", "--quiet", "--eval-size", "64",
+                               "--storage-points", "0"]) == 0
+    theirs = files(fresh / "analysis")
+    capsys.readouterr()
+    assert report.main([str(fresh), "--device", "cpu", "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert "(settings.contexts: recorded 4, now 8)" in said and "(settings.eval_size: recorded 64, now 2048" in said
+    assert [f for f in files(fresh / "analysis") if "report" not in f[0].parts] == theirs  # none written over
+    ours = fresh / "analysis" / "report"
+    assert json.loads((ours / "locate_facts" / "summary.json").read_text())["settings"]["contexts"] == 8
+    assert (ours / "hallucination" / "summary.json").is_file() and (ours / "index.html").is_file()
+
+    # a report folder that holds other results is refused before anything runs or is written
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(fresh / "analysis" / "locate_facts", elsewhere / "locate_facts")
+    before = files(tmp_path)
+    err = refused(report.main, [fresh, "--out", elsewhere, "--device", "cpu", "--quiet"], capsys)
+    assert f"{elsewhere / 'locate_facts'} holds other locate_facts results (settings.contexts" in err
+    assert files(tmp_path) == before
+
+
+def test_report_fresh_on_a_truncated_snapshot_writes_nothing(ckpt, tmp_path, capsys):
+    from analyses import locate_facts
+
+    broken = Path(shutil.copytree(ckpt, tmp_path / "broken", ignore=shutil.ignore_patterns("analysis")))
+    assert locate_facts.main([str(broken), "--device", "cpu", "--quiet"]) == 0
+    last = sorted((broken / "snapshots").iterdir())[-1]
+    last.write_bytes(last.read_bytes()[:100])
+    before = files(broken)
+    err = refused(report.main, [broken, "--fresh", "--device", "cpu", "--quiet"], capsys)
+    assert str(last) in err and files(broken) == before
+
+
+def test_a_snapshot_s_analysis_has_its_own_folder(ckpt, tmp_path):
+    """--step N writes under CKPT/analysis/step_N/, never over the final weights' analysis."""
+    from analyses import locate_facts
+    from models.checkpoint import snapshot_steps
+
+    fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
+    step = snapshot_steps(fresh)[-2]
+    common = ["--device", "cpu", "--quiet", "--contexts", "2"]
+    assert locate_facts.main([str(fresh), *common, "--patch-contexts", "1"]) == 0
+    assert visualize.main([str(fresh), *common, "--facts", "3:1"]) == 0
+    finals = files(fresh / "analysis")
+    assert locate_facts.main([str(fresh), *common, "--patch-contexts", "1", "--step", str(step)]) == 0
+    assert visualize.main([str(fresh), *common, "--facts", "3:1", "--step", str(step)]) == 0
+    assert [f for f in files(fresh / "analysis") if f"step_{step}" not in f[0].parts] == finals
+    snapshot = fresh / "analysis" / f"step_{step}"
+    assert json.loads((snapshot / "locate_facts" / "summary.json").read_text())["step"] == step
+    assert report.differences(snapshot / "locate_facts", {"step": None}) == [f"step: recorded {step}, now null"]
+    assert json.loads((snapshot / "visualize" / "views.json").read_text())["step"] == step
 
 
 def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):

@@ -32,8 +32,7 @@ def main(argv=None) -> int:
     cfg.validate()
     executor = cli.executor(args)
     out = cli.out_dir(args, "results/aot_capacity")
-    # every setting is in the cell keys (a sweep can grow) but the torch threads
-    cells = Cells(out, {"analysis": "aot_capacity"}, executor.torch_threads)
+    cells = Cells(out, sweep.recorded(cfg), executor.torch_threads)  # another sweep's --out is refused
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
 

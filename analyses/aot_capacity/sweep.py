@@ -84,6 +84,14 @@ class AotSweep:
                 models.setdefault(sweep, []).extend(some)
         return models
 
+    def recorded(self, cfg: AoTTrainConfig) -> dict:
+        """settings.json: what every cell's result depends on besides its model and seed (the
+        task, the sizes the sweeps hold fixed, the training), so that --out refuses another
+        sweep; the value lists (--heads, --seeds, ...) may grow, each cell keyed by its own."""
+        fixed = ("n_tokens", "context", "table_seed", "concentration", "d_model", "d_head", "fixed_heads")
+        return {"analysis": "aot_capacity", **{name: getattr(self, name) for name in fixed},
+                "train": {k: v for k, v in asdict(cfg).items() if k not in ("device", "cuda_graph")}}
+
     def task(self) -> AssociationTask:
         return AssociationTask(self.n_tokens, self.context, self.table_seed)
 

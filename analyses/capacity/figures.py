@@ -62,7 +62,8 @@ def facts_figure(table, slope, sweep, path):
     fig, ax = subplots(figsize=(5.5, 4.5))
     for k, (shape, g) in enumerate(table.groupby("shape", sort=False)):
         ax.plot(g["parameters"], g["facts"], "o-", color=f"C{k}", label=f"(α, β, H) = ({shape})")
-    x = np.geomspace(table["parameters"].min(), table["parameters"].max(), 50)
+    # a factor of 2 either side: the lines show even over a single model size (one --d, one shape)
+    x = np.geomspace(table["parameters"].min() / 2, table["parameters"].max() * 2, 50)
     ok = table[table["facts"] > 0]
     anchor_x, anchor_y = np.exp(np.log(ok["parameters"]).mean()), np.exp(np.log(ok["facts"]).mean())
     if slope is not None and not math.isnan(slope):

@@ -13,6 +13,7 @@ from analyses.output import save_figure
 from analyses.tradeoff.common import Result, accuracy_column, write_result
 from analyses.tradeoff.figures import frontier_cells, frontier_line, heat_map, panel_grid, paper_grid, paper_lines
 from analyses.tradeoff.grid import floor_between, frontier_of
+from models.config import ModelConfig
 
 SHARES = ["share_attention", "share_mlp", "share_both", "share_distributed", "share_not_stored"]
 CELL = ["heads", "width"]
@@ -50,9 +51,14 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return flat
 
 
+# settings a grid's settings.json leaves out when they hold their default (ModelConfig.recorded)
+LEFT_OUT = {"run.model.parameterisation": ModelConfig.parameterisation}
+
+
 def setting_differences(a: RecordedGrid, b: RecordedGrid) -> dict[str, list]:
-    """Every setting the two sweeps do not share: {name: [a's value, b's value]} (None: unset)."""
-    fa, fb = _flat(a.settings), _flat(b.settings)
+    """Every setting the two sweeps do not share: {name: [a's value, b's value]} (None: not
+    recorded; a setting left out for its default counts as its default)."""
+    fa, fb = ({**LEFT_OUT, **_flat(g.settings)} for g in (a, b))
     return {k: [fa.get(k), fb.get(k)] for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
 
 
@@ -124,7 +130,8 @@ def compare_text(result: Result, out: Path) -> str:
     s = result.summary
     frontier = result.tables["frontier.csv"].astype(object).fillna("none")
     lines = [f"{s['cells_compared']} cells in both grids; settings that differ: "
-             + (", ".join(f"{k} ({v[0]} / {v[1]})" for k, v in s["setting_differences"].items()) or "none"),
+             + (", ".join(f"{k} ({' / '.join('not recorded' if x is None else str(x) for x in v)})"
+                          for k, v in s["setting_differences"].items()) or "none"),
              "smallest m at 99% per H:", frontier.to_string(index=False)]
     for label, g in s["per_grid"].items():
         shares = ", ".join(f"{k.removeprefix('share_')} {v:.2f}" for k, v in g["mean_shares"].items())
