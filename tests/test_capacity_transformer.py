@@ -147,7 +147,8 @@ def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
     """Votes of 3 seeds per size: all store up to 5, one stores 6, two store 9. A tie is not a
     majority; 9, a majority above a size that failed in the same round, is set aside: S* = 5."""
     from analyses.capacity.transformer import stored_by_most
-    from analyses.sweep import Cell, bisection, stacked_search
+    from analyses.search import bisection, stacked_search
+    from analyses.sweep import Cell
 
     votes = {2: 3, 3: 3, 4: 3, 5: 3, 6: 1, 9: 2}
     assert stored_by_most(({"accuracy": 1.0}, {"accuracy": 0.5})) is False  # a tie

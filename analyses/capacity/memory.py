@@ -14,7 +14,8 @@ from analyses.capacity.common import Capacity, fitted_slope
 from analyses.capacity.figures import memory_figure
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
-from analyses.sweep import Cell, Cells, bisection, run_jobs, search
+from analyses.search import bisection, search
+from analyses.sweep import Cell, Cells, run_jobs
 from models.bridge import resolve_device
 from models.config import setting
 from models.memories import KINDS, MemoryConfig, fit

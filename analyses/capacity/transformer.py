@@ -14,7 +14,8 @@ from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitte
 from analyses.capacity.figures import facts_figure
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
-from analyses.sweep import Cell, Cells, bisection, run_jobs, search, stacked_search
+from analyses.search import bisection, search, stacked_search
+from analyses.sweep import Cell, Cells, run_jobs
 from models import parameterisation as param
 from models.bridge import resolve_device
 from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
