@@ -174,12 +174,17 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
 
 
-def shape_model(alpha: float, beta: float, n_heads: int, d_model: int,
+def shape_model(alpha: float, beta: float, n_heads: float, d_model: float,
                 parameterisation: str = "authors") -> ModelConfig:
     """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4),
     the authors' parameterisation unless told otherwise. d_h and m are rounded down, as the
     authors' code does (int(d*alpha/H), int(d*beta)): the paper's sizes d = int(2^k), k = 3,
-    3.5, ..., rarely divide evenly."""
+    3.5, ..., rarely divide evenly. H and d are whole numbers >= 1 (2.0 reads as 2)."""
+    for name, value in (("H (heads)", n_heads), ("d", d_model)):
+        if isinstance(value, bool) or not value >= 1 or value != int(value):
+            raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads:g}: {name} must be a whole number "
+                             f">= 1, got {value:g}.")
+    n_heads, d_model = int(n_heads), int(d_model)
     d_head, d_mlp = math.floor(alpha * d_model / n_heads), math.floor(beta * d_model)
     if d_head < 1 or d_mlp < 1:
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "

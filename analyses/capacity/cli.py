@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         rows = search_memories(sweep, cells, executor, args.device, progress)
         cfg = sweep.memories()[0]
         result = memory_tables(rows, cfg, pd.DataFrame(cells.rows()),
-                               {"settings": sweep.recorded(), "seeds": sweep.seeds,
+                               {"settings": sweep.recorded(), "seeds": list(sweep.seeds),
                                 "device": str(resolve_device(args.device)), "probes_computed": cells.computed})
         write_memory(result, cfg, args.out)
         print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")

@@ -70,14 +70,14 @@ class TransformerSweep:
             if min(self.d) > _largest_d(shape):
                 raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")
             if not self.sizes(shape):  # the reason, from the largest d
-                shape_model(shape[0], shape[1], int(shape[2]), max(d for d in self.d if d <= _largest_d(shape)))
+                shape_model(shape[0], shape[1], shape[2], max(d for d in self.d if d <= _largest_d(shape)))
 
     def sizes(self, shape: tuple) -> list[int]:
         """The d (up to the shape's largest) at which the shape has d_h >= 1 and m >= 1
         (rounded down), increasing."""
         def fits(d):
             try:
-                return bool(shape_model(shape[0], shape[1], int(shape[2]), d))
+                return bool(shape_model(shape[0], shape[1], shape[2], d))
             except ValueError:
                 return False
         return sorted(d for d in set(self.d) if d <= _largest_d(shape) and fits(d))
@@ -96,7 +96,7 @@ class TransformerSweep:
 
     def model(self, shape: tuple, d: int) -> ModelConfig:
         """The shape's model at size d, in this sweep's parameterisation and embeddings."""
-        model = shape_model(shape[0], shape[1], int(shape[2]), d, self.parameterisation)
+        model = shape_model(shape[0], shape[1], shape[2], d, self.parameterisation)
         return replace(model, embedding=self.embedding).resolved()
 
     def recorded(self) -> dict:
@@ -116,6 +116,9 @@ class TransformerSweep:
                 **({"sampler": self.sampler} if self.sampler != "generator" else {})}
 
 
+LOWEST = 2  # the smallest S = R a search tries
+
+
 def _largest_d(shape: tuple) -> float:
     return shape[3] if len(shape) > 3 else math.inf
 
@@ -129,7 +132,7 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
-        sizes = bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes)
+        sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes)
         if sweep.seeds:
             S = yield from stacked_search(sizes, lambda tried, d=d: round_cell(shape, d, tried, sweep, device, cells),
                                           len(sweep.seeds), stored_by_most)
@@ -222,7 +225,8 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     rows = []
     for shape in sweep.shapes:
         for d, S in found[shape].items():
-            run = sweep.run(shape, d, S, device)
+            S = S if S >= LOWEST else 0  # below the smallest size searched: nothing stored
+            run = sweep.run(shape, d, max(S, LOWEST), device)
             params = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
             rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
                          "parameters": params, "facts_per_parameter": S * S / params,
@@ -305,6 +309,9 @@ def transformer_text(result: Capacity) -> str:
                  f"{line['over_paper_line']:.2f}x the paper's {line['facts_per_parameter']:g}"
                  f" ({line['facts_per_parameter_measured']:.3f})" if line["over_paper_line"] is not None else
                  f"n/a, no size inside the window (the paper's line: {line['facts_per_parameter']:g})")]
-    lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
-              f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
+    lines += [f"  shape {r.shape}  d={r.d:<4} " + (
+        f"S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
+        f"facts/parameter={r.facts_per_parameter:.3f}"
+        if r.S_star else f"nothing stored (not even S = R = {LOWEST}; left out of the fits)  parameters={r.parameters}")
+        for r in result.table.itertuples()]
     return "\n".join(lines)
