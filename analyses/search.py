@@ -9,7 +9,8 @@ from analyses.sweep import Cell, Job
 
 
 def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: float = 2.0,
-              rel_tol: float = 0.0, probes: int = 1) -> Generator[tuple[int, ...], tuple[bool, ...], int]:
+              rel_tol: float = 0.0, probes: int = 1,
+              fill: bool = False) -> Generator[tuple[int, ...], tuple[bool, ...], int]:
     """The search for the largest integer n >= `lowest` that passes, assuming passing is
     (nearly) monotone decreasing in n: yields the sizes it wants tested, receives whether each
     passed, returns the answer (`lowest - 1` when even `lowest` fails).
@@ -20,7 +21,11 @@ def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: 
     the bracket cut into probes + 1 parts), so one search keeps that many workers busy in
     fewer rounds; when passing is monotone it finds the same answer. A passing size above a
     failing one is set aside. Every test is a fresh question: a noisy oracle gives an answer
-    near its threshold, not a reproducible one."""
+    near its threshold, not a reproducible one. With `fill`, a round that would test fewer
+    than `probes` sizes (the halvings reaching `lowest`, the growth reaching `highest`) is
+    topped up with sizes spread evenly over the range it leaves open, so that a stack of
+    rounds is never one size alone while such sizes remain; with rel_tol = 0 and a monotone
+    oracle it finds the same answer, otherwise one inside the same tolerance."""
     if start < lowest:
         raise ValueError(f"start must be >= lowest ({lowest}), got {start}.")
     if grow <= 1:
@@ -45,11 +50,18 @@ def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: 
     def cuts(lo, hi):  # the bracket cut into probes + 1 parts
         return tuple(sorted({lo + (hi - lo) * j // (probes + 1) for j in range(1, probes + 1)} - {lo}))
 
+    def topped(tried, lo, hi):  # with fill: tried and sizes spread over (lo, hi), up to probes
+        if not fill or len(tried) >= probes or hi is None:
+            return tried
+        k = probes - len(tried)
+        spread = {lo + (hi - lo) * j // (k + 1) for j in range(1, k + 1)} - set(tried) - {lo, hi}
+        return tried + tuple(sorted(spread))
+
     def sizes():
         lo, hi = None, None  # lo passes, hi fails
         n = start
         while lo is None:  # shrink until a size passes
-            tried = halvings(n)
+            tried = topped(halvings(n), lowest - 1, n)
             lo, hi = _bracket(tried, (yield tried), lo, hi)
             if lo is None:
                 if tried[-1] == lowest:
@@ -58,7 +70,7 @@ def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: 
         while hi is None:  # grow until a size fails
             if highest is not None and lo >= highest:
                 return lo
-            tried = growth(lo)
+            tried = topped(growth(lo), lo, highest)
             lo, hi = _bracket(tried, (yield tried), lo, hi)
         while hi - lo > max(1, int(rel_tol * lo)):
             tried = cuts(lo, hi)

@@ -12,13 +12,24 @@ import pandas as pd
 from analyses import cli
 from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitted_slope
 from analyses.capacity.figures import facts_figure
+from analyses.capacity.stopping import MILESTONES_MAX_D
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
 from analyses.search import bisection, search, stacked_search
 from analyses.sweep import Cell, Cells, run_jobs
 from models import parameterisation as param
 from models.bridge import resolve_device
-from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.config import (
+    GIVE_UP,
+    MILESTONES,
+    SAMPLERS,
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    setting,
+    shape_model,
+)
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from models.shape_trainer import train_stacks
 from models.trainer import train
@@ -55,8 +66,14 @@ class TransformerSweep:
     stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
                          "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
                          "training runs on CUDA: on a CPU a stack is no faster)", choices=("auto", "on", "off"))
+    give_up: str = setting("never", "never | milestones: a run that cannot reach accuracy 0.99 stops early by the "
+                           f"milestone rule (models.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
+                           "recorded curves validate it (docs/capacity.md)", choices=GIVE_UP)
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
+    fill_rounds: bool = setting(False, "with --probes P > 1: a round that would train fewer than P sizes (the growth "
+                                "reaching --max-size, the halvings reaching 2) is topped up with sizes spread over "
+                                "the range it leaves open, so that a stack is never one size alone")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
     facts_per_parameter: float = setting(0.15, "facts per parameter of the paper's reference line in the figure")
 
@@ -92,6 +109,7 @@ class TransformerSweep:
                                            steps=self.steps,
                                            batch_size=self.batch_size, eval_every=self.eval_every,
                                            eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
+                                           give_up=self.give_up if d <= MILESTONES_MAX_D else "never",
                                            device=device, sampler=self.sampler, cuda_graph=self.cuda_graph))
 
     def model(self, shape: tuple, d: int) -> ModelConfig:
@@ -104,7 +122,8 @@ class TransformerSweep:
         and the search bounds choose cells without changing any. The model is recorded only
         where it is not the standard one with sphere embeddings, and the sampler only where it
         is not the generator, which every sweep recorded before the choice existed trained:
-        those sweeps resume. Whether the step was a CUDA graph's replay changes no number. A
+        those sweeps resume; the milestone rule likewise only where it is on. Whether the step
+        was a CUDA graph's replay changes no number. A
         search over seeds keeps each seed in its cells' keys (it can take more seeds later)."""
         model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
         chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
@@ -113,7 +132,9 @@ class TransformerSweep:
                 "lr": list(self.lr), **seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size,
                 **({"model": chosen} if chosen != {"embedding": "sphere"} else {}),
-                **({"sampler": self.sampler} if self.sampler != "generator" else {})}
+                **({"sampler": self.sampler} if self.sampler != "generator" else {}),
+                **({"give_up": {"rule": self.give_up, "milestones": [list(m) for m in MILESTONES],
+                                "up_to_d": MILESTONES_MAX_D}} if self.give_up != "never" else {})}
 
 
 LOWEST = 2  # the smallest S = R a search tries
@@ -132,7 +153,8 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
-        sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes)
+        sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes,
+                           fill=sweep.fill_rounds)
         if sweep.seeds:
             S = yield from stacked_search(sizes, lambda tried, d=d: round_cell(shape, d, tried, sweep, device, cells),
                                           len(sweep.seeds), stored_by_most)
@@ -279,7 +301,7 @@ def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.Dat
                "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
                "settings": sweep.recorded(),
                "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1,
-                          "probes": sweep.probes},
+                          "probes": sweep.probes, "fill_rounds": sweep.fill_rounds},
                "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
                          "skipped": [[*shape[:3], d] for shape in sweep.shapes for d in sweep.d
                                      if d <= _largest_d(shape) and d not in sweep.sizes(shape)]},
