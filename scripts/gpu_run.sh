@@ -99,7 +99,7 @@ if [ $dry = 1 ]; then
   fig4=(--answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64)
   lead=1,1,2; lead_flags=(--seeds 0,1 --probes 2 --fill-rounds)
   brackets=("d11 --d 11 --min-size 2 --max-size 5")
-  rows=("1,1,2,8" "2,2,2"); row_flags=(--d 8,11 --min-size 2 --max-size 5 --give-up milestones)
+  rows=("1,1,2,8" "2,2,2"); row_flags=(--min-size 2 --max-size 5 --give-up milestones); small=8; large=8,11
   ladder=(--steps 120)
 else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
@@ -119,11 +119,11 @@ else
   lead=1,1,8; lead_flags=(--seeds 0,1,2 --probes 5 --fill-rounds)
   brackets=("d90 --d 90 --min-size 44 --max-size 77" "d128 --d 128 --min-size 60 --max-size 105"
             "d181 --d 181 --min-size 80 --max-size 140")
-  rows=()  # one row of shapes per alpha; (1, 1, 8) only up to d = 64 there
+  rows=()  # one row of shapes per alpha, (1, 1, 8) only up to d = 64 there: d <= 64, then the rest
   for a in 4 2 1 0.5 0.25; do
     row=""; for b in 4 2 1 0.5 0.25; do row+=" $a,$b,8$([ "$a,$b" = 1,1 ] && echo ,64)"; done; rows+=("${row# }")
   done
-  row_flags=(--d 8,11,16,22,32,45,64,90,128,181 --seed 0 --give-up milestones)
+  row_flags=(--seed 0 --give-up milestones); small=8,11,16,22,32,45,64; large=$small,90,128,181
   ladder=(--steps 65536)
 fi
 
@@ -154,11 +154,12 @@ put grid/grid.png grid.png
 fig4_search() { mapfile -t flags < "$1"; "$python" -m analyses.capacity transformer --shape "$2" "${flags[@]}"; }
 export -f fig4_search
 export python
-# piece NAME "SHAPES" FLAGS...: every shape searched with FLAGS into fig4_left/NAME/ (a step of
-# its own: done once it finished, resumed from its cells by the next call when cut), then its tables
+# piece NAME DIR "SHAPES" FLAGS...: every shape searched with FLAGS into fig4_left/DIR/ (a step
+# fig4_left_NAME: done once it finished, resumed from its cells by the next call when cut), then
+# its tables
 piece() {
-  local name=$1 shapes=$2; shift 2
-  local dir="$work/fig4_left/$name" shape_flags=() s
+  local name=$1 dir="$work/fig4_left/$2" shapes=$3; shift 3
+  local shape_flags=() s
   local flags=("${fig4[@]}" "$@" --sampler counter "${device[@]}" --quiet --out "$dir")
   mkdir -p "$work/fig4_left"
   printf '%s\n' "${flags[@]}" > "$dir.flags"
@@ -197,10 +198,19 @@ PY
 }
 # Figure 4 left, largest sizes first; then those sizes again at 2^16 steps: are the facts stored
 # there set by the parameters or by the step budget?
-for b in "${brackets[@]}"; do read -r name flags <<< "$b"; piece "$name" "$lead" "${lead_flags[@]}" $flags; combine; done
-for r in "${rows[@]}"; do piece "alpha${r%%,*}" "$r" "${row_flags[@]}"; combine; done
-if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + ${#rows[@]} )) ]; then
-  for b in "${brackets[@]}"; do read -r name flags <<< "$b"; piece "2e16_$name" "$lead" "${lead_flags[@]}" $flags "${ladder[@]}"; done
+# (a row's sizes above d = 64 go on from its S* at d = 64, read back from the same directory)
+for b in "${brackets[@]}"; do
+  read -r name flags <<< "$b"; piece "$name" "$name" "$lead" "${lead_flags[@]}" $flags; combine
+done
+for r in "${rows[@]}"; do
+  piece "alpha${r%%,*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d $small; combine
+  piece "alpha${r%%,*}_large" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d $large; combine
+done
+if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + 2 * ${#rows[@]} )) ]
+then
+  for b in "${brackets[@]}"; do
+    read -r name flags <<< "$b"; piece "2e16_$name" "2e16_$name" "$lead" "${lead_flags[@]}" $flags "${ladder[@]}"
+  done
 fi
 log "gpu_run: $(( $(date +%s) - start )) s in all; $(ls "$work/done" | tr '\n' ' ')done"
 pack

@@ -147,6 +147,27 @@ def test_the_plan_of_the_full_protocol_is_a_fraction_of_todays(capsys):
     assert "projected on one H100" in text
 
 
+def test_the_new_rules_replayed_on_the_recorded_sweeps_keep_every_s_star():
+    """Each recorded Figure 4 left sweep with curves as its own oracle: under the milestone
+    rule every probe it asks for is recorded, and every S* is the recorded one."""
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import Oracle, new_rules, plan
+
+    for name in ("paper_fig4_left_authors", "paper_fig4_left_authors_seed1"):
+        folder = RESULTS / name
+        summary = json.loads((folder / "summary.json").read_text())
+        settings = summary["settings"]
+        sweep = TransformerSweep(shapes=tuple(tuple(s) for s in summary["sizes"]["shapes"]),
+                                 d=tuple(summary["sizes"]["d"]), answers=8, seq_len=32, eval_size=1024,
+                                 seed=settings["seed"], min_size=summary["search"]["min_size"])
+        probes, found = plan(new_rules(sweep), Oracle((folder,)))
+        assert probes["recorded"].all()
+        recorded = pd.read_csv(folder / "capacity.csv")
+        assert found == {(r.shape, r.d): r.S_star for r in recorded.itertuples()}
+        assert probes["model_steps"].sum() < sum(json.loads(p.read_text())["steps_run"] * 3
+                                                 for p in (folder / "cells").glob("*.json"))
+
+
 def test_a_missing_oracle_is_one_line(tmp_path, capsys):
     code, _, err = _cli(["plan", *TINY, "--oracle", str(tmp_path / "none")], capsys)
     assert code == 2 and err.count("\n") == 1 and "no recorded sweep there" in err

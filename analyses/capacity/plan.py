@@ -160,19 +160,26 @@ class _Planned:
         return None
 
 
-def plan(sweep: TransformerSweep, oracle: Oracle) -> pd.DataFrame:
-    """Every probe the sweep would train, in order, with the model-steps it would spend."""
+def plan(sweep: TransformerSweep, oracle: Oracle) -> tuple[pd.DataFrame, dict]:
+    """Every probe the sweep would train, in order, with the model-steps it would spend, and
+    the S* its searches would find, {(shape, d): S*}."""
     cells, found = _Planned(), {shape: {} for shape in sweep.shapes}
     run_jobs([shape_capacity(shape, sweep, "cpu", found[shape], cells) for shape in sweep.shapes], cells,
              _Answers(oracle, sweep), progress=False)
-    return pd.DataFrame(cells.rows, columns=["shape", "d", "S", "seed", "accuracy", "steps_run", "model_steps",
-                                             "recorded"])
+    probes = pd.DataFrame(cells.rows, columns=["shape", "d", "S", "seed", "accuracy", "steps_run", "model_steps",
+                                               "recorded"])
+    return probes, {(",".join(f"{v:g}" for v in shape[:3]), d): S for shape in sweep.shapes
+                    for d, S in found[shape].items()}
 
 
 def plan_text(sweep: TransformerSweep, oracle: Oracle, rate: float | None) -> tuple[str, pd.DataFrame]:
     """The plan under today's rules and the new ones, by shape and d and in total; both plans' probes."""
-    plans = {"today": plan(today(sweep), oracle), "new": plan(new_rules(sweep), oracle)}
+    planned = {"today": plan(today(sweep), oracle), "new": plan(new_rules(sweep), oracle)}
+    plans = {name: probes for name, (probes, _) in planned.items()}
     table = pd.concat([p.assign(rules=name) for name, p in plans.items()])
+    found = {name: s_star for name, (_, s_star) in planned.items()}
+    moved = [f"{shape} d={d}: {S} -> {found['new'].get((shape, d))}" for (shape, d), S in found["today"].items()
+             if found["new"].get((shape, d)) != S]
     by = table.groupby(["shape", "d", "rules"], sort=False)["model_steps"].sum().unstack("rules").fillna(0)
     probes = table.groupby(["shape", "d", "rules"], sort=False).size().unstack("rules").fillna(0)
     lines = [f"plan of {len(sweep.shapes)} shapes x d = {','.join(map(str, sweep.d))}, {len(sweep.lr)} learning "
@@ -187,6 +194,8 @@ def plan_text(sweep: TransformerSweep, oracle: Oracle, rate: float | None) -> tu
     lines.append(f"total: {totals['today']:,} model-steps today, {totals['new']:,} with the new rules "
                  f"({totals['new'] / max(1, totals['today']):.2f}x); recorded probes stand in for "
                  f"{int(table['recorded'].sum())} of {len(table)}")
+    lines.append(f"S* with the new rules: the same as today's at {len(found['today']) - len(moved)} of "
+                 f"{len(found['today'])} sizes" + (f" (moved: {'; '.join(moved)})" if moved else ""))
     lines.append(f"projected on one H100 at {H100_RATE:,.0f} model-steps/s (its record: 15 models x 16,384 steps in "
                  f"23-36 s at d = 128): {totals['today'] / H100_RATE / 60:.1f} min today, "
                  f"{totals['new'] / H100_RATE / 60:.1f} min with the new rules")
