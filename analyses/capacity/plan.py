@@ -31,7 +31,7 @@ from analyses.capacity.transformer import (
     shape_capacity,
     transformer_row,
 )
-from analyses.sweep import Cell, _file_name, run_jobs
+from analyses.sweep import Cell, Cells, run_jobs
 from models.weights import parameter_count
 
 # The H100 record (../shared/gpu/runs/2026-11-26-h100): a round of 15 models at d = 128 ran
@@ -104,9 +104,10 @@ class Oracle:
         and the stopping rule aside)."""
         mine = {k: v for k, v in today(sweep).recorded().items() if k != "sampler"}
         for folder, settings in self.settings.items():
-            path = folder / "cells" / (_file_name(key) + ".json")
-            if {k: v for k, v in settings.items() if k not in ("sampler", "torch_threads")} == mine and path.is_file():
-                return json.loads(path.read_text())
+            if {k: v for k, v in settings.items() if k not in ("sampler", "torch_threads")} == mine:
+                row = Cells(folder, settings).recorded(key)
+                if row is not None:
+                    return row
         return None
 
 
