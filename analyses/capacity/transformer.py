@@ -123,8 +123,8 @@ class TransformerSweep:
         where it is not the standard one with sphere embeddings, and the sampler only where it
         is not the generator, which every sweep recorded before the choice existed trained:
         those sweeps resume; the milestone rule likewise only where it is on. Whether the step
-        was a CUDA graph's replay changes no number. A
-        search over seeds keeps each seed in its cells' keys (it can take more seeds later)."""
+        was a CUDA graph's replay changes no number. A search over seeds keeps each seed in its
+        cells' keys (it can take more seeds later)."""
         model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
         chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
         seed = {"search": "majority of seeds"} if self.seeds else {"seed": self.seed}
