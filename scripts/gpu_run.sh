@@ -20,8 +20,8 @@
 #              learning rates) in pieces that each fit one call, largest sizes first: (1, 1, 8)
 #              at d = 90, 128 and 181 over seeds 0, 1, 2 (S*: the largest S most seeds store),
 #              each bracketed around the S* of the line fitted to the recorded sizes, then each
-#              row of shapes (one alpha) at every d with seed 0 and the milestone rule (a run
-#              that cannot reach 99% gives up: docs/capacity.md), its shapes searched in
+#              row of shapes (one alpha) at every d (d <= 22, <= 64, the rest) with seed 0 and the
+#              milestone rule (a run that cannot reach 99% gives up: docs/capacity.md), its shapes searched in
 #              GPU_RUN_JOBS parallel processes (fig4_left.png, fig4_left.csv: every piece so far)
 #   fig4_left_2e16_*  then (1, 1, 8) at d = 90, 128, 181 again at 2^16 steps (in the archive)
 # OUT then holds at most 8 plain files: report.txt (what ran, for how long, the headline
@@ -99,7 +99,7 @@ if [ $dry = 1 ]; then
   fig4=(--answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64)
   lead=1,1,2; lead_flags=(--seeds 0,1 --probes 2 --fill-rounds)
   brackets=("d11 --d 11 --min-size 2 --max-size 5")
-  rows=("1,1,2,8" "2,2,2"); row_flags=(--min-size 2 --max-size 5 --give-up milestones); small=8; large=8,11
+  rows=("1,1,2,8" "2,2,2"); row_flags=(--min-size 2 --max-size 5 --give-up milestones); parts=("=8" "_large=8,11")
   ladder=(--steps 120)
 else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
@@ -119,11 +119,12 @@ else
   lead=1,1,8; lead_flags=(--seeds 0,1,2 --probes 5 --fill-rounds)
   brackets=("d90 --d 90 --min-size 44 --max-size 77" "d128 --d 128 --min-size 60 --max-size 105"
             "d181 --d 181 --min-size 80 --max-size 140")
-  rows=()  # one row of shapes per alpha, (1, 1, 8) only up to d = 64 there: d <= 64, then the rest
+  rows=()  # one row of shapes per alpha, (1, 1, 8) only up to d = 64 there; in three parts of 3 to 5 minutes (the plan)
   for a in 4 2 1 0.5 0.25; do
     row=""; for b in 4 2 1 0.5 0.25; do row+=" $a,$b,8$([ "$a,$b" = 1,1 ] && echo ,64)"; done; rows+=("${row# }")
   done
-  row_flags=(--seed 0 --give-up milestones); small=8,11,16,22,32,45,64; large=$small,90,128,181
+  row_flags=(--seed 0 --give-up milestones)
+  parts=("=8,11,16,22" "_mid=8,11,16,22,32,45,64" "_large=8,11,16,22,32,45,64,90,128,181")
   ladder=(--steps 65536)
 fi
 
@@ -198,15 +199,16 @@ PY
 }
 # Figure 4 left, largest sizes first; then those sizes again at 2^16 steps: are the facts stored
 # there set by the parameters or by the step budget?
-# (a row's sizes above d = 64 go on from its S* at d = 64, read back from the same directory)
+# (a row's parts share its directory: each goes on from the S* its previous part found)
 for b in "${brackets[@]}"; do
   read -r name flags <<< "$b"; piece "$name" "$name" "$lead" "${lead_flags[@]}" $flags; combine
 done
 for r in "${rows[@]}"; do
-  piece "alpha${r%%,*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d $small; combine
-  piece "alpha${r%%,*}_large" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d $large; combine
+  for part in "${parts[@]}"; do
+    piece "alpha${r%%,*}${part%%=*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d "${part#*=}"; combine
+  done
 done
-if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + 2 * ${#rows[@]} )) ]
+if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + ${#parts[@]} * ${#rows[@]} )) ]
 then
   for b in "${brackets[@]}"; do
     read -r name flags <<< "$b"; piece "2e16_$name" "2e16_$name" "$lead" "${lead_flags[@]}" $flags "${ladder[@]}"
