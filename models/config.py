@@ -17,6 +17,10 @@ from models.section import ModelSection
 from tasks.factual_recall import FactualRecallTask
 
 SAMPLERS = ("generator", "counter")
+GIVE_UP = ("never", "milestones")
+# (fraction of the steps, held-out accuracy a run that reaches 99% has reached by then): validated
+# on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md)
+MILESTONES = ((0.25, 0.80), (0.5, 0.90), (0.75, 0.95))
 
 
 def setting(default, help: str, **kw):
@@ -138,6 +142,9 @@ class TrainConfig:
     eval_every: int = setting(50, "evaluate on the held-out set every this many steps")
     eval_size: int = setting(4096, "held-out prompts per evaluation")
     target_accuracy: float = setting(0.99, "stop once the best model reaches this held-out accuracy (> 1: never)")
+    give_up: str = setting("never", "never | milestones (also stop, as unable to reach target_accuracy, once the best "
+                           "held-out accuracy so far of every model is below 0.8, 0.9, 0.95 at 1/4, 1/2, 3/4 of the "
+                           "steps: docs/capacity.md)", choices=GIVE_UP)
     snapshots_per_octave: int = setting(2, "log-spaced weight snapshots per doubling of the step (0: none)")
     freeze_ov: bool = setting(False, "keep W_V, b_V, W_O, b_O at their random init: facts must go to the MLP")
     device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
@@ -146,6 +153,13 @@ class TrainConfig:
                            "CUDA graph) | generator (one torch.Generator per seed, drawn in turn: runs recorded "
                            "before the counter sampler was the default)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
+
+    def gives_up(self, step: int, best_accuracy: float) -> bool:
+        """Whether the milestone rule (give_up = milestones) stops a run at `step`: the best
+        held-out accuracy so far, over its models and evaluations, is below a milestone's
+        accuracy at or after its fraction of the steps."""
+        return self.give_up == "milestones" and any(step >= fraction * self.steps and best_accuracy < accuracy
+                                                    for fraction, accuracy in MILESTONES)
 
     @property
     def runs(self) -> list[tuple[float, int]]:
@@ -162,6 +176,8 @@ class TrainConfig:
             raise ValueError("snapshots_per_octave must be >= 0.")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}.")
+        if self.give_up not in GIVE_UP:
+            raise ValueError(f"give_up must be one of {', '.join(GIVE_UP)}, got {self.give_up!r}.")
         if self.cuda_graph not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}.")
         if math.isnan(self.target_accuracy):
@@ -175,12 +191,17 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
 
 
-def shape_model(alpha: float, beta: float, n_heads: int, d_model: int,
+def shape_model(alpha: float, beta: float, n_heads: float, d_model: float,
                 parameterisation: str = "authors") -> ModelConfig:
     """A model of shape (alpha = H*d_h/d, beta = m/d, H) at embedding size d (paper Fig. 4),
     the authors' parameterisation unless told otherwise. d_h and m are rounded down, as the
     authors' code does (int(d*alpha/H), int(d*beta)): the paper's sizes d = int(2^k), k = 3,
-    3.5, ..., rarely divide evenly."""
+    3.5, ..., rarely divide evenly. H and d are whole numbers >= 1 (2.0 reads as 2)."""
+    for name, value in (("H (heads)", n_heads), ("d", d_model)):
+        if isinstance(value, bool) or not value >= 1 or value != int(value):
+            raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads:g}: {name} must be a whole number "
+                             f">= 1, got {value:g}.")
+    n_heads, d_model = int(n_heads), int(d_model)
     d_head, d_mlp = math.floor(alpha * d_model / n_heads), math.floor(beta * d_model)
     if d_head < 1 or d_mlp < 1:
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "

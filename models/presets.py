@@ -58,7 +58,7 @@ def preset(name: str) -> RunConfig:
             alpha, beta, heads, d = (float(x) for x in name[len("shape:"):].split(","))
         except ValueError:
             raise ValueError(f"shape preset must read shape:ALPHA,BETA,H,D, got {name!r}.") from None
-        return RunConfig(task=PAPER_TASK, model=shape_model(alpha, beta, int(heads), int(d)),
+        return RunConfig(task=PAPER_TASK, model=shape_model(alpha, beta, heads, d),
                          train=TrainConfig(lr=(1e-3, 3e-3, 1e-2), steps=16384, eval_every=128))
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D.")

@@ -32,14 +32,14 @@ from models.weights import parameter_count, shapes, trainable_keys
 
 # What a stack's cells may differ in, besides the task (all but its sequence length).
 MODEL_FREE = ("d_model", "n_heads", "d_head", "d_mlp", "init_scale")
-TRAIN_FREE = ("lr", "seed", "steps", "eval_every", "target_accuracy", "snapshots_per_octave")
+TRAIN_FREE = ("lr", "seed", "steps", "eval_every", "target_accuracy", "give_up", "snapshots_per_octave")
 UNEMBED_BIAS = "unembed.b_U"  # its padded answers are -inf
 
 
 def stack_differences(run: RunConfig, first: RunConfig) -> list[str]:
     """The fields in which `run` differs from `first` that a stack's runs must share: the
     sequence length, the model options other than d, H, d_h, m and init_scale, the training
-    fields other than lr, seed, steps, eval_every, target_accuracy and snapshots_per_octave,
+    fields other than lr, seed, steps, eval_every, target_accuracy, give_up and snapshots_per_octave,
     and the sampler where the tasks differ (only the counter sampler draws a stack of tasks)."""
     differ = ["task.seq_len"] * (run.task.seq_len != first.task.seq_len)
     differ += [f"model.{k}" for k, v in asdict(run.model.resolved()).items()

@@ -32,6 +32,7 @@ from models.trainer import (
     EVAL_SEED,
     TrainingData,
     TrainResult,
+    best_so_far,
     check_finite,
     evaluate,
     kept_result,
@@ -47,9 +48,9 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
     one zero-padded stack (models.shape_stack), one TrainResult per run: what train(run)
     gives alone, up to the summation order of the padded products. Each run keeps its models
     at their own shapes and task, its data stream, curve and early stop: a run that stops
-    (its best model reached its target accuracy, or its steps are spent) is frozen, its
+    (its best model reached its target accuracy, it gave up, or its steps are spent) is frozen, its
     learning rates set to zero, while the others go on. The runs may also differ in lr,
-    seed, steps, eval_every, target_accuracy and snapshots_per_octave; runs of different
+    seed, steps, eval_every, target_accuracy, give_up and snapshots_per_octave; runs of different
     tasks need the counter sampler (shape_stack.check_stackable). The stack is trained as
     given, whatever its size: train_stacks splits runs into stacks that fit a memory budget.
     Not resumable; a non-finite model stops the whole stack."""
@@ -198,14 +199,16 @@ def _snapshot_cell(state: _ShapeTraining, cell: _Cell) -> None:
 
 def _evaluate_cell(state: _ShapeTraining, cell: _Cell, loss: list[float], accuracy: list[float]) -> None:
     """Record the run's held-out losses and accuracies at this step; stop and freeze it when
-    its best model reached its target or its steps are spent."""
+    its best model reached its target, it gives up (TrainConfig.gives_up) or its steps are
+    spent."""
     cfg = cell.run.train
     check_finite({"loss": torch.tensor(loss)}, cfg.runs, state.step, cell.snapshots)
     seconds = time.perf_counter() - state.start
     cell.metrics.append({"step": state.step, "seconds": round(seconds, 3),
                          "models": [{"lr": lr, "seed": s, "loss": l, "accuracy": a}
                                     for (lr, s), l, a in zip(cfg.runs, loss, accuracy)]})
-    if state.step == cfg.steps or max(accuracy) >= cfg.target_accuracy:
+    if state.step == cfg.steps or max(accuracy) >= cfg.target_accuracy or \
+            cfg.gives_up(state.step, best_so_far(cell.metrics)):
         cell.stopped, cell.seconds = state.step, seconds
         state.lr[cell.rows] = 0.0  # the optimizer's views: its models keep this step's weights
         if cell.schedule and state.step not in cell.snapshots:

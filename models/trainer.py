@@ -165,8 +165,8 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
-    """Step until the step budget is spent or the best model reaches the target accuracy,
-    evaluating every eval_every steps and taking the scheduled snapshots."""
+    """Step until the step budget is spent, the best model reaches the target accuracy or
+    the run gives up (TrainConfig.gives_up), evaluating every eval_every steps and taking the scheduled snapshots."""
     cfg, runs = state.run.train, state.run.train.runs
     K = len(runs)
     bar = progress_bar(total=cfg.steps, initial=state.step, disable=not progress,
@@ -177,7 +177,8 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
         if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
             best = _evaluate(state, logger)
             bar.set_postfix(acc=f"{best['accuracy']:.3f}", loss=f"{best['loss']:.3f}")
-            if state.step == cfg.steps or best["accuracy"] >= cfg.target_accuracy:
+            if state.step == cfg.steps or best["accuracy"] >= cfg.target_accuracy or \
+                    cfg.gives_up(state.step, best_so_far(state.metrics)):
                 break
         state.step_once()
         state.step += 1
@@ -185,6 +186,11 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
     bar.close()
     if state.step not in state.snapshots and state.schedule:
         state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
+
+
+def best_so_far(metrics: list[dict]) -> float:
+    """The best held-out accuracy of any model at any evaluation in `metrics`."""
+    return max(m["accuracy"] for row in metrics for m in row["models"])
 
 
 def _snapshot(state: _Training, state_folder: Path | None) -> None:

@@ -18,11 +18,14 @@
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
 #   grid       Figure 4 right: the 169-cell grid with storage shares over seeds 0, 1, 2, stacked,
 #              timed (grid.png)
-#   fig4_left  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
-#              learning rates) over seeds 0, 1, 2 (S*: the largest S most seeds store), shapes
-#              searched in GPU_RUN_JOBS parallel processes until the time is up
-#              (fig4_left.png, fig4_left.csv)
-#   fig4_left_2e16  then d = 90, 128, 181 again at 2^16 steps (in the archive)
+#   fig4_left_*  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
+#              learning rates) in pieces that each fit one call, largest sizes first: (1, 1, 8)
+#              at d = 90, 128 and 181 over seeds 0, 1, 2 (S*: the largest S most seeds store),
+#              each bracketed around the S* of the line fitted to the recorded sizes, then each
+#              row of shapes (one alpha) at every d (d <= 22, <= 64, the rest) with seed 0 and the
+#              milestone rule (a run that cannot reach 99% gives up: docs/capacity.md), its shapes searched in
+#              GPU_RUN_JOBS parallel processes (fig4_left.png, fig4_left.csv: every piece so far)
+#   fig4_left_2e16_*  then (1, 1, 8) at d = 90, 128, 181 again at 2^16 steps (in the archive)
 # OUT then holds at most 8 plain files: report.txt (what ran, for how long, the headline
 # numbers), the files named above and state.tar.gz (every step's output and the sweeps'
 # cells, packed again every GPU_RUN_PACK_SECONDS, written atomically: a kill at any moment
@@ -96,10 +99,11 @@ if [ $dry = 1 ]; then
   bench_stack=()
   profile=(--device cpu --small --steps 2 --rows 10)
   grid=(--heads 1,2 --widths 4,8 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1 --seeds 0,1)
-  shapes=(1,1,2 2,2,2)
-  fig4=(--d 8,11 --answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64
-        --min-size 2 --max-size 5 --seeds 0,1)
-  ladder=(--d 11 --steps 120)
+  fig4=(--answers 2 --seq-len 4 --lr 0.03 --steps 60 --eval-every 20 --eval-size 64 --batch-size 64)
+  lead=1,1,2; lead_flags=(--seeds 0,1 --probes 2 --fill-rounds)
+  brackets=("d11 --d 11 --min-size 2 --max-size 5")
+  rows=("1,1,2,8" "2,2,2"); row_flags=(--min-size 2 --max-size 5 --give-up milestones); parts=("=8" "_large=8,11")
+  ladder=(--steps 120)
 else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
   device=(--device cuda)
@@ -113,10 +117,19 @@ else
                --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
   profile=(--device cuda --steps 5 --rows 25)
   grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2)
-  shapes=()
-  for a in 4 2 1 0.5 0.25; do for b in 4 2 1 0.5 0.25; do shapes+=("$a,$b,8"); done; done
-  fig4=(--d 8,11,16,22,32,45,64,90,128,181 --answers 8 --seq-len 32 --eval-size 1024 --seeds 0,1,2)
-  ladder=(--d 90,128,181 --steps 65536)
+  fig4=(--answers 8 --seq-len 32 --eval-size 1024)
+  # (1, 1, 8) at its largest sizes, bracketed around the fitted line's S* (59, 81, 107 at d = 90,
+  # 128, 181: analyses.capacity.plan.Oracle.stand_in; the H100 record gave 74 at d = 128)
+  lead=1,1,8; lead_flags=(--seeds 0,1,2 --probes 5 --fill-rounds)
+  brackets=("d90 --d 90 --min-size 44 --max-size 77" "d128 --d 128 --min-size 60 --max-size 105"
+            "d181 --d 181 --min-size 80 --max-size 140")
+  rows=()  # one row of shapes per alpha, (1, 1, 8) only up to d = 64 there; in three parts of 3 to 5 minutes (the plan)
+  for a in 4 2 1 0.5 0.25; do
+    row=""; for b in 4 2 1 0.5 0.25; do row+=" $a,$b,8$([ "$a,$b" = 1,1 ] && echo ,64)"; done; rows+=("${row# }")
+  done
+  row_flags=(--seed 0 --give-up milestones)
+  parts=("=8,11,16,22" "_mid=8,11,16,22,32,45,64" "_large=8,11,16,22,32,45,64,90,128,181")
+  ladder=(--steps 65536)
 fi
 
 # --------------------------------------------------------------------------- the steps
@@ -145,31 +158,69 @@ step grid 600 "$python" -m analyses.tradeoff grid "${grid[@]}" "${device[@]}" --
   --out "$work/grid" && log "grid: $(( $(date +%s) - t0 )) s for every cell not recorded before this call"
 put grid/grid.png grid.png
 
-all_shapes=()
-for s in "${shapes[@]}"; do all_shapes+=(--shape "$s"); done
 # one search per shape, GPU_RUN_JOBS at a time, their cells shared in one directory; the
 # flags reach them through a file (an array does not cross bash -c)
 fig4_search() { mapfile -t flags < "$1"; "$python" -m analyses.capacity transformer --shape "$2" "${flags[@]}"; }
 export -f fig4_search
 export python
-# sweep NAME FLAGS...: every shape searched with FLAGS into NAME/, then its tables and figure
-sweep() {
-  local name=$1; shift
-  local flags=("${fig4[@]}" "$@" --sampler counter "${device[@]}" --quiet --out "$work/$name")
-  printf '%s\n' "${flags[@]}" > "$work/$name.flags"
+# piece NAME DIR "SHAPES" FLAGS...: every shape searched with FLAGS into fig4_left/DIR/ (a step
+# fig4_left_NAME: done once it finished, resumed from its cells by the next call when cut), then
+# its tables
+piece() {
+  local name=$1 dir="$work/fig4_left/$2" shapes=$3; shift 3
+  local shape_flags=() s
+  local flags=("${fig4[@]}" "$@" --sampler counter "${device[@]}" --quiet --out "$dir")
+  mkdir -p "$work/fig4_left"
+  printf '%s\n' "${flags[@]}" > "$dir.flags"
+  for s in $shapes; do shape_flags+=(--shape "$s"); done
   ( while sleep "$pack_every"; do pack; done ) & local packer=$!
-  step "$name" 100000 bash -c "printf '%s\n' ${shapes[*]} | xargs -P $jobs -I{} bash -c 'fig4_search $work/$name.flags {}'"
+  step "fig4_left_$name" 100000 bash -c "printf '%s\n' $shapes | xargs -P $jobs -I{} bash -c 'fig4_search $dir.flags {}'"
   local rc=$?
   kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
-  "$python" -m analyses.capacity transformer "${all_shapes[@]}" "${flags[@]}" --recorded-only \
-    >>"$work/$name.txt" 2>&1 && log "$name: $(ls "$work/$name/cells" 2>/dev/null | wc -l) probes recorded"
+  "$python" -m analyses.capacity transformer "${shape_flags[@]}" "${flags[@]}" --recorded-only >"$dir.tables.txt" 2>&1 \
+    && log "fig4_left_$name: $(ls "$dir/cells" 2>/dev/null | wc -l) probes recorded;\
+$(grep '^  shape' "$dir.tables.txt" | tr -s ' ' | tr '\n' ';')"
   return $rc
 }
-# Figure 4 left, then its largest sizes again at 2^16 steps: are the facts stored there set
-# by the parameters or by the step budget?
-sweep fig4_left
-put fig4_left/facts_vs_parameters.png fig4_left.png
-put fig4_left/capacity.csv fig4_left.csv
-[ -f "$work/done/fig4_left" ] && sweep fig4_left_2e16 "${ladder[@]}"
+# fig4_left.csv and fig4_left.png: every piece's sizes so far, one table and one figure
+combine() {
+  "$python" - "$work/fig4_left" "$work/fig4_left.csv" "$work/fig4_left.png" <<'PY' >>"$work/fig4_left.txt" 2>&1
+import sys
+from pathlib import Path
+import pandas as pd
+from analyses.capacity import TransformerSweep, fitted_slope
+from analyses.capacity.figures import facts_figure
+folder, table_path, figure_path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+tables = [pd.read_csv(p).assign(piece=p.parent.name) for p in sorted(folder.glob("*/capacity.csv"))
+          if not p.parent.name.startswith("2e16_")]  # the ladder's longer budget: its own table
+tables = [t for t in tables if len(t)]
+if tables:
+    table = pd.concat(tables, ignore_index=True)
+    table.to_csv(table_path, index=False)
+    stored = table[table["facts"] > 0]
+    if len(stored):
+        slope = fitted_slope(stored["parameters"], stored["facts"]) if stored["parameters"].nunique() > 1 else None
+        facts_figure(stored, slope, TransformerSweep(), figure_path)
+PY
+  put fig4_left.csv fig4_left.csv
+  put fig4_left.png fig4_left.png
+}
+# Figure 4 left, largest sizes first; then those sizes again at 2^16 steps: are the facts stored
+# there set by the parameters or by the step budget?
+# (a row's parts share its directory: each goes on from the S* its previous part found)
+for b in "${brackets[@]}"; do
+  read -r name flags <<< "$b"; piece "$name" "$name" "$lead" "${lead_flags[@]}" $flags; combine
+done
+for r in "${rows[@]}"; do
+  for part in "${parts[@]}"; do
+    piece "alpha${r%%,*}${part%%=*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d "${part#*=}"; combine
+  done
+done
+if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + ${#parts[@]} * ${#rows[@]} )) ]
+then
+  for b in "${brackets[@]}"; do
+    read -r name flags <<< "$b"; piece "2e16_$name" "2e16_$name" "$lead" "${lead_flags[@]}" $flags "${ladder[@]}"
+  done
+fi
 log "gpu_run: $(( $(date +%s) - start )) s in all; $(ls "$work/done" | tr '\n' ' ')done"
 pack

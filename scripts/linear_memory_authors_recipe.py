@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from analyses.capacity import authors_line, memory_report
-from analyses.sweep import Cells, largest_passing
+from analyses.search import largest_passing
+from analyses.sweep import Cells
 from models.bridge import resolve_device
 from models.cli import comma_list, run_cli
 from models.memories import MemoryConfig, fit

@@ -1,6 +1,7 @@
 """Associative memories and their capacity sweep (`analyses.capacity memory`), the CLI, the
 paper's line and the authors' recipe script."""
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -32,7 +33,7 @@ def _cli(argv, capsys):
 
 
 def test_memory_sweep_rerun_skips_recorded_probes(tmp_path, capsys):
-    argv = ["memory", "--kind", "mlp", "--d", "8", "--m", "2", "--seeds", "1", "--steps", "100",
+    argv = ["memory", "--kind", "mlp", "--d", "8", "--m", "2", "--seeds", "0", "--steps", "100",
             "--device", "cpu", "--quiet", "--out", str(tmp_path)]
     assert _cli(argv, capsys)[0] == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -45,10 +46,31 @@ def test_memory_sweep_rerun_skips_recorded_probes(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "other settings" in err
 
 
+def test_memory_seeds_are_a_comma_list_and_recorded_sweeps_resume(tmp_path, capsys):
+    """--seeds names the seeds, as in every other sweep (it was once a count): a sweep
+    recorded when it was a count (results/capacity/linear, `--seeds 3`) resumes with
+    --seeds 0,1,2 and trains nothing; --seeds 1 searches seed 1 alone."""
+    recorded = Path(__file__).resolve().parents[1] / "results" / "capacity" / "linear"
+    out = tmp_path / "linear"
+    shutil.copytree(recorded, out)
+    argv = ["memory", "--kind", "linear", "--d", "8,16,32,64", "--seeds", "0,1,2", "--steps", "2000",
+            "--device", "cpu", "--quiet", "--out", str(out)]
+    assert _cli(argv, capsys)[0] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["probes_computed"] == 0 and summary["seeds"] == [0, 1, 2]
+    assert pd.read_csv(out / "capacity.csv").equals(pd.read_csv(recorded / "capacity.csv"))
+
+    one = tmp_path / "one"
+    argv = ["memory", "--kind", "mlp", "--d", "4", "--m", "2", "--seeds", "1", "--steps", "20",
+            "--device", "cpu", "--quiet", "--out", str(one)]
+    assert _cli(argv, capsys)[0] == 0
+    assert {path.name.split("_seed")[1].split("_")[0] for path in (one / "cells").iterdir()} == {"1"}
+
+
 def test_memory_sweep_sizes_from_m_per_d_with_fixed_outputs(tmp_path, capsys):
     """--m-per-d 1,2 gives widths m = d, 2d; --outputs M fixes the outputs (Figure 6), and the
     report compares N* with the paper's line N = m d / 1.2."""
-    argv = ["memory", "--kind", "mlp", "--d", "4", "--m-per-d", "1,2", "--outputs", "4", "--seeds", "1",
+    argv = ["memory", "--kind", "mlp", "--d", "4", "--m-per-d", "1,2", "--outputs", "4", "--seeds", "0",
             "--steps", "60", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
     code, out, _ = _cli(argv, capsys)
     assert code == 0 and "N = m·d/1.2" in out

@@ -4,7 +4,8 @@ import random
 import pytest
 
 from analyses.executors import LocalExecutor
-from analyses.sweep import Cell, Cells, bisection, largest_passing, one, run_jobs
+from analyses.search import bisection, largest_passing
+from analyses.sweep import Cell, Cells, one, run_jobs
 
 
 # ------------------------------------------------------------------ binary search

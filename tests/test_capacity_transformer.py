@@ -2,7 +2,10 @@
 import itertools
 import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,6 +13,8 @@ import torch
 
 from models.pruning import head_norms, neuron_norms, prune, prune_order
 from tests.test_capacity_memory import _cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ pruning
@@ -67,6 +72,37 @@ def test_bad_shape_is_one_line_and_writes_nothing(tmp_path, capsys):
     code, _, err = _cli(["transformer", "--shape", "0.25,1,8", "--d", "8,16", "--out", str(out)], capsys)
     assert code == 2 and err.startswith("error: shape") and err.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("heads", ["0", "1.5", "-2"])
+def test_a_shape_without_a_whole_number_of_heads_is_one_line(heads, tmp_path, capsys):
+    """H = 0 once divided by zero (a traceback); H = 1.5 trained one head and recorded 1.5."""
+    out = tmp_path / "out"
+    code, _, err = _cli(["transformer", "--shape", f"1,1,{heads}", "--d", "8", "--steps", "1", "--out", str(out)],
+                        capsys)
+    assert code == 2 and err.count("\n") == 1 and "H (heads) must be a whole number >= 1" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("heads", ["0", "1.5"])
+def test_a_shape_preset_without_a_whole_number_of_heads_is_one_line(heads, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "models.train", "--preset", f"shape:1,1,{heads},8", "--steps", "1",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "H (heads) must be a whole number >= 1" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_size_where_even_the_smallest_search_fails_stores_nothing(tmp_path, capsys):
+    """Every size failing once read S* = R* = 1 (one fact), a size never trained."""
+    out = tmp_path / "out"
+    code, text, _ = _cli(["transformer", "--shape", "1,1,2", "--d", "8", "--steps", "2", "--eval-every", "1",
+                          "--eval-size", "64", "--batch-size", "16", "--device", "cpu", "--quiet",
+                          "--out", str(out)], capsys)
+    assert code == 0 and "nothing stored" in text and "S*=R*=1 " not in text
+    table = pd.read_csv(out / "capacity.csv")
+    assert table[["S_star", "facts"]].values.tolist() == [[0, 0]]
+    assert 1 not in set(pd.read_csv(out / "probes.csv")["S"])  # S = 1 was never trained
+    assert json.loads((out / "summary.json").read_text())["fitted_slope"] is None
 
 
 def test_shape_sizes_round_down_as_the_authors_do():
@@ -162,7 +198,8 @@ def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
     """Votes of 3 seeds per size: all store up to 5, one stores 6, two store 9. A tie is not a
     majority; 9, a majority above a size that failed in the same round, is set aside: S* = 5."""
     from analyses.capacity.transformer import stored_by_most
-    from analyses.sweep import Cell, bisection, stacked_search
+    from analyses.search import bisection, stacked_search
+    from analyses.sweep import Cell
 
     votes = {2: 3, 3: 3, 4: 3, 5: 3, 6: 1, 9: 2}
     assert stored_by_most(({"accuracy": 1.0}, {"accuracy": 0.5})) is False  # a tie

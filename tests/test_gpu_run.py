@@ -28,49 +28,75 @@ def _archive(path: Path) -> dict[str, str]:
         return {}
 
 
-def _cells(files: dict) -> dict:
-    return {name: digest for name, digest in files.items() if name.startswith("./fig4_left/cells/")}
+PIECES = ["d11", "alpha1", "alpha1_large", "alpha2", "alpha2_large", "2e16_d11"]  # the dry run's, in order
+
+
+def _cells(files: dict, piece: str = "") -> dict:
+    return {name: digest for name, digest in files.items() if name.startswith(f"./fig4_left/{piece}")
+            and "/cells/" in name}
+
+
+def _cut_piece(files: dict) -> str | None:
+    """A piece that has recorded a probe but not finished, once the first piece has finished."""
+    if "./done/fig4_left_d11" not in files:
+        return None
+    return next((p for p in PIECES[1:] if _cells(files, _dir(p) + "/") and f"./done/fig4_left_{p}" not in files
+                 and f"./done/fig4_left_{PIECES[PIECES.index(p) - 1]}" in files), None)
+
+
+def _dir(piece: str) -> str:
+    return piece.removesuffix("_large")
 
 
 def test_a_killed_gpu_run_resumes_from_its_archive(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     run = subprocess.Popen(["bash", "scripts/gpu_run.sh", "--dry-run", str(first)], cwd=ROOT, env=ENV,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline, files = time.monotonic() + 400, {}
-    try:  # kill the whole run (as a time limit would) once the sweep has recorded a probe
+    deadline, files, cut = time.monotonic() + 600, {}, None
+    try:  # kill the whole run (as a time limit would) in the middle of a piece after the first
         while time.monotonic() < deadline and run.poll() is None:
             files = _archive(first / "state.tar.gz")
-            if _cells(files) and "./done/fig4_left" not in files:
+            cut = _cut_piece(files)
+            if cut:
                 break
             time.sleep(0.3)
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    assert _cells(files), "the sweep recorded no probe before the run ended"
+    assert cut, "no piece after the first was cut in the middle"
     killed = _archive(first / "state.tar.gz")  # the last whole archive the killed run left
-    assert "./done/grid" in killed and "./done/fig4_left" not in killed
+    assert "./done/grid" in killed and "./done/fig4_left_d11" in killed and f"./done/fig4_left_{cut}" not in killed
+    report = (first / "report.txt").read_text()
+    started = [report.find(f"fig4_left_{p}:") for p in PIECES[:PIECES.index(cut)]]
+    assert -1 not in started and started == sorted(started)  # the largest sizes first
     bench = (first / "bench.txt").read_text()  # the profiler's tables, and each line's utilisation in the report
     assert bench.count("top 10 kernels by self_cpu_time_total") == 3 and "== stack-fused: not profiled on cpu" in bench
     utilisation = [line for line in (first / "report.txt").read_text().splitlines() if "model_flop_utilisation" in line]
     assert [line.split()[1] for line in utilisation] == ["ours", "config-a", "tiny-k64", "stack-vocab"]
 
     done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(second), str(first / "state.tar.gz")],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+                          cwd=ROOT, env={**ENV, "GPU_RUN_SECONDS": "600"}, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     report = (second / "report.txt").read_text()
-    for step in ("env", "tests", "bench", "grid"):
+    for step in ("env", "tests", "bench", "grid", "fig4_left_d11"):
         assert f"{step}: done in an earlier call" in report
-    assert "fig4_left: exit 0" in report
+    assert f"fig4_left_{cut}: exit 0" in report
     resumed = _archive(second / "state.tar.gz")
     assert {name: resumed.get(name) for name in _cells(killed)} == _cells(killed)  # kept, not recomputed
-    assert len(_cells(resumed)) > len(_cells(killed)) and "./done/fig4_left" in resumed
+    assert len(_cells(resumed, _dir(cut) + "/")) >= len(_cells(killed, _dir(cut) + "/"))
+    assert all(f"./done/fig4_left_{p}" in resumed for p in PIECES)
+    order = [report.find(f"fig4_left_{p}:") for p in PIECES]
+    assert -1 not in order and order == sorted(order)
 
     outputs = {p.name for p in second.iterdir()}
     assert outputs <= ALLOWED and {"report.txt", "state.tar.gz", "grid.png", "fig4_left.csv"} <= outputs
     assert all(p.is_file() and p.stat().st_size <= 16 * 2**20 for p in second.iterdir())
-    capacity = pd.read_csv(second / "fig4_left.csv")
-    assert len(capacity) == 4 and capacity["S_star"].ge(2).all()  # 2 shapes x 2 sizes, each storing facts
-    assert (capacity["stored_by"] == 2).all()  # by both seeds
+    capacity = pd.read_csv(second / "fig4_left.csv")  # every piece's sizes: (1,1,2) at 11, 8; (2,2,2) at 8, 11
+    assert sorted(zip(capacity["shape"], capacity["d"])) == [("1,1,2", 8), ("1,1,2", 11), ("2,2,2", 8), ("2,2,2", 11)]
+    assert capacity["S_star"].ge(2).all()
+    lead = capacity[capacity["piece"] == "d11"]
+    assert len(lead) == 1 and (lead["stored_by"] == 2).all()  # stored by both seeds
     assert "passed" in (second / "tests_cuda.txt").read_text()
 
 

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.sweep import Cell, Cells, bisection, largest_passing, one, run_jobs, search
+from analyses.search import bisection, largest_passing, search
+from analyses.sweep import Cell, Cells, one, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""python -m analyses.capacity memory|transformer|departures : how many associations / facts fit?
+"""python -m analyses.capacity memory|transformer|departures|plan : how many associations / facts fit?
 
 memory       For each size, binary-search the largest number N* of associations an
              associative memory (models/memories.py) stores at >= 99% accuracy (best over
@@ -12,6 +12,10 @@ departures   Which of the authors' departures from the standard model (models/pa
              changes that: each variant (standard, standard + one departure, authors,
              authors - one) trained at one shape, size and S = R as a transformer probe,
              with the state it starts from (dead MLP units, attention-score spread).
+plan         What a transformer sweep (its flags) would spend before it runs: its searches
+             answered by recorded results, model-steps by shape and d and in total under
+             today's rules and the new ones (--give-up milestones --fill-rounds), the time on
+             one H100, and the milestone rule's validation on every recorded curve.
 
 memory and transformer fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,

@@ -1,13 +1,17 @@
-"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out."""
+"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out, and
+`plan`, a transformer sweep's model-steps before it runs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 
 from analyses import capacity, cli
 from analyses.capacity.departures import DepartureStudy, compare_departures, study_text
 from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
+from analyses.capacity.plan import Oracle, default_oracle, plan_text, recorded_rate
+from analyses.capacity.stopping import validate
 from analyses.capacity.transformer import (
     TransformerSweep,
     search_transformers,
@@ -15,6 +19,7 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
+from analyses.output import write_csv
 from analyses.sweep import Cells
 from models.bridge import resolve_device
 
@@ -27,8 +32,8 @@ def _shape(text: str) -> tuple:
 
 
 # the search's and the figure's settings, and the model: the departures study sets these itself
-UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "seeds", "stack", "parameterisation", "embedding",
-             "bits_per_parameter", "facts_per_parameter")
+UNTRAINED = ("shapes", "d", "min_size", "max_size", "probes", "fill_rounds", "give_up", "seeds", "stack",
+             "parameterisation", "embedding", "bits_per_parameter", "facts_per_parameter")
 
 
 def parser():
@@ -43,6 +48,15 @@ def parser():
     cli.add_seed(t, "initialisation and data")
     cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
     cli.add_recorded_only(t)
+    n = sub.add_parser("plan", help="the model-steps and time a transformer sweep would spend, today's rules against "
+                                     "the new ones, from recorded results standing in for the training")
+    n.add_argument("--shape", dest="shapes", type=_shape, action="append", help="as for transformer")
+    cli.add_seed(n, "initialisation and data")
+    cli.add_settings(n, TransformerSweep, "the transformers (as for transformer)", exclude=("shapes", "seed"))
+    n.add_argument("--oracle", type=Path, action="append",
+                   help="a recorded transformer sweep standing in for the training (repeat for several; default "
+                        "the recorded Figure 4 left sweeps of the model: results/capacity/paper_fig4_left*)")
+    n.add_argument("--out", type=Path, help="also write every planned probe to OUT/plan.csv")
     v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
                                           "facts stored (each variant trained at one shape, size and S = R)")
     cli.add_seed(v, "initialisation and data")
@@ -67,6 +81,8 @@ def resumed_sampler(args) -> dict:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "plan":
+        return plan(args)
     executor = cli.executor(args)
     progress = not args.quiet
     if args.command == "memory":
@@ -75,7 +91,7 @@ def main(argv=None) -> int:
         rows = search_memories(sweep, cells, executor, args.device, progress)
         cfg = sweep.memories()[0]
         result = memory_tables(rows, cfg, pd.DataFrame(cells.rows()),
-                               {"settings": sweep.recorded(), "seeds": sweep.seeds,
+                               {"settings": sweep.recorded(), "seeds": list(sweep.seeds),
                                 "device": str(resolve_device(args.device)), "probes_computed": cells.computed})
         write_memory(result, cfg, args.out)
         print(memory_text(result, cfg) + f"\nwrote {args.out}/ ({cells.computed} new probes)")
@@ -87,14 +103,33 @@ def main(argv=None) -> int:
                                             args.keep_checkpoints)
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
-        if args.seeds and args.seed != 0:
-            raise ValueError("--seeds searches the seeds it names; drop --seed.")
-        sweep = cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}),
-                             **resumed_sampler(args))
+        sweep = _transformer_sweep(args)
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
                       keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)
         print(transformer_text(result) + f"\nwrote {args.out}/ ({cells.computed} new training runs)")
+    return 0
+
+
+def _transformer_sweep(args) -> TransformerSweep:
+    if args.seeds and args.seed != 0:
+        raise ValueError("--seeds searches the seeds it names; drop --seed.")
+    return cli.settings(args, TransformerSweep, **({"shapes": tuple(args.shapes)} if args.shapes else {}),
+                        **resumed_sampler(args))
+
+
+def plan(args) -> int:
+    """The milestone rule's validation, then the sweep's plan under today's rules and the new ones."""
+    sweep = _transformer_sweep(args)
+    for folder in args.oracle or ():
+        if not (folder / "settings.json").is_file():
+            raise ValueError(f"--oracle {folder}: no recorded sweep there (settings.json missing).")
+    oracle = Oracle(tuple(args.oracle)) if args.oracle else default_oracle(sweep)
+    print(validate().text())
+    text, table = plan_text(sweep, oracle, recorded_rate(oracle) if args.oracle else None)
+    print(text)
+    if args.out:
+        write_csv(args.out / "plan.csv", table)
     return 0

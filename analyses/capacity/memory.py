@@ -14,7 +14,8 @@ from analyses.capacity.common import Capacity, fitted_slope
 from analyses.capacity.figures import memory_figure
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
-from analyses.sweep import Cell, Cells, bisection, run_jobs, search
+from analyses.search import bisection, search
+from analyses.sweep import Cell, Cells, run_jobs
 from models.bridge import resolve_device
 from models.config import setting
 from models.memories import KINDS, MemoryConfig, fit
@@ -29,7 +30,7 @@ class MemorySweep:
     m: tuple[int, ...] | None = setting(None, "linear: ranks (default full); mlp: widths")
     m_per_d: tuple[float, ...] | None = setting(None, "sizes m = a*d for each listed a, in place of --m "
                                                       "(the paper's MLP widths: 1,2,4,8)")
-    seeds: int = setting(3, "seeds 0..N-1 per size (the paper 5)")
+    seeds: tuple[int, ...] = setting((0, 1, 2), "seeds searched per size, a comma list (the paper 5: 0,1,2,3,4)")
     steps: int = setting(2000, "maximum Adam steps per fit (the paper 2^15)")
     lr: float = setting(0.1, "Adam learning rate")
     embedding: str = setting("sphere", "sphere (unit norm) | gaussian (N(0, 1/d) entries)",
@@ -38,7 +39,7 @@ class MemorySweep:
     outputs: int | None = setting(None, "M fixed whatever N (the paper's Figure 6: 32); replaces --outputs-per-input")
 
     def __post_init__(self):
-        cli.at_least(self, d=1, m=1, seeds=1, steps=1, outputs=2)
+        cli.at_least(self, d=1, m=1, seeds=0, steps=1, outputs=2)
         cli.require(self, "lr", self.lr > 0, "> 0")
         cli.require(self, "outputs_per_input", 0 < self.outputs_per_input <= 1, "in (0, 1]")
         if self.m is not None and self.m_per_d is not None:
@@ -83,7 +84,7 @@ def memory_row(cfg: MemoryConfig, n: int, seed: int, device: str) -> dict:
 def search_memories(sweep: MemorySweep, cells: Cells, executor: ExecutorSettings, device: str,
                     progress: bool = True) -> list[dict]:
     """N* of every memory size and seed, one row each (the probes are recorded in `cells`)."""
-    searches = [(cfg, seed) for cfg in sweep.memories() for seed in range(sweep.seeds)]
+    searches = [(cfg, seed) for cfg in sweep.memories() for seed in sweep.seeds]
     with open_executor(executor) as running:
         found = run_jobs([memory_capacity(cfg, seed, device) for cfg, seed in searches], cells, running,
                          desc="memory probes", progress=progress)

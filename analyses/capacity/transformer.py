@@ -12,12 +12,24 @@ import pandas as pd
 from analyses import cli
 from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitted_slope
 from analyses.capacity.figures import facts_figure
+from analyses.capacity.stopping import MILESTONES_MAX_D
 from analyses.executors import ExecutorSettings, open_executor
 from analyses.output import write_csv, write_summary
-from analyses.sweep import Cell, Cells, bisection, run_jobs, search, stacked_search
+from analyses.search import bisection, search, stacked_search
+from analyses.sweep import Cell, Cells, run_jobs
 from models import parameterisation as param
 from models.bridge import resolve_device
-from models.config import SAMPLERS, ModelConfig, RunConfig, TaskConfig, TrainConfig, setting, shape_model
+from models.config import (
+    GIVE_UP,
+    MILESTONES,
+    SAMPLERS,
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    setting,
+    shape_model,
+)
 from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from models.shape_trainer import train_stacks
 from models.trainer import train
@@ -55,8 +67,14 @@ class TransformerSweep:
     stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
                          "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
                          "training runs on CUDA: on a CPU a stack is no faster)", choices=("auto", "on", "off"))
+    give_up: str = setting("never", "never | milestones: a run that cannot reach accuracy 0.99 stops early by the "
+                           f"milestone rule (models.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
+                           "recorded curves validate it (docs/capacity.md)", choices=GIVE_UP)
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
+    fill_rounds: bool = setting(False, "with --probes P > 1: a round that would train fewer than P sizes (the growth "
+                                "reaching --max-size, the halvings reaching 2) is topped up with sizes spread over "
+                                "the range it leaves open, so that a stack is never one size alone")
     bits_per_parameter: float = setting(2.0, "bits per parameter of the information-bound line in the figure")
     facts_per_parameter: float = setting(0.15, "facts per parameter of the paper's reference line in the figure")
 
@@ -70,14 +88,14 @@ class TransformerSweep:
             if min(self.d) > _largest_d(shape):
                 raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")
             if not self.sizes(shape):  # the reason, from the largest d
-                shape_model(shape[0], shape[1], int(shape[2]), max(d for d in self.d if d <= _largest_d(shape)))
+                shape_model(shape[0], shape[1], shape[2], max(d for d in self.d if d <= _largest_d(shape)))
 
     def sizes(self, shape: tuple) -> list[int]:
         """The d (up to the shape's largest) at which the shape has d_h >= 1 and m >= 1
         (rounded down), increasing."""
         def fits(d):
             try:
-                return bool(shape_model(shape[0], shape[1], int(shape[2]), d))
+                return bool(shape_model(shape[0], shape[1], shape[2], d))
             except ValueError:
                 return False
         return sorted(d for d in set(self.d) if d <= _largest_d(shape) and fits(d))
@@ -92,11 +110,12 @@ class TransformerSweep:
                                            steps=self.steps,
                                            batch_size=self.batch_size, eval_every=self.eval_every,
                                            eval_size=self.eval_size, target_accuracy=TARGET, snapshots_per_octave=0,
+                                           give_up=self.give_up if d <= MILESTONES_MAX_D else "never",
                                            device=device, sampler=self.sampler, cuda_graph=self.cuda_graph))
 
     def model(self, shape: tuple, d: int) -> ModelConfig:
         """The shape's model at size d, in this sweep's parameterisation and embeddings."""
-        model = shape_model(shape[0], shape[1], int(shape[2]), d, self.parameterisation)
+        model = shape_model(shape[0], shape[1], shape[2], d, self.parameterisation)
         return replace(model, embedding=self.embedding).resolved()
 
     def recorded(self) -> dict:
@@ -104,8 +123,9 @@ class TransformerSweep:
         and the search bounds choose cells without changing any. The model is recorded only
         where it is not the standard one with sphere embeddings, and the sampler only where it
         is not the generator, which every sweep recorded before the choice existed trained:
-        those sweeps resume. Whether the step was a CUDA graph's replay changes no number. A
-        search over seeds keeps each seed in its cells' keys (it can take more seeds later)."""
+        those sweeps resume; the milestone rule likewise only where it is on. Whether the step
+        was a CUDA graph's replay changes no number. A search over seeds keeps each seed in its
+        cells' keys (it can take more seeds later)."""
         model = ModelConfig(parameterisation=self.parameterisation, embedding=self.embedding)
         chosen = {k: v for k, v in model.recorded().items() if k in ("parameterisation", "embedding")}
         seed = {"search": "majority of seeds"} if self.seeds else {"seed": self.seed}
@@ -113,7 +133,12 @@ class TransformerSweep:
                 "lr": list(self.lr), **seed, "steps": self.steps, "batch_size": self.batch_size,
                 "eval_every": self.eval_every, "eval_size": self.eval_size,
                 **({"model": chosen} if chosen != {"embedding": "sphere"} else {}),
-                **({"sampler": self.sampler} if self.sampler != "generator" else {})}
+                **({"sampler": self.sampler} if self.sampler != "generator" else {}),
+                **({"give_up": {"rule": self.give_up, "milestones": [list(m) for m in MILESTONES],
+                                "up_to_d": MILESTONES_MAX_D}} if self.give_up != "never" else {})}
+
+
+LOWEST = 2  # the smallest S = R a search tries
 
 
 def _largest_d(shape: tuple) -> float:
@@ -129,7 +154,8 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
-        sizes = bisection(start, lowest=2, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes)
+        sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes,
+                           fill=sweep.fill_rounds)
         if sweep.seeds:
             S = yield from stacked_search(sizes, lambda tried, d=d: round_cell(shape, d, tried, sweep, device, cells),
                                           len(sweep.seeds), stored_by_most)
@@ -222,7 +248,8 @@ def search_transformers(sweep: TransformerSweep, cells: Cells, executor: Executo
     rows = []
     for shape in sweep.shapes:
         for d, S in found[shape].items():
-            run = sweep.run(shape, d, S, device)
+            S = S if S >= LOWEST else 0  # below the smallest size searched: nothing stored
+            run = sweep.run(shape, d, max(S, LOWEST), device)
             params = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
             rows.append({"shape": ",".join(f"{v:g}" for v in shape[:3]), "d": d, "S_star": S, "facts": S * S,
                          "parameters": params, "facts_per_parameter": S * S / params,
@@ -275,7 +302,7 @@ def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.Dat
                "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
                "settings": sweep.recorded(),
                "search": {"min_size": sweep.min_size, "max_size": sweep.max_size, "grow": 1.5, "rel_tol": 0.1,
-                          "probes": sweep.probes},
+                          "probes": sweep.probes, "fill_rounds": sweep.fill_rounds},
                "sizes": {"shapes": [list(s) for s in sweep.shapes], "d": list(sweep.d),
                          "skipped": [[*shape[:3], d] for shape in sweep.shapes for d in sweep.d
                                      if d <= _largest_d(shape) and d not in sweep.sizes(shape)]},
@@ -305,6 +332,9 @@ def transformer_text(result: Capacity) -> str:
                  f"{line['over_paper_line']:.2f}x the paper's {line['facts_per_parameter']:g}"
                  f" ({line['facts_per_parameter_measured']:.3f})" if line["over_paper_line"] is not None else
                  f"n/a, no size inside the window (the paper's line: {line['facts_per_parameter']:g})")]
-    lines += [f"  shape {r.shape}  d={r.d:<4} S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
-              f"facts/parameter={r.facts_per_parameter:.3f}" for r in result.table.itertuples()]
+    lines += [f"  shape {r.shape}  d={r.d:<4} " + (
+        f"S*=R*={r.S_star:<4} facts={r.facts:<6} parameters={r.parameters:<7} "
+        f"facts/parameter={r.facts_per_parameter:.3f}"
+        if r.S_star else f"nothing stored (not even S = R = {LOWEST}; left out of the fits)  parameters={r.parameters}")
+        for r in result.table.itertuples()]
     return "\n".join(lines)
