@@ -74,8 +74,8 @@ def parser():
 
 def resumed_sampler(args) -> dict:
     """{"sampler": the sampler of the sweep recorded in --out} where --sampler is not given and
-    --out holds one (Cells.recorded_sampler), else {}."""
-    sampler = None if args.sampler else Cells.recorded_sampler(args.out)
+    --out holds one (Cells.recorded_sampler), else {} (also for `plan` without --out)."""
+    sampler = None if args.sampler or args.out is None else Cells.recorded_sampler(args.out)
     return {"sampler": sampler} if sampler else {}
 
 
