@@ -1,6 +1,7 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -222,7 +223,7 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     from analyses.locate_facts import main
     from models.cli import run_cli
 
-    ckpt = Path(__import__("shutil").copytree(tiny_ckpt, tmp_path / "tiny"))
+    ckpt = Path(shutil.copytree(tiny_ckpt, tmp_path / "tiny"))
     assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
