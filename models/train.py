@@ -3,6 +3,8 @@ factual-recall task and write the best as a checkpoint (docs/checkpoint_format.m
 
 Every task, model and training field of the preset can be overridden by a flag; comma
 lists in --lr and --seed train one model per (lr, seed) at once and keep the best.
+The attention-only models of the association and distribution tasks train with
+`python -m models.aot.train`.
 """
 from __future__ import annotations
 
