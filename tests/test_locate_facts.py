@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
@@ -16,6 +17,7 @@ from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.presets import preset
 from models.trainer import train
 from probe import columns
+from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch
 from tests.conftest import quick
 
@@ -238,3 +240,21 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
         run_cli(lambda: main([str(ckpt), "--facts", "3:7", "--out", str(tmp_path / "bad")]))
     assert exit_.value.code == 2 and "outside the task" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_chosen_facts_get_their_own_prompts_and_every_fact_s_means(mlp_construction):
+    """A chosen fact's prompts are its prompts among all facts; mean-ablation writes the mean
+    over every fact's prompts, not over the chosen ones."""
+    from probe.ablation import ablation_hooks
+    from probe.prompts import FactPrompts
+
+    model, task, _ = mlp_construction
+    every = FactPrompts.build(model, task, contexts=4, seed=0)
+    some = FactPrompts.build(model, task, contexts=4, seed=0, facts=[(5, 1)])
+    first = (5 * task.n_relations + 1) * 4
+    assert torch.equal(some.batch.tokens, every.batch.tokens[first:first + 4])
+    assert some.every_fact.batch.tokens.shape == every.batch.tokens.shape
+    mean_heads = dict(ablation_hooks(model, task, prompts=some)[columns.ablation("mean", "heads")])[HOOK_Z]
+    z = torch.zeros(1, task.seq_len, model.cfg.n_heads, model.cfg.d_head)
+    assert torch.allclose(mean_heads(z, None)[0, -1], every.run.z.mean(0), atol=1e-6)
+    assert not torch.allclose(every.run.z.mean(0), some.run.z.mean(0), atol=1e-3)  # the chosen ones' would differ
