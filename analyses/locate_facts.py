@@ -74,7 +74,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     # per call: the weights may have changed since the last
     prompts = FactPrompts.build(model, task, contexts, seed, chosen)
     patch_prompts = (prompts if patch_contexts == contexts else
-                     FactPrompts.build(model, task, patch_contexts, seed, chosen))
+                     FactPrompts.build(model, task, patch_contexts, seed, chosen, references=False))
     bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):

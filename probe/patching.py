@@ -53,7 +53,7 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     batch, clean, seed = prompts.batch, prompts.run, prompts.seed
     device = batch.tokens.device
     # the swaps are drawn for every fact's prompts, so a fact's swaps do not depend on which facts are measured
-    tokens, corrupt_answer = corrupted_prompts(task, prompts.every_fact.batch, corrupt,
+    tokens, corrupt_answer = corrupted_prompts(task, prompts.population_batch(task), corrupt,
                                                torch.Generator(device=device).manual_seed(seed + 1))
     if prompts.rows is not None:
         tokens, corrupt_answer = tokens[prompts.rows], corrupt_answer[prompts.rows]

@@ -42,23 +42,38 @@ class FactPrompts:
 
     @classmethod
     def build(cls, model, task: FactualRecallTask, contexts: int = 8, seed: int = 0,
-              facts: Sequence[tuple[int, int]] | None = None) -> FactPrompts:
-        """The prompts of every fact, or of `facts` (distinct (subject, relation) pairs)."""
+              facts: Sequence[tuple[int, int]] | None = None, references: bool = True) -> FactPrompts:
+        """The prompts of every fact, or of `facts` (distinct (subject, relation) pairs) with
+        every fact's prompts and clean run as their `population`, the chosen prompts' run cut
+        from it. `references=False` leaves every fact's clean run out: enough for activation
+        patching, which reads every fact's prompts only, for its swaps (`population_batch`)."""
         batch = fact_batch(task, contexts, seed, model_device(model))
-        every = cls(batch, clean_run(model, batch.tokens), fact_index(*task.all_facts()), contexts, seed)
         if facts is None:
-            return every
+            return cls(batch, clean_run(model, batch.tokens), fact_index(*task.all_facts()), contexts, seed)
         chosen = torch.tensor([s * task.n_relations + r for s, r in checked_facts(task, facts)])  # [F]
         rows = (chosen[:, None] * contexts + torch.arange(contexts)).flatten().to(batch.tokens.device)  # [n]
         picked = Batch(*(getattr(batch, f.name)[rows] for f in fields(Batch)))
+        every, run = None, None
+        if references:
+            every = cls(batch, clean_run(model, batch.tokens), fact_index(*task.all_facts()), contexts, seed)
+            run = CleanRun(*(getattr(every.run, f.name)[rows] for f in fields(CleanRun)))
         subjects, relations, answers = task.all_facts()
-        return cls(picked, clean_run(model, picked.tokens),
+        return cls(picked, run if run is not None else clean_run(model, picked.tokens),
                    fact_index(subjects[chosen], relations[chosen], answers[chosen]), contexts, seed, every, rows)
 
     @property
     def every_fact(self) -> FactPrompts:
-        """The prompts of every fact (these, when they are)."""
+        """The prompts of every fact (these, when they are): the model-wide references."""
+        if self.rows is not None and self.population is None:
+            raise ValueError("these prompts of chosen facts were built without every fact's references "
+                             "(references=False): build them with references=True.")
         return self if self.population is None else self.population
+
+    def population_batch(self, task: FactualRecallTask) -> Batch:
+        """Every fact's prompts [F_all * contexts] (these, when they are every fact's)."""
+        if self.rows is None:
+            return self.batch
+        return fact_batch(task, self.contexts, self.seed, self.batch.tokens.device)
 
     def fact_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(subjects, relations, answers) [F] of the facts measured, on the prompts' device."""
