@@ -196,23 +196,30 @@ def test_a_generator_run_refuses_to_move_to_another_kind_of_device(tmp_path, cap
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="moves a run onto a CUDA GPU")
 def test_a_counter_run_moves_from_the_cpu_to_cuda_and_back(tmp_path):
-    """CPU -> CUDA -> CPU: each leg resumes from the last state of the one before, on the
-    same batches; CUDA's arithmetic is not the CPU's, so the weights agree to rounding."""
+    """CPU -> CUDA -> CPU: each leg resumes from the last state of the one before and
+    records where it ran; the curve up to the cut is the CPU's, and the run ends where the
+    uninterrupted one does (CUDA's arithmetic is not the CPU's: close, not bit-identical)."""
     from models.train import main
 
+    def metrics(ckpt: Path) -> list[dict]:
+        return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+
     full, cut = _interrupted(tmp_path, "counter")
-    assert main(["--resume", str(cut), "--device", "cuda", "--quiet"]) == 0
-    on_cuda = load_file(str(cut / "model.safetensors"))
-    uninterrupted = load_file(str(full / "model.safetensors"))
-    assert all(torch.allclose(on_cuda[k], uninterrupted[k], atol=1e-3) for k in on_cuda)
     states = complete_steps(cut / "train_state")
-    assert json.loads((cut / "train_state" / f"step_{states[-1]:08d}.json").read_text())["device"].startswith("cuda")
+    assert main(["--resume", str(cut), "--device", "cuda", "--quiet"]) == 0
+    assert json.loads((cut / "config.json").read_text())["training"]["device"].startswith("cuda")
+    saved = complete_steps(cut / "train_state")
+    assert json.loads((cut / "train_state" / f"step_{saved[-1]:08d}.json").read_text())["device"].startswith("cuda")
+    before = [r for r in metrics(full) if r["step"] <= states[-1]]
+    assert [r["models"] for r in metrics(cut)[:len(before)]] == [r["models"] for r in before]
     back = tmp_path / "back"
     (back / "train_state").mkdir(parents=True)
     shutil.copy(cut / "run.json", back)
-    for step in states[:-1]:  # cut before CUDA's last state: the CPU finishes the run
+    for step in saved[:-1]:  # cut before CUDA's last state: the CPU finishes the run
         for suffix in (".safetensors", ".json"):
             shutil.copy(cut / "train_state" / f"step_{step:08d}{suffix}", back / "train_state")
     assert main(["--resume", str(back), "--device", "cpu", "--quiet"]) == 0
-    on_cpu = load_file(str(back / "model.safetensors"))
-    assert all(torch.allclose(on_cpu[k], uninterrupted[k], atol=1e-3) for k in on_cpu)
+    for ckpt in (cut, back):
+        training = json.loads((ckpt / "config.json").read_text())["training"]
+        uninterrupted = json.loads((full / "config.json").read_text())["training"]
+        assert training["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=0.2, abs=0.05)
