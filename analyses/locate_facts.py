@@ -7,10 +7,16 @@ associative-memory recall probes on the OV circuit and on the MLP, and per head 
 attention-denoising scores. A decision rule (probe/storage.py) labels each fact
 attention, mlp, both, distributed or not_stored. Writes facts.csv, heads.csv,
 head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_facts).
+
+With --facts 3:1,7:0 it measures those facts only, each on the very prompts and against
+the same model-wide references (ablation means, chance levels) as in a run over every
+fact, so their rows are the same (to float rounding), and prints where each lives, its margin and its heads.
 """
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +25,7 @@ import pandas as pd
 from analyses import cli, plots
 from analyses.locate_summary import LocateSummary
 from analyses.output import write_csv, write_summary
+from analyses.visualize import parse_facts
 from models import load
 from models.progress import progress_bar
 from probe import columns
@@ -29,7 +36,7 @@ from probe.denoising import denoising_scores, head_token_table, specialisation
 from probe.hooks import model_device
 from probe.memory import recall_probes
 from probe.patching import activation_patching
-from probe.prompts import FactPrompts
+from probe.prompts import FactPrompts, checked_facts
 from probe.storage import LABELS, StorageRule
 from tasks.factual_recall import FactualRecallTask
 
@@ -55,12 +62,19 @@ class Located:
 
 
 def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: int = 2, seed: int = 0,
-           rule: StorageRule = StorageRule(), progress: bool = True) -> Located:
-    """Every locate_facts measurement on a TransformerBridge `model` and its task."""
+           rule: StorageRule = StorageRule(), progress: bool = True,
+           facts: Sequence[tuple[int, int]] | None = None) -> Located:
+    """Every locate_facts measurement on a TransformerBridge `model` and its task: of every
+    fact, or of `facts` only ((subject, relation) pairs), each measured on the prompts it
+    gets among all of them against the model-wide references of all of them, so its row
+    is its row in the run over every fact (to float rounding), at a fraction of the cost."""
     settings = LocateSettings(contexts, patch_contexts, seed)
     start = time.perf_counter()
-    prompts = FactPrompts.build(model, task, contexts, seed)  # per call: the weights may have changed since the last
-    patch_prompts = prompts if patch_contexts == contexts else FactPrompts.build(model, task, patch_contexts, seed)
+    chosen = None if facts is None else checked_facts(task, facts)
+    # per call: the weights may have changed since the last
+    prompts = FactPrompts.build(model, task, contexts, seed, chosen)
+    patch_prompts = (prompts if patch_contexts == contexts else
+                     FactPrompts.build(model, task, patch_contexts, seed, chosen, references=False))
     bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
@@ -75,11 +89,17 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
              step(recall_probes(model, task, prompts=prompts))]
     facts = pd.concat(parts, axis=1)
     facts[columns.LABEL] = rule.label(facts)
+    answers = facts.index.get_level_values(columns.ANSWER)
+    facts.insert(0, columns.ANSWER_NAME, [task.answer_label(int(a)) for a in answers])
     head_tokens = head_token_table(model, task, prompts=prompts)
+    if chosen is not None:  # the tokens of the facts measured: the others are in none of their prompts
+        head_tokens = head_tokens[list(dict.fromkeys([task.token_label(s) for s, _ in chosen]
+                                                     + [task.token_label(task.relation_token(r)) for _, r in chosen]))]
     heads = step(denoising_scores(model, task, prompts=prompts)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
-    recorded = {**asdict(settings), "rule": asdict(rule), "device": str(model_device(model))}
+    recorded = {**asdict(settings), "rule": asdict(rule), "device": str(model_device(model)),
+                **({} if chosen is None else {"facts": [list(f) for f in chosen]})}
     summary = LocateSummary.of(facts, heads, task, recorded, round(time.perf_counter() - start, 2), seed)
     return Located(facts, heads, head_tokens, summary)
 
@@ -100,8 +120,10 @@ def _per_head_effects(facts: pd.DataFrame, n_heads: int) -> pd.DataFrame:
 
 
 def report(located: Located, ckpt: str, out: Path) -> str:
-    """The short human summary printed by the CLI."""
+    """The short human summary printed by the CLI (`fact_report` when some facts were chosen)."""
     s = located.summary
+    if "facts" in s.settings:
+        return fact_report(located, ckpt, out)
     acc = s.accuracy_interval
     lines = [f"{ckpt}: {s.n_facts} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
              "where the facts live:"]
@@ -117,6 +139,29 @@ def report(located: Located, ckpt: str, out: Path) -> str:
         lines.append(f"  head {h.head}: subject {h.subject_score:.2f}, relation {h.relation_score:.2f}; "
                      f"attends to {picks}")
     lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in {s.seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def fact_report(located: Located, ckpt: str, out: Path) -> str:
+    """Per chosen fact: where it lives, its margin and each store's part of it, and per head
+    its part of the margin, its EOS attention on the fact's subject and relation and the
+    share of the logit difference it restores when the subject (relation) is swapped."""
+    lines = [f"{ckpt}: {len(located.facts)} chosen fact(s)"]
+    tokens = located.head_tokens
+    for (s, r, _), fact in located.facts.iterrows():
+        margins = ", ".join(f"{store} {fact[columns.margin(store)]:.2f}" for store in (*columns.STORES, "direct"))
+        margin, low, high = (fact[c] for c in columns.interval(columns.MARGIN))
+        lines.append(f"fact S{s} R{r} -> {fact[columns.ANSWER_NAME]}: {fact[columns.LABEL]}; accuracy "
+                     f"{fact[columns.ACCURACY]:.3f}, margin {margin:.2f} logits [95% CI {low:.2f}, {high:.2f}]"
+                     f" ({margins})")
+        for h in tokens.index:
+            head = columns.head(h)
+            lines.append(f"  head {h}: margin {fact[columns.head_margin(h)]:+.2f}, attention on S{s} "
+                         f"{tokens.loc[h, f'S{s}']:.2f}, on R{r} {tokens.loc[h, f'R{r}']:.2f}; patching restores "
+                         f"{fact[columns.patch('subject', head)]:.2f} (subject), "
+                         f"{fact[columns.patch('relation', head)]:.2f} (relation)")
+    lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) "
+                 f"in {located.summary.seconds:.1f} s")
     return "\n".join(lines)
 
 
@@ -141,16 +186,30 @@ def write(located: Located, out: Path, task: FactualRecallTask) -> None:
 
 def parser():
     p = cli.checkpoint_parser("locate_facts", __doc__, "the prompts and bootstrap intervals")
+    p.add_argument("--facts", default=None, metavar="S:R,...",
+                   help="measure these facts only, e.g. 3:1,7:0: their rows as in a run over every fact, at a "
+                        "fraction of the cost (default out: a facts_S-R_... folder in the run's)")
     cli.add_settings(p, LocateSettings, "what is measured", exclude=("seed",))
     return p
+
+
+def facts_folder(facts: list[tuple[int, int]]) -> str:
+    """The folder name of a run over some facts: facts_3-1_7-0 (a digest beyond 8 facts)."""
+    names = [f"{s}-{r}" for s, r in facts]
+    if len(names) > 8:
+        return f"facts_{len(names)}_{hashlib.sha1('_'.join(names).encode()).hexdigest()[:8]}"
+    return "facts_" + "_".join(names)
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, LocateSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
+    facts = parse_facts(args.facts, task) if args.facts else None
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
-    located = locate(model, task, **asdict(settings), progress=not args.quiet)
+    if facts is not None and args.out is None:  # beside the run over every fact, never over it
+        out = out / facts_folder(facts)
+    located = locate(model, task, **asdict(settings), progress=not args.quiet, facts=facts)
     located = replace(located, summary=located.summary.from_checkpoint(str(args.ckpt), args.step))
     write(located, out, task)
     print(report(located, args.ckpt, out))

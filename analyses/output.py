@@ -43,5 +43,9 @@ def subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kw):
     return fig, fig.subplots(nrows, ncols, **kw)
 
 
-def save_figure(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+def save_figure(fig, path: Path | None = None):
+    """`fig` itself (a matplotlib Figure: a notebook shows it), written to `path` as PNG
+    when one is given."""
+    if path is not None:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    return fig

@@ -1,4 +1,5 @@
-"""Figures of the locate_facts measurements (PNG files, drawn without pyplot)."""
+"""Figures of the locate_facts and hallucination measurements, drawn without pyplot: each
+returns its matplotlib Figure (a notebook shows it) and writes it as PNG when given a path."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ COLORS = {"attention": "#4C72B0", "mlp": "#DD8452", "both": "#8172B3", "distribu
           "not_stored": "#C7C7C7"}
 
 
-def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
+def labels_per_relation(facts: pd.DataFrame, path: Path | None = None):
     """Stacked bars: per relation, how many of its facts carry each storage label."""
     counts = (facts.groupby([columns.RELATION, columns.LABEL]).size().unstack(fill_value=0)
               .reindex(columns=LABELS, fill_value=0))
@@ -25,10 +26,10 @@ def labels_per_relation(facts: pd.DataFrame, path: Path) -> None:
     ax.set_xticks(counts.index, [f"R{r}" for r in counts.index], fontsize=8 if len(counts) <= 32 else 6)
     ax.set(xlabel="relation", ylabel="facts", title="Where each relation's facts are stored")
     ax.legend(fontsize=8, ncol=len(LABELS), loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def head_token_heatmap(table: pd.DataFrame, path: Path) -> None:
+def head_token_heatmap(table: pd.DataFrame, path: Path | None = None):
     """Head x token heat map of the EOS query's attention on each subject and relation."""
     fig, ax = subplots(figsize=(max(5, 0.18 * table.shape[1] + 2), max(2.5, 0.35 * table.shape[0] + 1.5)))
     image = ax.imshow(table.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
@@ -37,10 +38,10 @@ def head_token_heatmap(table: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(table.shape[0]), [f"head {h}" for h in table.index], fontsize=8)
     ax.set_title("Attention of the EOS query on the subject / relation token")
     fig.colorbar(image, ax=ax, label="attention mass")
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def margin_scatter(facts: pd.DataFrame, path: Path) -> None:
+def margin_scatter(facts: pd.DataFrame, path: Path | None = None):
     """Per fact, the logit margin written by attention against the one written by the MLP."""
     fig, ax = subplots(figsize=(5, 4.5))
     for label in LABELS:
@@ -53,7 +54,7 @@ def margin_scatter(facts: pd.DataFrame, path: Path) -> None:
     ax.set(xlabel="attention margin (logits)", ylabel="MLP margin (logits)",
            title="Who writes each fact's answer")
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def _shade_phase(ax, summary: dict) -> None:
@@ -63,7 +64,7 @@ def _shade_phase(ax, summary: dict) -> None:
                    label="hallucination phase")
 
 
-def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
+def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path | None = None):
     """Figure 5 of the paper: loss, relation-only and subject-only loss against the step (log
     axis), the relation-only level log D drawn and the hallucination phase shaded."""
     fig, ax = subplots(figsize=(6, 3.8))
@@ -78,10 +79,10 @@ def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path) -> No
     ax.set(xscale="log", xlabel="training step", ylabel="nats", ylim=(0, None),
            title="Sequential learning: " + ("a hallucination phase" if summary["phase"] else "no hallucination phase"))
     ax.legend(fontsize=8, frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
+def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path | None = None):
     """Shares of facts recalled by the attention path and by the MLP path alone, and the
     accuracy and hallucination rate, against the step (log axis), the phase shaded."""
     fig, ax = subplots(figsize=(6, 3.8))
@@ -98,4 +99,4 @@ def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path) -> None:
     ax.set(xscale="log", xlabel="training step", ylabel="share", ylim=(-0.02, 1.02),
            title="Where the facts go over training")
     ax.legend(fontsize=8, frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)

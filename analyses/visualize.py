@@ -15,7 +15,7 @@ text_neuron_activations view of every token.
 Writes DIR/index.html (default CKPT/analysis/visualize): one self-contained page that
 works offline (circuitsvis's inline script; never its CDN version), and DIR/views.json
 (per fact: tokens, answer, prediction, each head's EOS attention on s and r, the shown
-MLP units' writes onto a*).
+MLP units' writes onto a*); answers are named R1:a3 (relation 1's answer 3).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from models.checkpoint import write_text
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
 from probe.neurons import top_units, unit_writes
+from probe.prompts import checked_facts
 from tasks.factual_recall import Batch, FactualRecallTask
 
 N_DEFAULT_FACTS = 3
@@ -62,15 +63,17 @@ class FactPrompt:
     pattern: list[list[list[float]]]  # [head, query, key] attention probabilities
     eos_on_subject: list[float]  # [head] the EOS query's attention on the subject
     eos_on_relation: list[float]  # [head] ... on the relation
+    answer_name: str  # a*'s name: R1:a3, relation 1's answer 3
+    predicted_name: str  # the prediction's
 
     @property
     def title(self) -> str:
-        verdict = "correct" if self.predicted == self.answer else f"wrong: predicted {self.predicted}"
-        return f"fact S{self.subject} R{self.relation} -> answer {self.answer} ({verdict})"
+        verdict = "correct" if self.predicted == self.answer else f"wrong: predicted {self.predicted_name}"
+        return f"fact S{self.subject} R{self.relation} -> {self.answer_name} ({verdict})"
 
 
 def parse_facts(text: str, task: FactualRecallTask) -> list[tuple[int, int]]:
-    """'3:1,7:0' -> [(3, 1), (7, 0)], each subject < S and relation < R."""
+    """'3:1,7:0' -> [(3, 1), (7, 0)]: distinct facts of the task (probe.prompts.checked_facts)."""
     facts = []
     for item in text.split(","):
         parts = item.strip().split(":")
@@ -78,11 +81,8 @@ def parse_facts(text: str, task: FactualRecallTask) -> list[tuple[int, int]]:
             s, r = (int(p) for p in parts)
         except ValueError:
             raise ValueError(f"--facts expects SUBJECT:RELATION pairs like 3:1,7:0, got {item.strip()!r}.") from None
-        if not (0 <= s < task.n_subjects and 0 <= r < task.n_relations):
-            raise ValueError(f"--facts {s}:{r} is outside the task (subjects 0..{task.n_subjects - 1}, "
-                             f"relations 0..{task.n_relations - 1}).")
         facts.append((s, r))
-    return facts
+    return checked_facts(task, facts)
 
 
 def default_facts(task: FactualRecallTask, n: int = N_DEFAULT_FACTS) -> list[tuple[int, int]]:
@@ -111,7 +111,8 @@ def fact_prompts(model, task: FactualRecallTask, facts: list[tuple[int, int]], s
     tokens = batch.tokens.cpu()
     return [FactPrompt(s, r, int(batch.answers[i]), int(predicted[i]),
                        [task.token_label(int(z)) for z in tokens[i]], tokens[i].tolist(), pattern[i].tolist(),
-                       _rounded(on_subject[i]), _rounded(on_relation[i]))
+                       _rounded(on_subject[i]), _rounded(on_relation[i]),
+                       task.answer_label(int(batch.answers[i])), task.answer_label(int(predicted[i])))
             for i, (s, r) in enumerate(facts)]
 
 
@@ -268,7 +269,7 @@ def neurons_section(view: UnitView | None, prompts: list[FactPrompt], heading: s
     if view is None:
         return title + '<p class="note">None: the model is attention-only.</p>'
     table = pd.DataFrame(view.writes, columns=[f"unit {k}" for k in view.units],
-                         index=[f"S{p.subject} R{p.relation} -> {p.answer}" for p in prompts])
+                         index=[f"S{p.subject} R{p.relation} -> {p.answer_name}" for p in prompts])
     bound = max(float(table.abs().to_numpy().max()), 1e-6)
     return "\n".join([
         title,

@@ -1,14 +1,20 @@
 """The task's vocabulary as a tokenizer, so a TransformerLens user's string methods work on
 the analysis model: `model.to_tokens("S3 n5 R1 EOS")`, `model.to_str_tokens(tokens)`,
-`model.to_single_token("R1")`, `model.to_string(tokens)`.
+`model.to_single_token("R1")`, `model.to_string(tokens)`; and answers:
+`model.to_str_tokens(logits.argmax(-1), answers=True)` names output ids (R1:a3).
 
 A prompt is its token names separated by spaces, the names being the task's labels of its
 input ids (factual recall: S<s> subjects, R<r> relations, n<i> noise, EOS). Nothing is
 downloaded: the vocabulary is built from the task. A name the task does not have is
 refused with one line naming it. No BOS is prepended: the task's prompts have none.
+
+Output (logit) ids are not input ids: answer 3 is relation 0's answer R0:a3, not subject S3.
+TransformerLens's `to_str_tokens` names input ids only; the analysis model's takes
+`answers=True` to name output ids by the task's `answer_label`.
 """
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedTokenizer
 
 EOS = "EOS"
@@ -73,3 +79,20 @@ def attach_tokenizer(bridge, task) -> None:
     bridge.tokenizer = task_tokenizer(task)
     bridge.cfg.tokenizer_prepends_bos = False
     bridge.cfg.tokenizer_appends_eos = False
+    bridge.to_str_tokens = _naming_answers(bridge.to_str_tokens, task)
+
+
+def _naming_answers(to_str_tokens, task):
+    """TransformerLens's `to_str_tokens`, plus `answers=True`: output ids (any shape: a
+    tensor, an array, a list, an int) named by the task's answer labels, nested as given."""
+    def named(input, prepend_bos=None, padding_side=None, answers: bool = False):
+        if not answers:
+            return to_str_tokens(input, prepend_bos, padding_side)
+        if isinstance(input, str):
+            raise ValueError("answers=True names answer ids; a string holds input tokens.")
+        ids = torch.as_tensor(input).tolist()
+
+        def name(x):
+            return [name(v) for v in x] if isinstance(x, list) else task.answer_label(x)
+        return name(ids) if isinstance(ids, list) else [name(ids)]
+    return named

@@ -3,12 +3,14 @@ factual-recall task and write the best as a checkpoint (docs/checkpoint_format.m
 
 Every task, model and training field of the preset can be overridden by a flag; comma
 lists in --lr and --seed train one model per (lr, seed) at once and keep the best.
+The attention-only models of the association and distribution tasks train with
+`python -m models.aot.train`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from models import cli
@@ -22,6 +24,7 @@ from models.trainer import train
 from models.weights import parameter_count
 
 DEFAULT_PRESET = "tiny"
+MOVABLE = ("device", "cuda_graph")  # where a run computes, not what: a resume may change them
 
 
 def parser() -> cli.Parser:
@@ -32,7 +35,8 @@ def parser() -> cli.Parser:
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
     p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
-                   help="continue an interrupted run in CKPT from its last complete snapshot (its own settings)")
+                   help="continue an interrupted run in CKPT from its last complete snapshot (its own settings; "
+                        "--device and --cuda-graph may move it, e.g. from the CPU to CUDA, with --sampler counter)")
     p.add_argument("--wandb", metavar="PROJECT", default=None,
                    help="log to Weights & Biases (offline unless WANDB_MODE=online)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -86,7 +90,8 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.resume:
-        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)]
+        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
+                     if name not in MOVABLE]
         overrides += [name for name in ("preset", "out", "force") if getattr(args, name)]
         if overrides:
             flags = ", ".join("--" + n.replace("_", "-") for n in overrides)
@@ -97,6 +102,9 @@ def main(argv=None) -> int:
             print(f"{out} is a complete checkpoint; nothing to resume.")
             return 0
         run, preset_name = read_run(out)
+        moved = {k: v for k, v in cli.given(args, TrainConfig).items() if k in MOVABLE}
+        run = replace(run, train=override(run.train, moved))  # run.json keeps the device the run started on
+        use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)
     else:
         run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()

@@ -3,8 +3,11 @@ Adam's moments and step count, the data generators' RNG states (none with the co
 sampler, whose stream is a function of the step) and the metrics so far.
 
 CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
-CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, metrics; written last, so a state
-                                             is complete exactly when its JSON exists
+CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics; written last, so a
+                                             state is complete exactly when its JSON exists
+The tensors are read back onto any device: a counter-sampler run resumes on another device
+(CPU -> CUDA and back) with the same batches; a generator-sampler run only on its own kind of
+device, whose random streams its saved generator states are.
 Both are written atomically; a kill at any moment leaves every named file whole.
 """
 from __future__ import annotations
@@ -28,8 +31,9 @@ def save_state(folder: Path, step: int, params: dict, optimizer, generators: dic
         tensors.update({f"adam.v.{k}": v for k, v in optimizer.v.items()})
     tensors.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
     write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
+    device = str(next(iter(params.values())).device)
     write_json(folder / f"step_{step:08d}.json",
-               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "metrics": metrics})
+               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "device": device, "metrics": metrics})
 
 
 def remove_partial(folder: Path) -> None:
@@ -53,10 +57,16 @@ def load_state(folder: Path, step: int) -> tuple[dict, dict]:
 def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict,
             sampler: str) -> tuple[int, list[dict]]:
     """Put a saved state back into live params, optimizer and generators (in place); returns
-    (step, metrics). The counter sampler has no generators: its stream resumes from the step."""
+    (step, metrics). The counter sampler has no generators: its stream resumes from the step,
+    on any device. A generator's state belongs to its kind of device (CPU or CUDA)."""
     saved = info.get("sampler", "generator")  # states written before the counter sampler existed
     if saved != sampler:
         raise CheckpointError(f"the training state was saved by the {saved!r} sampler, not {sampler!r}.")
+    for seed, g in generators.items():
+        if tensors[f"rng.{seed}"].shape != g.get_state().shape:
+            raise CheckpointError(f"the training state was saved on {info.get('device', 'another kind of device')} "
+                                  f"by the generator sampler, whose random streams cannot move to {g.device}: "
+                                  "resume it there (runs with --sampler counter resume on any device).")
     with torch.no_grad():
         for k, p in params.items():
             p.copy_(tensors[f"weights.{k}"])

@@ -16,8 +16,9 @@ def ablation_hooks(model, task: FactualRecallTask, contexts: int = 8, seed: int 
                    prompts: FactPrompts | None = None) -> dict[str, list]:
     """Named hook lists: `{zero,mean}_ablate_{heads,head<h>,mlp}` (columns.ablation), and
     `mlp_path` (columns.path: attention's own write to the logits mean-ablated, the MLP
-    still reads it). Means are over the clean run of `prompts` (built here when not given)."""
-    run = given_or_built(model, task, contexts, seed, prompts).run
+    still reads it). Means are over the clean run of every fact's prompts (`prompts`, built
+    here when not given, or their population when they hold some facts only)."""
+    run = given_or_built(model, task, contexts, seed, prompts).every_fact.run
     mean_z, mean_mlp, mean_attn = run.z.mean(0), run.mlp_out.mean(0), run.attn_out.mean(0)
     hooks = {}
     for kind, z_value in (("zero", torch.zeros_like(mean_z)), ("mean", mean_z)):

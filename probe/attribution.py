@@ -26,7 +26,8 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
       other answer in A_r, X judged alone whatever the other component writes.
     - `X_top_chance`, `X_top_z` (one value per model, see `above_chance`): the share of
       facts X would rank first if its picks ignored the subject, and how many standard
-      errors X's mean `X_top` lies above it.
+      errors X's mean `X_top` lies above it; over every fact's prompts, whichever facts are
+      measured.
     - `attention_share`, `mlp_share`: X's margin over the full margin (means over contexts);
       NaN where the full margin is not positive or both components' margins are negative,
       where a share means nothing.
@@ -36,12 +37,9 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     prompts = given_or_built(model, task, contexts, seed, prompts)
     batch, run, seed = prompts.batch, prompts.run, prompts.seed
     D = task.answers_per_relation
-    W_U = model.W_U  # [d, O]
-    heads = run.head_results @ W_U  # [n, H, O]
-    components = {columns.head(h): heads[:, h] for h in range(heads.shape[1])}
-    components["attention"] = heads.sum(1)
-    components["mlp"] = run.mlp_out @ W_U
-    components["direct"] = run.logits - components["attention"] - components["mlp"]  # EOS embedding, b_O, b_U
+    components = component_logits(model, run)
+    every = prompts.every_fact
+    every_components = components if every is prompts else component_logits(model, every.run)
 
     block = answer_block(run.logits, batch.relations, D)  # [n, D]
     target = batch.answers - batch.relations * D
@@ -59,15 +57,29 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
         cols.update(with_interval(columns.top(name), top, seed))
         if name in columns.STORES:
             cols.update(with_interval(columns.own_margin(name), own, seed))
-            chance, z = above_chance(logits, task, batch, top.mean(1))
-            cols[columns.top_chance(name)] = torch.full((task.n_facts,), chance)
-            cols[columns.top_z(name)] = torch.full((task.n_facts,), z)
+            every_top = top if every is prompts else every.per_fact(ranks_first_in_block(
+                every_components[name], every.batch.relations, every.batch.answers, D)[0])
+            chance, z = above_chance(every_components[name], task, every.batch, every_top.mean(1))
+            cols[columns.top_chance(name)] = torch.full((len(prompts.facts),), chance)
+            cols[columns.top_z(name)] = torch.full((len(prompts.facts),), z)
     means = {name: cols[columns.margin(name)] for name in columns.STORES}
     meaningless = (cols[columns.MARGIN] <= 0) | ((means["attention"] < 0) & (means["mlp"] < 0))  # [F]
     for name in columns.STORES:
         shares = ratio_with_interval(columns.share(name), margin(components[name]), total, seed)
         cols.update({k: v.masked_fill(meaningless, float("nan")) for k, v in shares.items()})
     return prompts.frame(cols)
+
+
+def component_logits(model, run) -> dict[str, torch.Tensor]:
+    """What each head, the heads summed (`attention`), the MLP and the direct path (EOS
+    embedding, b_O, b_U) write onto the logits at EOS, per prompt of a clean run: [n, O] each."""
+    W_U = model.W_U  # [d, O]
+    heads = run.head_results @ W_U  # [n, H, O]
+    components = {columns.head(h): heads[:, h] for h in range(heads.shape[1])}
+    components["attention"] = heads.sum(1)
+    components["mlp"] = run.mlp_out @ W_U
+    components["direct"] = run.logits - components["attention"] - components["mlp"]
+    return components
 
 
 def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, top: torch.Tensor) -> tuple[float, float]:

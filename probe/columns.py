@@ -9,6 +9,7 @@ from __future__ import annotations
 
 SUBJECT, RELATION, ANSWER = "subject", "relation", "answer"
 FACT = (SUBJECT, RELATION, ANSWER)  # the index of every per-fact frame
+ANSWER_NAME = "answer_name"  # a*'s name: R1:a3, relation 1's answer 3 (task.answer_label)
 ACCURACY = "accuracy"  # share of contexts answered a*
 MARGIN = "margin"  # logits: a* over the model's strongest rival in A_r
 LABEL = "label"  # the storage rule's verdict

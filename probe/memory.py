@@ -29,13 +29,15 @@ def fact_attention(model, task: FactualRecallTask, contexts: int = 8, seed: int 
 
 
 @torch.no_grad()  # reads the weights; no gradient to keep
-def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Tensor]) -> torch.Tensor:
+def idealised_residual(model, task: FactualRecallTask, alpha: dict[str, torch.Tensor],
+                       facts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The residual the MLP reads at EOS [F, d] when each head h puts attention alpha[k]
     [F, H] on the subject, the relation, EOS and the noise: the EOS embedding and position,
     plus each head's OV write of what it attends to (the subject, relation and noise sit
     anywhere in the first T-1 positions: their mean positional embedding; noise tokens their
-    mean embedding), plus b_V W_O and b_O (each head's attention sums to 1)."""
-    subjects, relations, _ = (t.to(model_device(model)) for t in task.all_facts())
+    mean embedding), plus b_V W_O and b_O (each head's attention sums to 1). `facts`:
+    the (subjects, relations) [F] alpha is of (default: every fact, task.all_facts())."""
+    subjects, relations = (t.to(model_device(model)) for t in (facts or task.all_facts()[:2]))
     E, OV = model.W_E, model.OV.AB[0]  # [V, d], [H, d, d]
     W_pos = model.W_pos  # [T, d]
     position, eos_position = W_pos[:-1].mean(0), W_pos[-1]  # [d], [d]
@@ -56,7 +58,7 @@ def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int =
     an MLP). `prompts`: those whose attention the probes use, built here when not given."""
     prompts = given_or_built(model, task, contexts, seed, prompts)
     alpha = fact_attention(model, task, prompts=prompts)
-    subjects, relations, answers = (t.to(model_device(model)) for t in task.all_facts())
+    subjects, relations, answers = prompts.fact_tensors()  # [F] the facts measured
     E, OV, W_U = model.W_E, model.OV.AB[0], model.W_U  # [V, d], [H, d, d], [d, O]
     S, D = task.n_subjects, task.answers_per_relation
     e_s, e_r = E[subjects], E[S + relations]  # [F, d]
@@ -68,10 +70,10 @@ def recall_probes(model, task: FactualRecallTask, contexts: int = 8, seed: int =
         cols[columns.ov_probe(h)] = ranks_first_in_block(write[:, h] @ W_U, relations, answers, D)[0]
     cols[columns.ov_probe()] = ranks_first_in_block(write.sum(1) @ W_U, relations, answers, D)[0]
     if has_mlp(model):
-        mid = idealised_residual(model, task, alpha)  # [F, d]
+        mid = idealised_residual(model, task, alpha, (subjects, relations))  # [F, d]
         with torch.inference_mode():
             mlp_out = model.blocks[0].mlp(mid[:, None])[:, 0]  # the model's own MLP module
         cols[columns.MLP_PROBE] = ranks_first_in_block(mlp_out @ W_U, relations, answers, D)[0]
     else:
-        cols[columns.MLP_PROBE] = torch.full((task.n_facts,), float("nan"))
+        cols[columns.MLP_PROBE] = torch.full((len(prompts.facts),), float("nan"))
     return prompts.frame(cols)

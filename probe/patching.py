@@ -52,8 +52,11 @@ def activation_patching(model, task: FactualRecallTask, corrupt: str = "subject"
     prompts = given_or_built(model, task, contexts, seed, prompts)
     batch, clean, seed = prompts.batch, prompts.run, prompts.seed
     device = batch.tokens.device
-    tokens, corrupt_answer = corrupted_prompts(task, batch, corrupt,
+    # the swaps are drawn for every fact's prompts, so a fact's swaps do not depend on which facts are measured
+    tokens, corrupt_answer = corrupted_prompts(task, prompts.population_batch(task), corrupt,
                                                torch.Generator(device=device).manual_seed(seed + 1))
+    if prompts.rows is not None:
+        tokens, corrupt_answer = tokens[prompts.rows], corrupt_answer[prompts.rows]
     corrupted = clean_run(model, tokens)  # no hooks, on the corrupted prompts
     valid = corrupt_answer >= 0
     rival = corrupt_answer.clamp(min=0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from tasks.association import AssociationTask, DistributionTask, SequenceTask
+from tasks.association import AssociationTask, DistributionTask, SequenceBatch, SequenceTask
 from tasks.factual_recall import Batch, FactualRecallTask, zipf_probs
 
 
@@ -37,6 +37,13 @@ class Task(Protocol):
 
     def token_label(self, token: int) -> str:
         """Readable name of an input id."""
+
+    def answer_label(self, answer: int) -> str:
+        """Readable name of an output (logit) id (factual recall: R1:a3, relation 1's answer 3)."""
+
+    def eval_set(self, n: int, seed: int = 1234, device="cpu"):
+        """A held-out set: the same `n` prompts for every call with this seed, on `device`;
+        its `tokens` [n, T] and `answers` [n] (output ids) are every task's."""
 
     def to_config(self) -> dict:
         """The config.json `task` section (with its kind)."""
@@ -64,4 +71,4 @@ def task_from_config(cfg: dict) -> Task:
 
 
 __all__ = ["Task", "TASKS", "task_kind", "task_from_config", "Batch", "FactualRecallTask", "zipf_probs",
-           "SequenceTask", "AssociationTask", "DistributionTask"]
+           "SequenceTask", "SequenceBatch", "AssociationTask", "DistributionTask"]

@@ -18,6 +18,7 @@ Token layout: inputs and outputs are the same N tokens (d_vocab = d_vocab_out = 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +27,19 @@ def _positive_int(name: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
     return value
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """Prompts of a memorisation task and what the model should answer, on one device: the
+    fields of factual recall's Batch that both tasks have."""
+
+    tokens: torch.Tensor  # [batch, S] input ids
+    sequences: torch.Tensor  # [batch] each prompt's index among the T_0 sequences (its row of the targets)
+    answers: torch.Tensor  # [batch] the next token (distribution task: its most likely one)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[-2]
 
 
 class SequenceTask:
@@ -62,6 +76,12 @@ class SequenceTask:
     def token_label(self, token: int) -> str:
         return f"t{token}"
 
+    def answer_label(self, answer: int) -> str:
+        """Readable name of an output (logit) id: the next token, named as an input token."""
+        if not 0 <= answer < self.d_vocab_out:
+            raise ValueError(f"answer id {answer} is outside the task's tokens 0..{self.d_vocab_out - 1}.")
+        return self.token_label(answer)
+
     def sequences(self, index: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [..., S] of the sequences with these indices [...] (default: all T_0,
         in order): index i written in base N, most significant token first."""
@@ -81,6 +101,28 @@ class SequenceTask:
         for name in self.TABLES:
             setattr(moved, name, getattr(self, name).to(device))
         return moved
+
+    def prompts(self, index: torch.Tensor) -> SequenceBatch:
+        """The sequences with these indices [batch] and their answers, on the indices' device."""
+        return SequenceBatch(self.sequences(index), index, self.answers(index))
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> SequenceBatch:
+        """Fresh prompts on the generator's device, drawn from the uniform prior (as factual
+        recall's `sample`)."""
+        return self.prompts(self.sample_index(batch_size, generator))
+
+    def eval_set(self, n: int, seed: int = 1234, device: str | torch.device = "cpu") -> SequenceBatch:
+        """A held-out set, as factual recall's: the same `n` prompts for every call with this
+        seed, on `device` (drawn on the CPU, so every device reads the same prompts). The
+        population is finite, so the trainers score every one of the T_0 sequences (`scores`);
+        this is for reading the model on a few, through its hooks."""
+        cpu = self.to("cpu")  # drawn on the CPU and moved: the same prompts on every device
+        batch = cpu.sample(n, torch.Generator().manual_seed(seed))
+        return SequenceBatch(*(field.to(device) for field in (batch.tokens, batch.sequences, batch.answers)))
+
+    def answers(self, index: torch.Tensor) -> torch.Tensor:
+        """The answer [batch] of the sequences with these indices [batch]."""
+        raise NotImplementedError
 
     def _base_config(self) -> dict:
         return {"kind": self.kind, "n_tokens": self.n_tokens, "context": self.context, "seq_len": self.seq_len}
@@ -122,6 +164,10 @@ class AssociationTask(SequenceTask):
             if ((table < 0) | (table >= n_tokens)).any():
                 raise ValueError(f"next_tokens must lie in 0..{n_tokens - 1}.")
             self.next_tokens = table.long()
+
+    def answers(self, index: torch.Tensor) -> torch.Tensor:
+        """The next token [batch] of the sequences with these indices [batch]."""
+        return self.next_tokens.to(index.device)[index]
 
     def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
         """Cross-entropy (nats) of each sequence's next token: logits [..., T_0, N] on the
@@ -167,6 +213,10 @@ class DistributionTask(SequenceTask):
         g = torch.Generator().manual_seed(target_seed)
         logits = self.concentration * torch.randn(self.n_sequences, n_tokens, generator=g, dtype=torch.float64)
         self.log_targets = logits.log_softmax(-1).float()  # [T_0, N] log pi_t, finite: full support
+
+    def answers(self, index: torch.Tensor) -> torch.Tensor:
+        """The most likely next token [batch] under pi_t of the sequences with these indices [batch]."""
+        return self.log_targets.to(index.device).argmax(-1)[index]
 
     def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
         """KL(pi_t || softmax(logits_t)) in nats per sequence: logits [..., T_0, N] on the

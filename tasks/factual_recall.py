@@ -6,7 +6,7 @@ target is the answer a*(s, r) = facts[s, r], which lies in relation r's block of
 Token layout (docs/checkpoint_format.md):
 
     inputs   0..S-1 subjects | S..S+R-1 relations | S+R..S+R+N-1 noise | S+R+N EOS
-    outputs  relation r owns answers r*D .. (r+1)*D - 1
+    outputs  relation r owns answers r*D .. (r+1)*D - 1, named R<r>:a<i> (answer_label)
 """
 from __future__ import annotations
 
@@ -122,6 +122,14 @@ class FactualRecallTask:
         if token < S + R + self.n_noise:
             return f"n{token - S - R}"
         return "EOS"
+
+    def answer_label(self, answer: int) -> str:
+        """Readable name of an output (logit) id: R1:a3 is relation 1's answer 3, id 1*D + 3.
+        Output ids overlap input ids (answer 3 is not subject S3): name each by its side."""
+        if not 0 <= answer < self.d_vocab_out:
+            raise ValueError(f"answer id {answer} is outside the task's answers 0..{self.d_vocab_out - 1}.")
+        relation, index = divmod(int(answer), self.answers_per_relation)
+        return f"R{relation}:a{index}"
 
     # ------------------------------------------------------------- answer sets
     def relation_answers(self, r: int) -> range:

@@ -240,3 +240,28 @@ def test_dana_layout_trains_and_saves_its_transformer_lens_form(tmp_path):
 
 
 ATTN_B_Q = "blocks.0.attn.b_Q"
+
+
+def test_one_attention_only_model_from_the_command_line(tmp_path, capsys):
+    """`python -m models.aot.train association ...` writes a checkpoint that models.load reads;
+    its model, run on the task's held-out prompts, answers as the recorded accuracy says."""
+    from models.aot.train import main
+    from models.cli import run_cli
+
+    out = tmp_path / "aot"
+    assert main(["association", "--n-tokens", "6", "--context", "2", "--batches", "20", "--epochs", "5",
+                 "--batch-size", "64", "--lr", "0.02", "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    model, task = load(out, device="cpu")
+    recorded = json.loads((out / "config.json").read_text())["training"]["final_accuracy"]
+    assert isinstance(task, AssociationTask) and task.n_tokens == 6 and model.cfg.attn_only
+    every = task.prompts(torch.arange(task.n_sequences))
+    with torch.inference_mode():
+        answered = (model(every.tokens)[:, -1].argmax(-1) == every.answers).float().mean().item()
+    assert answered == pytest.approx(recorded, abs=1e-6) and f"accuracy {recorded:.4f}" in printed
+    held = task.eval_set(16, seed=3)
+    assert model.to_str_tokens(held.answers, answers=True) == [f"t{int(a)}" for a in held.answers]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(["association", "--concentration", "2", "--out", str(tmp_path / "bad")]))
+    assert exit_.value.code == 2 and "--concentration" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -137,7 +137,9 @@ def test_json_blocks_parse():
 # The shown output of a command cheap enough to run here: the block's first line -> the
 # command (a module's main and its arguments), run in `in_a_project`. A shown block may end
 # with a line `...`: the lines above it are the first lines printed.
-SHOWN = {"ckpt/tiny: 64 facts": ("analyses.locate_facts", ["ckpt/tiny", "--quiet", "--device", "cpu"])}
+SHOWN = {"ckpt/tiny: 64 facts": ("analyses.locate_facts", ["ckpt/tiny", "--quiet", "--device", "cpu"]),
+         "ckpt/tiny: 1 chosen fact": ("analyses.locate_facts", ["ckpt/tiny", "--facts", "3:1", "--quiet",
+                                                                "--device", "cpu"])}
 
 
 def shown_blocks() -> list[tuple[Path, str]]:

@@ -64,3 +64,25 @@ def test_facts_figure_draws_every_line_its_legend_names_over_a_single_model_size
             x = np.asarray(line.get_xdata())
             assert x.min() < 1200 < x.max(), label
     assert any(k.startswith("paper") for k in named) and any(k.startswith("information bound") for k in named)
+
+
+def test_plot_helpers_return_their_figure_and_write_it_only_when_given_a_path(tmp_path):
+    """A notebook shows what a helper returns; the PNG is written only where a path is given."""
+    from matplotlib.figure import Figure
+
+    from analyses import plots
+
+    facts = pd.DataFrame({"relation": [0, 0, 1], "label": ["mlp", "attention", "mlp"],
+                          "attention_margin": [0.5, 2.0, -1.0], "mlp_margin": [3.0, 0.1, 2.5]})
+    heads = pd.DataFrame([[0.9, 0.1], [0.2, 0.7]], columns=["S0", "R0"], index=pd.Index([0, 1], name="head"))
+    drawn = {"labels": plots.labels_per_relation(facts), "margins": plots.margin_scatter(facts),
+             "heads": plots.head_token_heatmap(heads)}
+    assert all(isinstance(fig, Figure) for fig in drawn.values())
+    assert list(tmp_path.iterdir()) == []
+    bars = drawn["labels"].axes[0].patches
+    assert sorted(bar.get_height() for bar in bars if bar.get_height() > 0) == [1, 1, 1]
+    points = drawn["margins"].axes[0].collections
+    assert sorted(len(p.get_offsets()) for p in points) == [1, 2]  # attention: 1 fact, mlp: 2
+    assert drawn["heads"].axes[0].images[0].get_array().tolist() == [[0.9, 0.1], [0.2, 0.7]]
+    saved = plots.margin_scatter(facts, tmp_path / "margins.png")
+    assert isinstance(saved, Figure) and (tmp_path / "margins.png").read_bytes()[:4] == b"\x89PNG"

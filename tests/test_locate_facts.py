@@ -1,12 +1,14 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
@@ -15,6 +17,7 @@ from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.presets import preset
 from models.trainer import train
 from probe import columns
+from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch
 from tests.conftest import quick
 
@@ -179,3 +182,79 @@ def test_cli_bad_checkpoint_one_line_nonzero(tmp_path, make_bad, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(tmp_path.rglob("*")) == before  # neither the checkpoint nor its analysis/ created
+
+
+def _counting_positions(model) -> list[int]:
+    """Make `model` count the token positions it runs (every hooked or cached forward)."""
+    counted = []
+    for name in ("run_with_cache", "run_with_hooks"):
+        method = getattr(model, name)
+
+        def counting(tokens, *args, _method=method, **kw):
+            counted.append(tokens.numel())
+            return _method(tokens, *args, **kw)
+        setattr(model, name, counting)
+    return counted
+
+
+def test_chosen_facts_get_their_rows_of_the_run_over_every_fact_for_less_work(mlp_construction):
+    """locate(facts=...) measures each chosen fact on its own prompts against the model-wide
+    references of every fact (ablation means, chance levels, patching's swaps): its row is
+    the one of the whole run, its heads and tokens are its own, and the model runs a
+    fraction of the positions."""
+    model, task, every = mlp_construction
+    model, _ = constructed("mlp")  # a private copy whose forwards are counted
+    counted = _counting_positions(model)
+    chosen = [(5, 1), (0, 0), (5, 1)]  # in this order, the repeat dropped
+    one = locate(model, task, **SMALL, facts=chosen)
+    assert [(s, r) for s, r, _ in one.facts.index] == [(5, 1), (0, 0)]
+    # the same prompts and references; only float rounding of other batch sizes differs
+    pd.testing.assert_frame_equal(one.facts, every.facts.loc[one.facts.index], atol=1e-5)
+    assert list(one.facts[columns.ANSWER_NAME]) == [task.answer_label(int(task.facts[s, r])) for s, r in chosen[:2]]
+    assert list(one.head_tokens.columns) == ["S5", "S0", "R1", "R0"]
+    assert one.summary.n_facts == 2 and one.summary.settings["facts"] == [[5, 1], [0, 0]]
+    chosen_positions = sum(counted)
+    counted.clear()
+    locate(model, task, **SMALL)
+    assert chosen_positions < sum(counted) / 2  # every fact's clean runs: the only forwards of every prompt
+    with pytest.raises(ValueError, match=r"fact \(99, 0\) is outside the task"):
+        locate(model, task, **SMALL, facts=[(99, 0)])
+
+
+def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp_path, capsys):
+    from analyses.locate_facts import main
+    from models.cli import run_cli
+
+    ckpt = Path(shutil.copytree(tiny_ckpt, tmp_path / "tiny"))
+    assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    folder = ckpt / "analysis" / "locate_facts" / "facts_3-1"
+    facts = pd.read_csv(folder / "facts.csv")
+    assert len(facts) == 1 and (facts.subject[0], facts.relation[0]) == (3, 1)
+    name = facts.answer_name[0]
+    assert re.fullmatch(r"R1:a\d+", name) and f"fact S3 R1 -> {name}: {facts.label[0]}" in out
+    assert out.count("  head ") == 4 and "attention on S3" in out
+    assert not (ckpt / "analysis" / "locate_facts" / "facts.csv").exists()  # the run over every fact: untouched
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main([str(ckpt), "--facts", "3:7", "--out", str(tmp_path / "bad")]))
+    assert exit_.value.code == 2 and "outside the task" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_chosen_facts_get_their_own_prompts_and_every_fact_s_means(mlp_construction):
+    """A chosen fact's prompts are its prompts among all facts; mean-ablation writes the mean
+    over every fact's prompts, not over the chosen ones."""
+    from probe.ablation import ablation_hooks
+    from probe.prompts import FactPrompts
+
+    model, task, _ = mlp_construction
+    every = FactPrompts.build(model, task, contexts=4, seed=0)
+    some = FactPrompts.build(model, task, contexts=4, seed=0, facts=[(5, 1)])
+    first = (5 * task.n_relations + 1) * 4
+    assert torch.equal(some.batch.tokens, every.batch.tokens[first:first + 4])
+    assert some.every_fact.batch.tokens.shape == every.batch.tokens.shape
+    mean_heads = dict(ablation_hooks(model, task, prompts=some)[columns.ablation("mean", "heads")])[HOOK_Z]
+    z = torch.zeros(1, task.seq_len, model.cfg.n_heads, model.cfg.d_head)
+    assert torch.allclose(mean_heads(z, None)[0, -1], every.run.z.mean(0), atol=1e-6)
+    assert not torch.allclose(every.run.z.mean(0), some.run.z.mean(0), atol=1e-3)  # the chosen ones' would differ

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from models import load, load_checkpoint
 from models.checkpoint import CheckpointError
@@ -155,3 +155,97 @@ def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
     assert not marker.exists()
     pickle.loads(payload)  # the test of the test: this payload does run when unpickled
     assert marker.exists()
+
+
+def _interrupted(tmp_path: Path, sampler: str) -> tuple[Path, Path]:
+    """A finished CPU run of `models.train` (`full`) and a copy of it cut after its middle
+    training state, as a kill would leave it (`cut`: run.json and the states up to there)."""
+    from models.train import main
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(["--out", str(full), "--steps", "48", "--target-accuracy", "2", "--snapshots-per-octave", "2",
+                 "--eval-every", "8", "--sampler", sampler, "--device", "cpu", "--quiet"]) == 0
+    steps = complete_steps(full / "train_state")
+    (cut / "train_state").mkdir(parents=True)
+    shutil.copy(full / "run.json", cut)
+    for step in steps[: len(steps) // 2 + 1]:
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(full / "train_state" / f"step_{step:08d}{suffix}", cut / "train_state")
+    assert 0 < steps[len(steps) // 2] < 48
+    return full, cut
+
+
+def _recorded_on(cut: Path, device: str) -> None:
+    """Make `cut` read as a run started on `device` (the CPU cannot start one on CUDA): its
+    run.json's device and its states' devices."""
+    run = json.loads((cut / "run.json").read_text())
+    run["train"]["device"] = device
+    (cut / "run.json").write_text(json.dumps(run))
+    for state in (cut / "train_state").glob("step_*.json"):
+        state.write_text(json.dumps({**json.loads(state.read_text()), "device": f"{device}:0"}))
+
+
+def test_a_counter_run_started_on_cuda_resumes_on_the_cpu_bit_identical(tmp_path):
+    """With the counter sampler the batches are a function of the step alone, on any device:
+    a run recorded on CUDA, resumed with --device cpu, ends with the uninterrupted run's weights."""
+    from models.train import main
+
+    full, cut = _interrupted(tmp_path, "counter")
+    _recorded_on(cut, "cuda")
+    assert main(["--resume", str(cut), "--device", "cpu", "--quiet"]) == 0
+    resumed, uninterrupted = load_file(str(cut / "model.safetensors")), load_file(str(full / "model.safetensors"))
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    assert json.loads((cut / "run.json").read_text())["train"]["device"] == "cuda"  # where it started
+
+
+def test_a_generator_run_refuses_to_move_to_another_kind_of_device(tmp_path, capsys):
+    """A torch.Generator's state is its device's (CUDA's Philox state is 16 bytes): the run is
+    refused in one line naming both devices, and nothing is written."""
+    from models.cli import run_cli
+    from models.train import main
+
+    _, cut = _interrupted(tmp_path, "generator")
+    _recorded_on(cut, "cuda")
+    for state in (cut / "train_state").glob("step_*.safetensors"):
+        tensors = load_file(str(state))
+        tensors.update({k: torch.zeros(16, dtype=torch.uint8) for k in tensors if k.startswith("rng.")})
+        save_file(tensors, str(state))
+    before = sorted(p.name for p in cut.rglob("*"))
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(["--resume", str(cut), "--device", "cpu", "--quiet"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "saved on cuda:0 by the generator sampler" in err and "cannot move to cpu" in err
+    assert sorted(p.name for p in cut.rglob("*")) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="moves a run onto a CUDA GPU")
+def test_a_counter_run_moves_from_the_cpu_to_cuda_and_back(tmp_path):
+    """CPU -> CUDA -> CPU: each leg resumes from the last state of the one before and
+    records where it ran; the curve up to the cut is the CPU's, and the run ends where the
+    uninterrupted one does (CUDA's arithmetic is not the CPU's: close, not bit-identical)."""
+    from models.train import main
+
+    def metrics(ckpt: Path) -> list[dict]:
+        return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+
+    full, cut = _interrupted(tmp_path, "counter")
+    states = complete_steps(cut / "train_state")
+    assert main(["--resume", str(cut), "--device", "cuda", "--quiet"]) == 0
+    assert json.loads((cut / "config.json").read_text())["training"]["device"].startswith("cuda")
+    saved = complete_steps(cut / "train_state")
+    assert json.loads((cut / "train_state" / f"step_{saved[-1]:08d}.json").read_text())["device"].startswith("cuda")
+    before = [r for r in metrics(full) if r["step"] <= states[-1]]
+    assert [r["models"] for r in metrics(cut)[:len(before)]] == [r["models"] for r in before]
+    back = tmp_path / "back"
+    (back / "train_state").mkdir(parents=True)
+    shutil.copy(cut / "run.json", back)
+    for step in saved[:-1]:  # cut before CUDA's last state: the CPU finishes the run
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(cut / "train_state" / f"step_{step:08d}{suffix}", back / "train_state")
+    assert main(["--resume", str(back), "--device", "cpu", "--quiet"]) == 0
+    for ckpt in (cut, back):
+        training = json.loads((ckpt / "config.json").read_text())["training"]
+        uninterrupted = json.loads((full / "config.json").read_text())["training"]
+        assert training["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=0.2, abs=0.05)

@@ -118,3 +118,28 @@ def test_task_from_config_defaults_to_factual_recall_and_refuses_unknown_kinds()
         task_from_config({**config, "kind": "parity"})
     with pytest.raises(ValueError, match="task section lacks n_tokens, context"):
         task_from_config({**config, "kind": "association"})
+
+
+@pytest.mark.parametrize("task", [AssociationTask(n_tokens=5, context=2, table_seed=1),
+                                  DistributionTask(n_tokens=5, context=2, target_seed=1, concentration=3.0)],
+                         ids=["association", "distribution"])
+def test_memorisation_tasks_have_the_held_out_api_of_factual_recall(task):
+    """eval_set(n, seed, device) and sample(n, generator), as factual recall's: the same
+    prompts for a seed, `tokens` [n, S] and `answers` [n] (the next token; the distribution
+    task's most likely one), which a model that answers them scores 1 on."""
+    held = task.eval_set(32, seed=7)
+    assert torch.equal(held.tokens, task.eval_set(32, seed=7).tokens)
+    assert not torch.equal(held.tokens, task.eval_set(32, seed=8).tokens)
+    assert held.tokens.shape == (32, task.context) and len(held) == 32
+    assert torch.equal(held.tokens, task.sequences(held.sequences))
+    drawn = task.sample(32, torch.Generator().manual_seed(7))
+    assert torch.equal(drawn.tokens, held.tokens) and torch.equal(drawn.answers, held.answers)
+    if isinstance(task, AssociationTask):
+        expected = task.next_tokens[held.sequences]
+    else:
+        expected = task.log_targets.argmax(-1)[held.sequences]
+    assert torch.equal(held.answers, expected) and held.answers.unique().numel() > 1
+    every = task.prompts(torch.arange(task.n_sequences))  # [T_0] prompts
+    answering = torch.nn.functional.one_hot(every.answers, task.n_tokens).float() * 50  # [T_0, N] logits
+    assert task.scores(answering)["accuracy"] == 1
+    assert task.answer_label(int(held.answers[0])) == task.token_label(int(held.answers[0]))

@@ -10,7 +10,7 @@ from models import load
 from probe.metrics import last_position_loss, logit_diff_metric, loss_metric
 from probe.patching import corrupted_prompts
 from probe.prompts import one_context_prompts
-from tasks import FactualRecallTask
+from tasks import AssociationTask, FactualRecallTask
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,6 @@ def test_tl_patching_runs_with_the_metric(loaded):
 
 def test_association_tasks_get_their_tokens_too():
     from models.tokenizer import task_tokenizer
-    from tasks import AssociationTask
 
     tokenizer = task_tokenizer(AssociationTask(n_tokens=5, context=2))
     assert tokenizer.encode("t0 t4") == [0, 4] and tokenizer.decode([3, 1]) == "t3 t1"
@@ -101,3 +100,23 @@ def test_the_normalised_metric_refuses_what_is_not_two_numbers(normalise, messag
         logit_diff_metric(answers, rivals, normalise=normalise)
     logits = torch.tensor([[[3.0, 1.0]], [[0.0, 2.0]]])  # [batch, pos, answer]: logit differences 2 and 2
     assert logit_diff_metric(answers, rivals, normalise=(torch.tensor(4.0), 0.0))(logits).item() == 0.5
+
+
+def test_answers_are_named_by_their_relation_not_as_subjects(loaded):
+    """Output ids overlap input ids: answer 3 is relation 0's answer, not subject S3."""
+    model, task = loaded
+    D = task.answers_per_relation
+    assert task.answer_label(3) == "R0:a3" and task.answer_label(D + 2) == "R1:a2"
+    batch = task.eval_set(6, seed=2)
+    with torch.inference_mode():
+        predicted = model(batch.tokens)[:, -1].argmax(-1)  # [6] output ids
+    named = model.to_str_tokens(predicted, answers=True)
+    assert named == [f"R{int(a) // D}:a{int(a) % D}" for a in predicted]
+    assert [name.split(":")[0] for name in model.to_str_tokens(batch.answers, answers=True)] == \
+        [f"R{int(r)}" for r in batch.relations]  # a* lies in its relation's block
+    assert model.to_str_tokens(torch.tensor([[3, D]]), answers=True) == [["R0:a3", "R1:a0"]]
+    assert model.to_str_tokens(3, answers=True) == ["R0:a3"]
+    assert model.to_str_tokens(torch.tensor([3])) == ["S3"]  # the input side is TransformerLens's
+    with pytest.raises(ValueError, match=f"answer id {task.d_vocab_out} is outside the task's answers"):
+        model.to_str_tokens([task.d_vocab_out], answers=True)
+    assert AssociationTask(n_tokens=5, context=2).answer_label(4) == "t4"

@@ -13,7 +13,7 @@ from tasks.association import AssociationTask
 LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}
 
 
-def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: AotSweep, path: Path) -> None:
+def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: AotSweep, path: Path | None = None):
     """One panel per sweep (the paper's Figures 1a, 1b, 2a, 3 and, with --equal-dims, 2b),
     every head layout in its own colour, the lower bound of Corollary 2 dashed red."""
     fig, axes = subplots(2, 3, figsize=(16, 8.5))
@@ -72,10 +72,10 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
     axes[1, 2].set_visible(False)
     fig.suptitle(f"Memorisation by one-layer attention-only transformers: {task}", fontsize=11)
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) -> None:
+def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path | None = None):
     fig, axes = subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.6]})
     ax = axes[0]
     points = ax.scatter(heads.mass_pos0, heads.token_dependence, c=heads.accuracy_drop, cmap="viridis", s=14)
@@ -88,4 +88,4 @@ def roles_figure(heads: pd.DataFrame, table: pd.DataFrame | None, path: Path) ->
                     title=f"Largest model ({table.shape[0]} heads): attention on position 0 by its token")
         fig.colorbar(image, ax=axes[1], label="attention mass")
     fig.tight_layout()
-    save_figure(fig, path)
+    return save_figure(fig, path)

@@ -136,7 +136,7 @@ def _flips(stored: dict, base_name: str, sign: str) -> list[str] | None:
             if f"{base_name}{sign}{n}" in stored and stored[f"{base_name}{sign}{n}"] != stored[base_name]]
 
 
-def departures_figure(table: pd.DataFrame, path: Path) -> None:
+def departures_figure(table: pd.DataFrame, path: Path | None = None):
     """Per size, each variant's best held-out accuracy (the 99% line marked); beside it the
     fractions of MLP units dead and always on at initialisation (at the first size)."""
     sizes = sorted(table["S"].unique())
@@ -156,7 +156,7 @@ def departures_figure(table: pd.DataFrame, path: Path) -> None:
     axes[-1].set(xlim=(0, 1), xlabel="share of MLP units at initialisation",
                  title=f"initial state (S = R = {sizes[0]})")
     axes[-1].legend(fontsize=7, loc="lower right")
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def write_study(table: pd.DataFrame, summary: dict, out: Path) -> None:

@@ -9,7 +9,7 @@ from analyses.capacity.common import PAPER_FACTS_WINDOW
 from analyses.output import save_figure, subplots
 
 
-def memory_figure(means, table, full, slope, line, title, path):
+def memory_figure(means, table, full, slope, line, title, path=None):
     """Left, as the paper plots it: N* against d^2 (full linear) or m*d, with the fit, the
     theory lines and the paper's line. Right: N* over the paper's line (over d^2 or m*d
     when there is none) at every size."""
@@ -51,10 +51,10 @@ def memory_figure(means, table, full, slope, line, title, path):
     right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if len(groups) > 1:
         right.legend(fontsize=7)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def facts_figure(table, slope, sweep, path):
+def facts_figure(table, slope, sweep, path=None):
     """Facts stored against parameters, one series per shape, with the fit, the paper's line
     (the TransformerSweep `sweep`'s facts per parameter) and the information bound."""
     import matplotlib.ticker
@@ -78,4 +78,4 @@ def facts_figure(table, slope, sweep, path):
            title="Facts stored against parameters")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7)
-    save_figure(fig, path)
+    return save_figure(fig, path)

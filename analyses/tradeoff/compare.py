@@ -90,7 +90,7 @@ def compare_grids(a: RecordedGrid, b: RecordedGrid) -> Result:
     return Result({"compare.csv": cells, "frontier.csv": frontier}, summary)
 
 
-def compare_figure(result: Result, a: RecordedGrid, path: Path) -> None:
+def compare_figure(result: Result, a: RecordedGrid, path: Path | None = None):
     """Per cell, the second grid minus the first (accuracy; shares in attention, in the MLP,
     distributed), two by two on one colour scale symmetric about 0, with both frontiers (the
     differences written in their cells; every cell's values are in compare.csv) and, on the
@@ -118,7 +118,7 @@ def compare_figure(result: Result, a: RecordedGrid, path: Path) -> None:
         ax.set_title(f"{title}: {second} minus {first}", fontsize=10)
         fig.colorbar(image, ax=ax)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def write_compare(result: Result, a: RecordedGrid, out: Path) -> None:

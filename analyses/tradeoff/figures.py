@@ -24,7 +24,7 @@ def paper_grid(task: dict, model: dict) -> bool:
     return all(task.get(k) == v or model.get(k) == v for k, v in PAPER_GRID.items())
 
 
-def grid_figure(table, frontier, path, run: RunConfig | None = None):
+def grid_figure(table, frontier, path=None, run: RunConfig | None = None):
     """Heat maps over the grid (accuracy; shares of facts in attention, in the MLP, and
     distributed: recalled only by the two paths together), two by two, H and m labelled with
     the attention (4 H d_h d) and MLP (2 m d) parameters, the measured 99% frontier with the
@@ -46,7 +46,7 @@ def grid_figure(table, frontier, path, run: RunConfig | None = None):
         ax.set_title(title)
         fig.colorbar(image, ax=ax)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def panel_grid():
@@ -110,7 +110,7 @@ def paper_lines(ax, table):
     ax.plot(cols, rows, "k--", lw=1.2, label=f"authors' frontier: MLP = {PAPER_LINE} - attention / 4")
 
 
-def stacked_shares(table, path):
+def stacked_shares(table, path=None):
     """The swap: each variant's facts stacked by storage label."""
 
     from analyses.plots import COLORS
@@ -123,10 +123,10 @@ def stacked_shares(table, path):
         bottom += values
     ax.set(ylabel="share of facts", title="Where the facts go")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
-    save_figure(fig, path)
+    return save_figure(fig, path)
 
 
-def shrink_figure(curves, path):
+def shrink_figure(curves, path=None):
     """The shrink: the share of each store's facts still recalled as MLP neurons, then heads, go."""
 
     from analyses.plots import COLORS
@@ -141,4 +141,4 @@ def shrink_figure(curves, path):
         ax.set(xlabel="fraction removed", title=title, ylim=(-0.02, 1.02))
     axes[0].set_ylabel("share of facts still recalled")
     axes[1].legend(fontsize=7)
-    save_figure(fig, path)
+    return save_figure(fig, path)
