@@ -23,7 +23,7 @@ from probe.phases import PhaseRule
 
 NAMED = {"locate_facts", "hallucination", "capacity", "tradeoff", "aot_capacity", "visualize", "report"}
 SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell", "--torch-threads")
-READERS = {("tradeoff", "compare")}  # read what sweeps recorded: no device, no executor
+READERS = {("tradeoff", "compare"), ("capacity", "plan")}  # read what sweeps recorded: no device, no executor
 
 
 def entry_points() -> dict:
@@ -142,7 +142,8 @@ INVALID = [
     (PhaseRule, {"min_snapshots": 0}, "--min-snapshots"),
     (ViewSettings, {"contexts": 0}, "--contexts"),
     (MemorySweep, {"d": (8, 0)}, "--d"),
-    (MemorySweep, {"seeds": 0}, "--seeds"),
+    (MemorySweep, {"seeds": ()}, "--seeds"),
+    (MemorySweep, {"seeds": (0, -1)}, "--seeds"),
     (MemorySweep, {"steps": 0}, "--steps"),
     (MemorySweep, {"lr": 0.0}, "--lr"),
     (MemorySweep, {"outputs_per_input": 1.5}, "--outputs-per-input"),

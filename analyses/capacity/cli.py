@@ -56,7 +56,7 @@ def parser():
     n.add_argument("--oracle", type=Path, action="append",
                    help="a recorded transformer sweep standing in for the training (repeat for several; default "
                         "the recorded Figure 4 left sweeps of the model: results/capacity/paper_fig4_left*)")
-    n.add_argument("--out", type=Path, help="also write every planned probe to OUT/plan.csv")
+    n.add_argument("--out", type=cli.directory, help="output directory (plan.csv: every planned probe; default none)")
     v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
                                           "facts stored (each variant trained at one shape, size and S = R)")
     cli.add_seed(v, "initialisation and data")

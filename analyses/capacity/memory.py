@@ -40,6 +40,7 @@ class MemorySweep:
 
     def __post_init__(self):
         cli.at_least(self, d=1, m=1, seeds=0, steps=1, outputs=2)
+        cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
         cli.require(self, "lr", self.lr > 0, "> 0")
         cli.require(self, "outputs_per_input", 0 < self.outputs_per_input <= 1, "in (0, 1]")
         if self.m is not None and self.m_per_d is not None:
