@@ -49,3 +49,13 @@ def test_gradients_whatever_the_parameters_require(tmp_path):
     torch.testing.assert_close(torch.tensor(live.to_numpy()), torch.tensor(frozen.to_numpy()), equal_nan=True)
     resid = live[columns.attribution("subject", "resid")]
     assert resid.notna().all() and resid.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_the_residual_is_read_at_the_corrupted_token_s_position(kind):
+    """Relations swapped: the residual input differs from the clean run only at the relation's
+    position, and restoring it there restores everything (activation patching gives 1). Read
+    at the subject's position, where clean and corrupted agree, the estimate would be 0."""
+    *_, attributed = both(kind, "relation")
+    resid = attributed[columns.attribution("relation", "resid")]
+    assert resid.notna().all() and (resid - 1).abs().max() < 1e-3, resid.describe()

@@ -83,11 +83,15 @@ def test_a_restore_copies_into_the_live_tensors_and_rebinds_none(tmp_path, kind)
 
     live = {k: torch.zeros_like(p) for k, p in saved.items()}
     fresh = Optimizer(live, torch.tensor([1e-2, 3e-3]), kind)
-    tensors = [*live.values(), fresh.t, *getattr(fresh, "m", {}).values(), *getattr(fresh, "v", {}).values()]
-    before = [(t, t.data_ptr()) for t in tensors]
+
+    def bound():  # every tensor a captured step reads, as the optimizer and the run hold them now
+        return [*live.values(), fresh.t, *getattr(fresh, "m", {}).values(), *getattr(fresh, "v", {}).values()]
+
+    before = [(t, t.data_ptr()) for t in bound()]
     step, metrics = restore(*load_state(tmp_path, 5), live, fresh, {}, "counter")
     assert (step, metrics) == (5, [{"step": 5}])
-    assert all(t is kept and t.data_ptr() == ptr for (kept, ptr), t in zip(before, tensors))
+    after = bound()  # read again: a restore that rebinds a dict entry shows here
+    assert len(after) == len(before) and all(t is kept and t.data_ptr() == ptr for (kept, ptr), t in zip(before, after))
     assert all(torch.equal(live[k], saved[k]) for k in saved) and int(fresh.t) == 5
     if kind == "adam":
         assert all(torch.equal(fresh.m[k], opt.m[k]) and torch.equal(fresh.v[k], opt.v[k]) for k in saved)

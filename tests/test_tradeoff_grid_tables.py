@@ -1,0 +1,110 @@
+"""The trade-off grid's tables from rows written by hand: the 99% frontier, the attention
+floor, the corners, the mean over seeds and the frontier's spread over seeds, and the text
+the CLI prints. (Training the cells: tests/test_grid_stack.py, tests/test_capacity_transformer.py.)"""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyses.tradeoff.grid import Grid, floor_between, frontier_of, grid_tables, grid_text, seed_means, seed_spread
+from models.config import ModelConfig, RunConfig
+
+# the smallest m reaching 99% per (H, seed); None: no m does
+FRONTIERS = {(1, 0): 8, (1, 1): 16, (1, 2): None, (2, 0): 4, (2, 1): 4, (2, 2): 8}
+WIDTHS = (4, 8, 16)
+
+
+def rows() -> list[dict]:
+    """One row per cell and seed, as the grid's cells record them: accuracy 0.995 from the
+    seed's frontier on, 0.5 below."""
+    out = []
+    for (h, s), frontier in FRONTIERS.items():
+        for m in WIDTHS:
+            best = 0.995 if frontier is not None and m >= frontier else 0.5
+            out.append({"heads": h, "width": m, "seed": s, "lr": 0.01, "accuracy": best - 0.1,
+                        "best_accuracy": best, "attention_parameters": 100 * h, "mlp_parameters": 10 * m,
+                        "share_attention": h / 4, "share_mlp": m / 32, "share_both": 0.0,
+                        "share_distributed": 0.0, "share_not_stored": 1 - h / 4 - m / 32})
+    return out
+
+
+GRID = Grid(heads=(1, 2), widths=WIDTHS, seeds=(0, 1, 2))
+
+
+def test_the_frontier_is_the_smallest_width_reaching_99_percent_and_the_floor_lies_below_it():
+    by_seed = pd.DataFrame(rows())
+    assert frontier_of(by_seed[by_seed["seed"] == 0]) == {1: 8, 2: 4}
+    assert frontier_of(by_seed[by_seed["seed"] == 2]) == {1: None, 2: 8}
+    no_best = by_seed[by_seed["seed"] == 0].drop(columns="best_accuracy")  # the final accuracy: never 0.99 here
+    assert frontier_of(no_best) == {1: None, 2: None}
+    assert floor_between({1: None, 2: None, 4: 8, 8: 4}) == [2, 4]
+    assert floor_between({1: 8, 2: 4}) == [None, 1]
+    assert floor_between({1: None, 2: None}) == [2, None]
+    assert floor_between({1: None, 2: 8, 4: None}) == [1, 2]  # a row above the floor that misses is not the floor
+
+
+def test_the_mean_over_seeds_keeps_each_cell_s_range_and_seed_count():
+    table = seed_means(pd.DataFrame(rows()))
+    assert list(zip(table["heads"], table["width"])) == [(h, m) for h in (1, 2) for m in WIDTHS]
+    cell = table.set_index(["heads", "width"]).loc[(1, 16)]
+    assert cell["best_accuracy"] == pytest.approx((0.995 + 0.995 + 0.5) / 3)
+    assert (cell["best_accuracy_min"], cell["best_accuracy_max"], cell["seeds"]) == (0.5, 0.995, 3)
+    assert (cell["attention_parameters"], cell["mlp_parameters"]) == (100, 160)
+    assert "lr" not in table and "seed" not in table
+
+
+def test_the_frontier_spread_over_seeds_gives_the_smallest_median_and_largest_width():
+    spread = seed_spread(pd.DataFrame(rows()))
+    assert spread["frontier_by_seed"] == {0: {1: 8, 2: 4}, 1: {1: 16, 2: 4}, 2: {1: None, 2: 8}}
+    assert spread["floor_by_seed"] == {0: [None, 1], 1: [None, 1], 2: [1, 2]}
+    assert spread["frontier_spread"] == {1: {"seeds_reaching": 2, "min": 8, "median": 12.0, "max": 16},
+                                         2: {"seeds_reaching": 3, "min": 4, "median": 4.0, "max": 8}}
+    none_reach = seed_spread(pd.DataFrame([r for r in rows() if r["heads"] == 1 and r["seed"] == 2]))
+    assert none_reach["frontier_spread"] == {1: {"seeds_reaching": 0, "min": None, "median": None, "max": None}}
+
+
+def test_grid_tables_over_seeds_summarise_the_mean_grid_and_the_spread(tmp_path):
+    result = grid_tables(rows(), GRID, RunConfig(), computed=5)
+    summary = result.summary
+    assert summary["frontier_min_width_at_99"] == {1: None, 2: 8}  # of the means: H=1 never all seeds
+    assert summary["floor_between"] == [1, 2] and summary["frontier_accuracy"] == "best_accuracy"
+    assert summary["corners"]["attention_heavy"]["heads"] == 2 and summary["corners"]["attention_heavy"]["width"] == 4
+    assert summary["corners"]["mlp_heavy"]["heads"] == 1 and summary["corners"]["mlp_heavy"]["width"] == 16
+    assert summary["cells"] == "6 of 6" and summary["cells_computed"] == 5
+    assert summary["task"] == repr(RunConfig().task.build())
+    assert set(result.tables) == {"grid.csv", "grid_by_seed.csv"} and len(result.tables["grid_by_seed.csv"]) == 18
+    assert summary["frontier_spread"][1]["max"] == 16
+    text = grid_text(result, Path("OUT"))
+    assert "  H=1: 8 / 12 / 16, 2 of 3 seeds" in text and "  H=2: 4 / 4 / 8, 3 of 3 seeds" in text
+    assert text.endswith("\nwrote OUT/ (5 new cells)") and "smallest m at 99% per seed" in text
+    lone = grid_text(grid_tables([r for r in rows() if r["heads"] == 1 and r["seed"] == 2],
+                                 Grid(heads=(1,), widths=WIDTHS, seeds=(2,)), RunConfig(), 0), Path("OUT"))
+    assert "  H=1: no seed reaches 99%" in lone
+
+
+def test_grid_tables_of_one_seed_have_no_spread_and_name_a_missing_corner():
+    one = [r for r in rows() if r["seed"] == 0 and (r["heads"], r["width"]) != (2, 4)]
+    for r in one:
+        del r["seed"]
+    result = grid_tables(one, Grid(heads=(1, 2), widths=WIDTHS), RunConfig(), computed=0)
+    assert set(result.tables) == {"grid.csv"} and "frontier_spread" not in result.summary
+    assert result.summary["frontier_min_width_at_99"] == {1: 8, 2: 8}
+    assert set(result.summary["corners"]) == {"mlp_heavy"} and result.summary["cells"] == "5 of 6"
+    text = grid_text(result, Path("OUT"))
+    assert "smallest m" not in text and text.splitlines()[0].split() == [
+        "heads", "width", "accuracy", "best_accuracy", "share_attention", "share_mlp", "share_both",
+        "share_distributed", "share_not_stored"]
+
+
+def test_an_attention_only_grid_has_one_width_and_its_cells_are_named_by_h_and_m():
+    attn = RunConfig(model=ModelConfig(attn_only=True))
+    rows_ = [{**r, "width": None} for r in rows() if r["width"] == 4 and r["seed"] == 0]
+    for r in rows_:
+        del r["seed"]
+    result = grid_tables(rows_, Grid(heads=(1, 2), widths=WIDTHS), attn, computed=2)
+    assert list(result.tables["grid.csv"]["width"]) == [0, 0] and result.summary["cells"] == "2 of 2"
+    assert list(Grid(heads=(1, 2), widths=WIDTHS).runs(attn)) == ["H1_m0", "H2_m0"]
+    seeded = Grid(heads=(2,), widths=(4, 8), seeds=(0, 3)).runs(RunConfig())
+    assert list(seeded) == ["H2_m4_seed0", "H2_m4_seed3", "H2_m8_seed0", "H2_m8_seed3"]
+    assert seeded["H2_m8_seed3"].train.seed == (3,) and seeded["H2_m8_seed3"].model.d_mlp == 8
+    assert seeded["H2_m8_seed3"].model.n_heads == 2
