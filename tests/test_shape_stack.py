@@ -155,3 +155,19 @@ def test_padding_and_its_adam_moments_stay_zero(cells):
     assert stopped.stopped == max(result.snapshots)
     for key, value in result.snapshots[stopped.stopped].items():
         assert torch.equal(result.weights[key], value), key
+
+
+def test_the_padding_s_gradient_is_masked_whatever_reaches_it():
+    """The trainable padding's gradients are zero in exact arithmetic; the hooks make them
+    zero whatever arrives: a gradient of random values everywhere is kept on each model's own
+    entries and zeroed on its padding."""
+    state = _start_shapes(runs("authors"), TEST_DEVICE)
+    sections = [c.section for c in state.cells for _ in c.run.train.runs]
+    masks = gradient_masks(sections, list(state.params))
+    g = torch.Generator().manual_seed(0)
+    noise = {k: torch.rand(p.shape, generator=g).add(0.5).to(p.device) for k, p in state.params.items()}
+    sum((p * noise[k]).sum() for k, p in state.params.items()).backward()
+    assert {"blocks.0.attn.W_Q", "blocks.0.mlp.W_out"} <= masks.keys()
+    for key, p in state.params.items():
+        mask = masks.get(key, torch.ones(p.shape)).to(p.device)
+        assert torch.equal(p.grad, noise[key] * mask), key

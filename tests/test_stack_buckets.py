@@ -75,3 +75,25 @@ def test_the_estimate_bounds_a_step_and_an_evaluation_from_above():
     for measured, estimated in ((step, _activation_bytes(padded, K, cfg.batch_size, backward=True)),
                                 (held_out, _activation_bytes(padded, K, cfg.eval_size, backward=False))):
         assert measured <= estimated <= 3 * measured, (measured, estimated)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("members", [[0], [0, 1], [2, 4]], ids=["one run", "two shapes", "two seeds"])
+def test_the_stack_estimate_bounds_what_a_training_stack_holds_at_once(members):
+    """Measured on the CPU: what the stack keeps (weights, Adam's moments, gradients kept, the
+    held-out prompts) plus a step's and an evaluation's transient memory lie below
+    stack_bytes, and within a factor of three of it (about two, measured)."""
+    runs = [CELLS[i] for i in members]
+    state = _start_shapes(runs, torch.device("cpu"))
+    state.step_once()  # Adam's moments exist from here on
+    kept = _bytes([*state.weights.values(), *state.optimizer.m.values(), *state.optimizer.v.values(),
+                   *(p.grad for p in state.params.values() if p.grad is not None), state.held_out.tokens,
+                   state.held_out.answers])
+    step = _peak_bytes(state.step_once)
+    held_out = _peak_bytes(lambda: evaluate(state.weights, state.held_out.tokens, state.held_out.answers, "softmax",
+                                            state.positional, state.query_scale))
+    measured = kept + step + held_out
+    assert measured <= stack_bytes(runs) <= 3 * measured, (measured, stack_bytes(runs))
