@@ -1,12 +1,13 @@
-"""python scripts/mutation.py MODULE [MODULE ...] [--max-children 1] [--work DIR] [--resume]
+"""python scripts/mutation.py MODULE [MODULE ...] [--max-children 1] [--work DIR] [--survivors]
 
 Mutation testing (mutmut) of modules outside the instruments' configuration in pyproject.toml
 (docs/testing.md): each module in a scratch copy of the working tree (DIR/<module>, default
 /tmp/factual-recall-mutation), whose [tool.mutmut] mutates that module alone and runs the
 tests that cover it (MODULES below, fast ones: no CLI subprocess, no long training). Prints
 per module the mutants, killed, survived and the score, and writes the survivors' names to
-DIR/<module>/survivors.txt (`mutmut show NAME` there prints one). --resume keeps a scratch
-copy's earlier results and tests only the mutants not yet tested.
+DIR/<module>/survivors.txt (`mutmut show NAME` there prints one). --survivors keeps a scratch
+copy's results and tests again only its survivors, against the working tree's tests as they
+are now (after tests were added).
 
 Run it with OMP_NUM_THREADS=1 (mutmut forks after torch is loaded) and without PYTHONPATH
 pointing at the working tree (the mutants would not be the code imported).
@@ -50,10 +51,10 @@ def configured(pyproject: str, module: str) -> str:
     return rest.rstrip() + "\n\n[tool.mutmut]\n" + body + "\n"
 
 
-def scratch_copy(module: str, work: Path, resume: bool) -> Path:
+def scratch_copy(module: str, work: Path, keep: bool) -> Path:
     """The working tree's files (tracked and untracked, not ignored) in work/<module>."""
     where = work / module.replace("/", "_").removesuffix(".py")
-    if where.exists() and not resume:
+    if where.exists() and not keep:
         shutil.rmtree(where)
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
                            capture_output=True, text=True).stdout.splitlines()
@@ -65,13 +66,15 @@ def scratch_copy(module: str, work: Path, resume: bool) -> Path:
     return where
 
 
-def measure(module: str, work: Path, max_children: int, resume: bool) -> dict:
-    """Run mutmut on `module`; its counts and survivors."""
-    where = scratch_copy(module, work, resume)
+def measure(module: str, work: Path, max_children: int, survivors_only: bool) -> dict:
+    """Run mutmut on `module` (or on the survivors of its last run); its counts and survivors."""
+    where = scratch_copy(module, work, survivors_only)
+    again = (where / "survivors.txt").read_text().split() if survivors_only else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
     mutmut = [sys.executable, "-m", "mutmut"]
-    subprocess.run([*mutmut, "run", "--max-children", str(max_children)], cwd=where, env=env, check=False)
+    names = [name.removesuffix(":") for name in again if name.endswith(":")]
+    subprocess.run([*mutmut, "run", "--max-children", str(max_children), *names], cwd=where, env=env, check=False)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=where, env=env, check=True, capture_output=True)
     stats = json.loads((where / "mutants" / "mutmut-cicd-stats.json").read_text())
     listed = subprocess.run([*mutmut, "results"], cwd=where, env=env, check=True, capture_output=True, text=True)
@@ -87,10 +90,10 @@ def main() -> None:
     p.add_argument("modules", nargs="+", choices=list(MODULES), metavar="MODULE")
     p.add_argument("--max-children", type=int, default=1)
     p.add_argument("--work", type=Path, default=Path("/tmp/factual-recall-mutation"))
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--survivors", action="store_true")
     args = p.parse_args()
     for module in args.modules:
-        r = measure(module, args.work, args.max_children, args.resume)
+        r = measure(module, args.work, args.max_children, args.survivors)
         print(f"{module}: {r['total']} mutants, {r['killed'] + r['timeout']} killed, {r['survived']} survived, "
               f"{r['no_tests']} reached by no test: {100 * r['score']:.1f}%  ({r['folder']}/survivors.txt)",
               flush=True)

@@ -1,5 +1,8 @@
 """Attribution patching (one backward pass) against activation patching, on the
 constructions whose storage is known."""
+import math
+
+import pandas as pd
 import pytest
 import torch
 
@@ -59,3 +62,46 @@ def test_the_residual_is_read_at_the_corrupted_token_s_position(kind):
     *_, attributed = both(kind, "relation")
     resid = attributed[columns.attribution("relation", "resid")]
     assert resid.notna().all() and (resid - 1).abs().max() < 1e-3, resid.describe()
+
+
+def test_agreement_per_component_and_pooled_on_values_written_by_hand():
+    """Facts where either measure is NaN are left out; signs agree when both are within 0.05 of
+    0 or both on one side (0.05 itself is not near 0); a component whose measures spread
+    less than 0.001 (the smaller standard deviation) has no correlation."""
+    nan = float("nan")
+    measured = {  # component: (activation patching, attribution patching) per fact
+        "head0": ([0.9, 0.01, 0.05, -0.01, 0.5, -0.01, nan, 0.2], [0.8, -0.04, -0.01, 0.05, -0.01, 0.5, 0.3, nan]),
+        "head1": ([0.0, 0.001, 0.002, nan, nan, nan, nan, nan], [0.0, 0.5, 1.0, nan, nan, nan, nan, nan]),
+        "mlp": ([0.3, 0.6, nan, nan, nan, nan, nan, 0.1], [0.2, 0.7, nan, nan, nan, nan, nan, nan]),
+        "head2": ([0.1, 0.1001, 0.1002, nan, nan, nan, nan, nan], [0.1, 0.5, 0.9, nan, nan, nan, nan, nan]),
+    }
+    patched = pd.DataFrame({"accuracy": [1.0] * 8})  # a column of another measure
+    attributed = pd.DataFrame(index=range(8))
+    for component, (a, b) in measured.items():
+        for suffix in ("", "_low", "_high"):
+            patched[columns.patch("subject", component) + suffix] = a
+            attributed[columns.attribution("subject", component) + suffix] = b
+    table = agreement(patched, attributed).set_index("component")  # corrupt: subject, the default
+    assert list(table.index) == ["head0", "head1", "mlp", "head2", "all"]
+    assert list(table.columns) == ["facts", "correlation", "sign_agreement", "max_abs_difference"]
+    assert table["facts"].tolist() == [6, 3, 2, 3, 14]
+    assert table["sign_agreement"].tolist() == pytest.approx([2 / 6, 1.0, 1.0, 1.0, 10 / 14])
+    assert table["max_abs_difference"].tolist() == pytest.approx([0.51, 0.998, 0.1, 0.7998, 0.998])
+    head0 = pd.Series([0.9, 0.01, 0.05, -0.01, 0.5, -0.01]).corr(pd.Series([0.8, -0.04, -0.01, 0.05, -0.01, 0.5]))
+    assert table.loc["head0", "correlation"] == pytest.approx(head0)
+    assert table.loc["head1", "correlation"] == pytest.approx(1.0)  # a spread of exactly 0.001 is enough
+    assert table.loc["mlp", "correlation"] == pytest.approx(1.0)  # two facts
+    assert math.isnan(table.loc["head2", "correlation"])  # spread 0.0001
+    pooled = [(x, y) for a, b in measured.values() for x, y in zip(a, b) if not (math.isnan(x) or math.isnan(y))]
+    xs, ys = zip(*pooled)
+    assert table.loc["all", "correlation"] == pytest.approx(pd.Series(xs).corr(pd.Series(ys)))
+    relation = agreement(patched.rename(columns=lambda c: c.replace("_subject_", "_relation_")),
+                         attributed.rename(columns=lambda c: c.replace("_subject_", "_relation_")), "relation")
+    assert relation.equals(agreement(patched, attributed, "subject"))
+
+
+def test_the_defaults_are_the_subject_swapped_with_two_contexts_and_seed_0():
+    model, task = constructed("mlp")
+    given = attribution_patching(model, task, "subject", prompts=FactPrompts.build(model, task, contexts=2, seed=0))
+    pd.testing.assert_frame_equal(attribution_patching(model, task), given)
+    assert not attribution_patching(model, task, seed=1).equals(given)
