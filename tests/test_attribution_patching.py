@@ -6,6 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
+from models import build_bridge
+from models.config import override
+from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe import columns
 from probe.attribution_patching import agreement, attribution_patching
 from probe.patching import activation_patching
@@ -105,3 +108,48 @@ def test_the_defaults_are_the_subject_swapped_with_two_contexts_and_seed_0():
     given = attribution_patching(model, task, "subject", prompts=FactPrompts.build(model, task, contexts=2, seed=0))
     pd.testing.assert_frame_equal(attribution_patching(model, task), given)
     assert not attribution_patching(model, task, seed=1).equals(given)
+
+
+def test_the_prompts_split_into_runs_of_any_size_give_the_same_estimates(monkeypatch):
+    model, task = constructed("mlp")
+    prompts = FactPrompts.build(model, task, contexts=2, seed=0)
+    whole = attribution_patching(model, task, "relation", prompts=prompts)
+    assert len(prompts.batch.tokens) > 2 * 7
+    monkeypatch.setattr("probe.attribution_patching.PROMPTS_PER_RUN", 7)
+    split = attribution_patching(model, task, "relation", prompts=prompts)
+    pd.testing.assert_frame_equal(split, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_the_restored_share_does_not_depend_on_the_logit_scale():
+    """The unembedding scaled by 1/100: the logit differences and their gradients shrink
+    alike, the share restored (their ratio) stays; only a difference below 1e-6 is no scale."""
+    task = CONSTRUCTION_TASK.build()
+    config = override(CONSTRUCTION_MODEL, {"attn_only": False})
+    weights = build("mlp", task, config)
+    small = {k: v / 100 if k.startswith("unembed.") else v for k, v in weights.items()}
+    shares = [attribution_patching(build_bridge(config.checkpoint_section(task), w), task, "subject")
+              for w in (weights, small)]
+    assert shares[0].notna().all().all()
+    pd.testing.assert_frame_equal(shares[1], shares[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_whose_swap_has_no_other_answer_scores_nan(monkeypatch):
+    from probe import patching
+
+    def no_other_answer(*args):
+        tokens, answers = patching.corrupted_prompts(*args)
+        return tokens, torch.full_like(answers, -1)
+
+    monkeypatch.setattr("probe.attribution_patching.corrupted_prompts", no_other_answer)
+    model, task = constructed("mlp")
+    assert attribution_patching(model, task, "subject").isna().all().all()
+
+
+def test_the_intervals_are_seeded_by_the_prompts(monkeypatch):
+    from probe import attribution_patching as module
+
+    seeds = []
+    monkeypatch.setattr(module, "with_interval", lambda name, values, seed: seeds.append(seed) or {name: values[:, 0]})
+    model, task = constructed("attention")
+    attribution_patching(model, task, "subject", prompts=FactPrompts.build(model, task, contexts=2, seed=3))
+    assert seeds and set(seeds) == {3}
