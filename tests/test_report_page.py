@@ -1,0 +1,129 @@
+"""analyses.report's sections from results written by hand (no model, no training): the
+model, locate_facts and hallucination sections, the reuse of recorded results, and the
+facts the page shows. (The page of a trained checkpoint: tests/test_visualize_report.py.)"""
+import base64
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyses import report
+
+INTERVAL = {"value": 0.5, "low": 0.25, "high": 0.75}
+
+
+def locate_summary(**extra) -> dict:
+    return {"n_facts": 12, "settings": {"contexts": 8},
+            "accuracy_interval": {"value": 0.9876, "low": 0.95, "high": 1.0},
+            "label_counts": {"attention": 3, "mlp": 5, "both": 1, "distributed": 0, "not_stored": 3},
+            "label_share_intervals": {label: INTERVAL for label in ("attention", "mlp", "both", "distributed",
+                                                                    "not_stored")}, **extra}
+
+
+def test_numbers_and_tables_are_written_as_the_page_shows_them():
+    assert report._interval({"value": 0.12345, "low": 0.1, "high": 0.2}) == "0.123 [0.100, 0.200]"
+    assert report._interval(INTERVAL, percent=True) == "50.0% [25.0, 75.0]"
+    assert report._short(1.234567) == "1.235" and report._short(7) == "7" and report._short("x") == "x"
+    assert report._short({"a": [1, 2]}) == '{"a": [1, 2]}' and report._short([Path("p")]) == '["p"]'
+    assert report._table([[1, "<b>"]], ["h", "&"]) == ("<table><thead><tr><th>h</th><th>&amp;</th></tr></thead>"
+                                                       "<tbody><tr><td>1</td><td>&lt;b&gt;</td></tr></tbody></table>")
+
+
+def test_an_image_is_embedded_with_its_caption(tmp_path):
+    png = tmp_path / "margins.png"
+    data = b"\x89PNG data"
+    png.write_bytes(data)
+    encoded = base64.b64encode(data).decode()
+    figure = report._image(png, 'A "caption"')
+    assert figure == ('<figure><img alt="A &quot;caption&quot;" src="data:image/png;base64,'
+                      f'{encoded}"><figcaption>A &quot;caption&quot; '
+                      "(<code>margins.png</code>)</figcaption></figure>")
+
+
+def test_the_model_section_names_the_shape_the_training_and_the_snapshots(tmp_path):
+    (tmp_path / "snapshots").mkdir()
+    for step in (0, 4):
+        (tmp_path / "snapshots" / f"step_{step:08d}.safetensors").write_bytes(b"")
+    config = {"model": {"d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32},
+              "training": {"optimizer": "adam", "lr": 0.0123456, "seed": 3, "steps_run": 40, "other": 1}}
+    section = report.model_section(tmp_path, config, "TASK")
+    assert section.startswith("<h2>Model</h2><table>")
+    assert "<td>task</td><td>&#x27;TASK&#x27;</td>" in section and "<td>d=16 H=2 d_h=8 m=32</td>" in section
+    assert "<td>optimizer=adam, lr=0.01235, seed=3, steps_run=40</td>" in section
+    assert "<td>snapshots</td><td>2</td>" in section
+    attn = report.model_section(Path(tmp_path / "none"), {"model": {**config["model"], "attn_only": True}}, "T")
+    assert "d=16 H=2 d_h=8 attention only" in attn and "<td>not recorded</td>" in attn
+    assert "<td>snapshots</td><td>0</td>" in attn
+
+
+def test_the_locate_section_shows_accuracy_labels_probes_heads_and_figures(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(locate_summary(
+        recall={"subject": INTERVAL}, path_accuracy={"attention": {"value": 1.0, "low": 1.0, "high": 1.0}})))
+    pd.DataFrame({"head": [0, 1], "subject_score": [0.1, 0.9], "relation_score": [0.8, 0.05],
+                  "subjects": ["", "S1 S2"], "relations": ["R0", ""], "denoising_score": [0.8, 0.9]}).to_csv(
+        tmp_path / "heads.csv", index=False)
+    (tmp_path / "margins.png").write_bytes(b"png")
+    section = report.locate_section(tmp_path)
+    assert f"From <code>{tmp_path}</code>, 12 facts, settings {{&quot;contexts&quot;: 8}}." in section
+    assert "<p>accuracy 0.988 [0.950, 1.000]</p>" in section
+    assert "<tr><td>mlp</td><td>5</td><td>50.0% [25.0, 75.0]</td></tr>" in section
+    assert "<td>subject recall probe</td><td>0.500 [0.250, 0.750]</td>" in section
+    assert "<td>attention path accuracy</td><td>1.000 [1.000, 1.000]</td>" in section
+    heads = section[section.index("<h3>Heads"):]
+    assert heads.index("<td>S1 S2</td>") < heads.index("<td>R0</td>")  # the higher denoising score first
+    assert "<tr><td>1</td><td>0.90</td><td>0.05</td><td>S1 S2</td><td>-</td></tr>" in heads
+    assert section.count("<figure>") == 1 and "Per fact: logit margin written by attention vs by the MLP" in section
+    (tmp_path / "summary.json").write_text(json.dumps(locate_summary()))
+    (tmp_path / "heads.csv").unlink()
+    bare = report.locate_section(tmp_path)
+    assert "recall probe" not in bare and "<h3>Heads" not in bare and "<table>" in bare
+
+
+def test_the_hallucination_section_shows_the_phase_or_its_absence(tmp_path):
+    summary = {"phase": {"start_step": 8, "end_step": 45, "plateau_loss": 1.38629}, "log_D": 1.3862943}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "loss_curve.png").write_bytes(b"png")
+    (tmp_path / "metrics.csv").write_text("step\n0\n")
+    section = report.hallucination_section(tmp_path)
+    assert "Hallucination phase from step 8 to 45" in section and "<td>plateau_loss</td><td>1.386</td>" in section
+    assert "<td>log_D</td><td>1.386</td>" in section and "<td>phase</td>" not in section
+    assert '<img alt="loss curve"' in section and "Data: <code>metrics.csv</code> in" in section
+    (tmp_path / "summary.json").write_text(json.dumps({"phase": None, "log_D": 1.0}))
+    (tmp_path / "metrics.csv").unlink()
+    none = report.hallucination_section(tmp_path)
+    assert "<p>No hallucination phase found in the training curves.</p>" in none and "Data:" not in none
+    assert report.hallucination_section(None).startswith("<h2>Hallucination phase</h2><p class=\"note\">Absent")
+
+
+def test_recorded_results_are_reused_only_with_the_same_settings(tmp_path):
+    said = []
+    first, second, empty = tmp_path / "first", tmp_path / "second", tmp_path / "empty"
+    for folder, contexts in ((first, 4), (second, 8)):
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"step": None, "settings": {"contexts": contexts,
+                                                                                   "device": "cuda"}}))
+    wanted = {"step": None, "settings": {"contexts": 8}}
+    found = report.recorded_results("locate_facts", [empty, first, second, first], wanted, False, said.append)
+    assert found == second  # the device is not a setting
+    assert said == [f"locate_facts: not reusing {first} (settings.contexts: recorded 4, now 8)",
+                    f"locate_facts: reusing {second} (the same settings)"]
+    assert report.recorded_results("locate_facts", [second], wanted, True, said.append) is None  # fresh
+    assert report.recorded_results("x", [first], {"step": 3}, False, said.append) is None
+    assert said[-1] == f"x: not reusing {first} (step: recorded null, now 3)"
+    (first / "summary.json").write_text("{cut")
+    with pytest.raises(ValueError, match=r"summary.json: not valid JSON \(.*\); rerun with --fresh\.$"):
+        report.recorded_results("locate_facts", [first], wanted, False, said.append)
+
+
+def test_the_page_shows_the_first_fact_of_each_label_found():
+    facts = pd.DataFrame({"subject": [0, 1, 2, 3, 4], "relation": [0, 0, 1, 1, 2],
+                          "label": ["mlp", "attention", "mlp", "not_stored", "attention"]})
+    assert report.facts_to_show(facts) == [(1, 0), (0, 0), (3, 1)]
+
+
+def test_the_report_takes_facts_and_fresh_but_no_step():
+    args = report.parser().parse_args(["CKPT", "--facts", "1:2", "--fresh"])
+    assert (args.facts, args.fresh) == ("1:2", True)
+    defaults = report.parser().parse_args(["CKPT"])
+    assert (defaults.facts, defaults.fresh) == (None, False) and not hasattr(defaults, "step")
