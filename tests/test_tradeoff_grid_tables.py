@@ -1,10 +1,12 @@
 """The trade-off grid's tables from rows written by hand: the 99% frontier, the attention
 floor, the corners, the mean over seeds and the frontier's spread over seeds, and the text
 the CLI prints. (Training the cells: tests/test_grid_stack.py, tests/test_capacity_transformer.py.)"""
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.tradeoff.grid import Grid, floor_between, frontier_of, grid_tables, grid_text, seed_means, seed_spread
 from models.config import ModelConfig, RunConfig
@@ -108,3 +110,104 @@ def test_an_attention_only_grid_has_one_width_and_its_cells_are_named_by_h_and_m
     assert list(seeded) == ["H2_m4_seed0", "H2_m4_seed3", "H2_m8_seed0", "H2_m8_seed3"]
     assert seeded["H2_m8_seed3"].train.seed == (3,) and seeded["H2_m8_seed3"].model.d_mlp == 8
     assert seeded["H2_m8_seed3"].model.n_heads == 2
+
+
+# ------------------------------------------------------------------ the cells, trained by stand-ins
+def fake_training(monkeypatch) -> list:
+    """train_and_locate and train_and_locate_stack replaced by stand-ins that record each call
+    and return the row of each cell (its H and m, whether it was stacked); the calls."""
+    calls = []
+
+    def row(run, stacked):
+        return {"heads": run.model.n_heads, "width": run.model.d_mlp, "seed": run.train.seed[0], "stacked": stacked}
+
+    def alone(run, locating, checkpoint):
+        calls.append(("alone", run.model.n_heads, run.model.d_mlp, checkpoint))
+        return row(run, False)
+
+    def stack(runs, keys, locating, checkpoints):
+        calls.append(("stack", keys, checkpoints))
+        return {key: row(run, True) for key, run in zip(keys, runs)}
+
+    monkeypatch.setattr("analyses.tradeoff.grid.train_and_locate", alone)
+    monkeypatch.setattr("analyses.tradeoff.grid.train_and_locate_stack", stack)
+    return calls
+
+
+def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(monkeypatch, tmp_path):
+    from analyses.executors import ExecutorSettings
+    from analyses.locate_facts import LocateSettings
+    from analyses.sweep import Cells
+    from analyses.tradeoff.grid import grid_rows
+
+    calls = fake_training(monkeypatch)
+    grid = Grid(heads=(1, 4), widths=(2, 8), stack="off")
+    rows = grid_rows(RunConfig(), grid, LocateSettings(), Cells(tmp_path, {"grid": 1}), ExecutorSettings(),
+                     progress=False)
+    assert [(r["heads"], r["width"], r["stacked"]) for r in rows] == [(1, 2, False), (1, 8, False), (4, 2, False),
+                                                                      (4, 8, False)]
+    assert "seed" in rows[0]  # the stand-in's own column, kept as the cell returned it
+    assert [c[1:3] for c in calls] == [(4, 2), (4, 8), (1, 2), (1, 8)] and all(c[3] is None for c in calls)
+
+
+def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monkeypatch, tmp_path):
+    from analyses.executors import ExecutorSettings
+    from analyses.locate_facts import LocateSettings
+    from analyses.sweep import Cells
+    from analyses.tradeoff.grid import grid_rows
+
+    calls = fake_training(monkeypatch)
+    grid = Grid(heads=(1, 4), widths=(2, 8), stack="on", seeds=(5,))
+    cells = Cells(tmp_path, {"grid": 1})
+    cells.path("H1_m8_seed5").parent.mkdir(parents=True, exist_ok=True)
+    cells.path("H1_m8_seed5").write_text('{"heads": 1, "width": 8, "seed": 5, "stacked": "recorded"}')
+    rows = grid_rows(RunConfig(), grid, LocateSettings(), cells, ExecutorSettings(), progress=False)
+    assert [(r["heads"], r["width"], r["seed"], r["stacked"]) for r in rows] == [
+        (1, 2, 5, True), (1, 8, 5, "recorded"), (4, 2, 5, True), (4, 8, 5, True)]
+    assert calls == [("stack", ("H4_m2_seed5", "H4_m8_seed5"), (None, None)), ("stack", ("H1_m2_seed5",), (None,))]
+    assert cells.computed == 3
+    calls.clear()
+    again = grid_rows(RunConfig(), grid, LocateSettings(), Cells(tmp_path, {"grid": 1}), ExecutorSettings(),
+                      progress=False)
+    assert again == rows and calls == []  # every cell recorded: read back, none trained
+    (tmp_path / "cells" / "H4_m8_seed5.json").unlink()
+    partial = grid_rows(RunConfig(), grid, LocateSettings(), Cells(tmp_path, {"grid": 1}), ExecutorSettings(),
+                        progress=False, compute=False)
+    assert [(r["heads"], r["width"]) for r in partial] == [(1, 2), (1, 8), (4, 2)] and calls == []
+
+
+def test_a_grid_s_settings_stack_on_cuda_and_refuse_what_cannot_run(monkeypatch):
+    monkeypatch.setattr("analyses.tradeoff.grid.resolve_device", torch.device)  # "cuda" without a GPU here
+    cpu = RunConfig(train=replace(RunConfig().train, device="cpu"))
+    cuda = RunConfig(train=replace(cpu.train, device="cuda"))
+    assert [Grid(stack=s).stacked(cpu) for s in ("auto", "on", "off")] == [False, True, False]
+    assert [Grid(stack=s).stacked(cuda) for s in ("auto", "on", "off")] == [True, True, False]
+    assert Grid(heads=(1, 2), widths=(4,)).recorded(cpu) == {"heads": [1, 2], "widths": [4]}
+    assert Grid(heads=(1,), widths=(4,), stack="on", seeds=(0,)).recorded(cpu) == {
+        "heads": [1], "widths": [4], "stacked": True, "seeds": "per cell"}
+    assert Grid(widths=(4, 8)).widths_of(RunConfig(model=ModelConfig(attn_only=True))) == (0,)
+    models = Grid(heads=(2,), widths=(4, 8)).models(cpu)
+    assert list(models) == [(2, 4), (2, 8)] and models[(2, 8)].d_mlp == 8 and models[(2, 8)].n_heads == 2
+    with pytest.raises(ValueError, match="^--stack must be auto, on or off, got 'yes'.$"):
+        Grid(stack="yes")
+    with pytest.raises(ValueError, match="heads"):
+        Grid(heads=(0,))
+    with pytest.raises(ValueError, match="widths"):
+        Grid(widths=(0,))
+    with pytest.raises(ValueError):
+        Grid(heads=(3,)).models(RunConfig(model=ModelConfig(d_model=16, d_head=None)))
+
+
+def test_write_grid_writes_the_tables_the_summary_and_the_figure_of_the_frontier(tmp_path, monkeypatch):
+    import json
+
+    from analyses.tradeoff.grid import write_grid
+
+    drawn = []
+    monkeypatch.setattr("analyses.tradeoff.grid.grid_figure", lambda *args: drawn.append(args))
+    result = grid_tables(rows(), GRID, RunConfig(), computed=0)
+    write_grid(result, RunConfig(), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.csv", "grid_by_seed.csv", "summary.json"]
+    assert json.loads((tmp_path / "summary.json").read_text())["frontier_min_width_at_99"] == {"1": None, "2": 8}
+    (table, frontier, path, run), = drawn
+    assert table is result.tables["grid.csv"] and frontier == {1: None, 2: 8} and path == tmp_path / "grid.png"
