@@ -127,3 +127,79 @@ def test_the_report_takes_facts_and_fresh_but_no_step():
     assert (args.facts, args.fresh) == ("1:2", True)
     defaults = report.parser().parse_args(["CKPT"])
     assert (defaults.facts, defaults.fresh) == (None, False) and not hasattr(defaults, "step")
+
+
+# ------------------------------------------------------------------ the page of a checkpoint whose results are recorded
+@pytest.fixture
+def recorded_ckpt(tmp_path):
+    """The Theorem 4 construction as a checkpoint with two snapshots, and locate_facts and
+    hallucination results written by hand with the report's settings (so nothing is computed)."""
+    from dataclasses import asdict
+
+    from analyses.hallucination import HallucinationSettings
+    from analyses.locate_facts import LocateSettings
+    from models.checkpoint import write_checkpoint
+    from models.config import override
+    from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+    from probe.phases import PhaseRule
+    from probe.storage import StorageRule
+
+    task = CONSTRUCTION_TASK.build()
+    config = override(CONSTRUCTION_MODEL, {"attn_only": False})
+    weights = build("mlp", task, config)
+    ckpt = write_checkpoint(tmp_path / "ckpt", config.checkpoint_section(task), task,
+                            {"optimizer": "adam", "lr": 0.01, "seed": 0}, weights, [], {0: weights, 4: weights})
+    located = ckpt / "analysis" / "locate_facts"
+    located.mkdir(parents=True)
+    settings = {**asdict(LocateSettings()), "rule": asdict(StorageRule()), "device": "cuda"}
+    (located / "summary.json").write_text(json.dumps(locate_summary(step=None, settings=settings)))
+    pd.DataFrame({"subject": [0, 1, 2], "relation": [0, 0, 1], "label": ["mlp", "mlp", "attention"]}).to_csv(
+        located / "facts.csv", index=False)
+    dynamics = ckpt / "analysis" / "hallucination"
+    dynamics.mkdir()
+    (dynamics / "summary.json").write_text(json.dumps({
+        "settings": asdict(HallucinationSettings()), "rule": asdict(PhaseRule()),
+        "phase": {"start_step": 8, "end_step": 45}, "log_D": 1.386}))
+    return ckpt
+
+
+def test_the_page_reuses_recorded_results_and_shows_their_facts(recorded_ckpt):
+    said = []
+    page = report.build(recorded_ckpt, "cpu", progress=False, say=said.append)
+    assert said == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} (the same settings)",
+                    f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} (the same settings)"]
+    assert "<title>Report: ckpt</title>" in page
+    assert f"Checkpoint <code>{recorded_ckpt}</code>. Everything on this page is in this one file" in page
+    assert "<td>snapshots</td><td>2</td>" in page and "optimizer=adam, lr=0.01, seed=0" in page
+    assert "Hallucination phase from step 8 to 45" in page
+    assert "stored in: attention</h3>" in page and "stored in: mlp</h3>" in page  # a view per label found
+    assert page.count('id="circuits-vis-') == 3  # the two facts shown, the neuron view
+    chosen = report.build(recorded_ckpt, "cpu", facts="3:1", progress=False, say=said.append)
+    assert chosen.count('id="circuits-vis-') == 2 and "S3" in chosen
+
+
+def test_the_report_writes_one_page_beside_the_results_it_reads(recorded_ckpt, tmp_path, capsys):
+    assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet"]) == 0
+    out = recorded_ckpt / "analysis" / "report"
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said[-1].startswith(f"wrote {out}/index.html (") and said[-1].endswith(" MB, opens offline)")
+    assert (out / "index.html").read_text().startswith("<!DOCTYPE html>")
+    elsewhere = tmp_path / "elsewhere"
+    assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet", "--out", str(elsewhere)]) == 0
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["index.html"]  # the results recorded in CKPT are read
+    assert "reusing" in capsys.readouterr().out
+
+
+def test_results_not_recorded_are_computed_into_the_folder_asked(recorded_ckpt, tmp_path):
+    from models import load
+
+    model, task = load(recorded_ckpt, "cpu", kind="factual_recall")
+    said = []
+    into = tmp_path / "report" / "locate_facts"
+    (recorded_ckpt / "analysis" / "locate_facts" / "summary.json").unlink()
+    assert report.located_results(recorded_ckpt, model, task, into, progress=False, say=said.append) == into
+    summary = json.loads((into / "summary.json").read_text())
+    assert summary["step"] is None and summary["checkpoint"] == str(recorded_ckpt) and said == []
+    assert (into / "facts.csv").is_file()
+    again = report.located_results(recorded_ckpt, model, task, into, fresh=False, say=said.append)
+    assert again == into and said == [f"locate_facts: reusing {into} (the same settings)"]
