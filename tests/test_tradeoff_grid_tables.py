@@ -76,9 +76,10 @@ def test_grid_tables_over_seeds_summarise_the_mean_grid_and_the_spread(tmp_path)
     assert summary["task"] == repr(RunConfig().task.build())
     assert set(result.tables) == {"grid.csv", "grid_by_seed.csv"} and len(result.tables["grid_by_seed.csv"]) == 18
     assert summary["frontier_spread"][1]["max"] == 16
-    text = grid_text(result, Path("OUT"))
-    assert "  H=1: 8 / 12 / 16, 2 of 3 seeds" in text and "  H=2: 4 / 4 / 8, 3 of 3 seeds" in text
-    assert text.endswith("\nwrote OUT/ (5 new cells)") and "smallest m at 99% per seed" in text
+    lines = grid_text(result, Path("OUT")).splitlines()
+    assert lines[-4:] == ["smallest m at 99% per seed (min / median / max over the seeds reaching it):",
+                          "  H=1: 8 / 12 / 16, 2 of 3 seeds", "  H=2: 4 / 4 / 8, 3 of 3 seeds",
+                          "wrote OUT/ (5 new cells)"]
     lone = grid_text(grid_tables([r for r in rows() if r["heads"] == 1 and r["seed"] == 2],
                                  Grid(heads=(1,), widths=WIDTHS, seeds=(2,)), RunConfig(), 0), Path("OUT"))
     assert "  H=1: no seed reaches 99%" in lone
@@ -96,6 +97,7 @@ def test_grid_tables_of_one_seed_have_no_spread_and_name_a_missing_corner():
     assert "smallest m" not in text and text.splitlines()[0].split() == [
         "heads", "width", "accuracy", "best_accuracy", "share_attention", "share_mlp", "share_both",
         "share_distributed", "share_not_stored"]
+    assert text.splitlines()[1].split() == ["1", "4", "0.400", "0.500", "0.250", "0.125", "0.000", "0.000", "0.625"]
 
 
 def test_an_attention_only_grid_has_one_width_and_its_cells_are_named_by_h_and_m():
@@ -119,7 +121,7 @@ def fake_training(monkeypatch) -> list:
     calls = []
 
     def row(run, stacked):
-        return {"heads": run.model.n_heads, "width": run.model.d_mlp, "seed": run.train.seed[0], "stacked": stacked}
+        return {"heads": run.model.n_heads, "width": run.model.d_mlp, "stacked": stacked}
 
     def alone(run, locating, checkpoint):
         calls.append(("alone", run.model.n_heads, run.model.d_mlp, checkpoint))
@@ -134,20 +136,35 @@ def fake_training(monkeypatch) -> list:
     return calls
 
 
-def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(monkeypatch, tmp_path):
-    from analyses.executors import ExecutorSettings
+def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(monkeypatch, tmp_path, capsys):
+    from analyses.executors import ExecutorSettings, open_executor
     from analyses.locate_facts import LocateSettings
     from analyses.sweep import Cells
     from analyses.tradeoff.grid import grid_rows
 
     calls = fake_training(monkeypatch)
+    opened = []
+
+    def executor(settings):  # the executor the cells run on, recorded
+        opened.append(settings)
+        return open_executor(ExecutorSettings())
+
+    monkeypatch.setattr("analyses.tradeoff.grid.open_executor", executor)
+    monkeypatch.setenv("FACTUAL_RECALL_PROGRESS", "1")
     grid = Grid(heads=(1, 4), widths=(2, 8), stack="off")
-    rows = grid_rows(RunConfig(), grid, LocateSettings(), Cells(tmp_path, {"grid": 1}), ExecutorSettings(),
-                     progress=False)
+    cells = Cells(tmp_path, {"grid": 1}, keep_checkpoints=True)
+    asked = ExecutorSettings(gpus_per_cell=None)
+    rows = grid_rows(RunConfig(), grid, LocateSettings(), cells, asked)
     assert [(r["heads"], r["width"], r["stacked"]) for r in rows] == [(1, 2, False), (1, 8, False), (4, 2, False),
                                                                       (4, 8, False)]
-    assert "seed" in rows[0]  # the stand-in's own column, kept as the cell returned it
-    assert [c[1:3] for c in calls] == [(4, 2), (4, 8), (1, 2), (1, 8)] and all(c[3] is None for c in calls)
+    assert all("seed" not in r for r in rows)  # one seed: no seed column
+    assert [c[1:3] for c in calls] == [(4, 2), (4, 8), (1, 2), (1, 8)]
+    assert [c[3] for c in calls] == [cells.checkpoint(k) for k in ("H4_m2", "H4_m8", "H1_m2", "H1_m8")]
+    bar = capsys.readouterr().err  # shown by default
+    assert "trade-off grid: 100%" in bar and "4/4 cells done" in bar
+    assert opened == [asked]
+    grid_rows(RunConfig(), grid, LocateSettings(), cells, asked, progress=False, compute=False)
+    assert opened[-1] == ExecutorSettings()  # recorded cells only: nothing to run elsewhere
 
 
 def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monkeypatch, tmp_path):
@@ -163,7 +180,7 @@ def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monke
     cells.path("H1_m8_seed5").write_text('{"heads": 1, "width": 8, "seed": 5, "stacked": "recorded"}')
     rows = grid_rows(RunConfig(), grid, LocateSettings(), cells, ExecutorSettings(), progress=False)
     assert [(r["heads"], r["width"], r["seed"], r["stacked"]) for r in rows] == [
-        (1, 2, 5, True), (1, 8, 5, "recorded"), (4, 2, 5, True), (4, 8, 5, True)]
+        (1, 2, 5, True), (1, 8, 5, "recorded"), (4, 2, 5, True), (4, 8, 5, True)]  # each row its seed
     assert calls == [("stack", ("H4_m2_seed5", "H4_m8_seed5"), (None, None)), ("stack", ("H1_m2_seed5",), (None,))]
     assert cells.computed == 3
     calls.clear()
@@ -174,6 +191,10 @@ def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monke
     partial = grid_rows(RunConfig(), grid, LocateSettings(), Cells(tmp_path, {"grid": 1}), ExecutorSettings(),
                         progress=False, compute=False)
     assert [(r["heads"], r["width"]) for r in partial] == [(1, 2), (1, 8), (4, 2)] and calls == []
+    three = Grid(heads=(1, 2, 4), widths=(2,), stack="on")
+    grid_rows(RunConfig(), three, LocateSettings(), Cells(tmp_path / "three", {"grid": 3}), ExecutorSettings(),
+              progress=False)
+    assert [c[1] for c in calls] == [("H4_m2",), ("H2_m2",), ("H1_m2",)]  # one stack per H, its own cells
 
 
 def test_a_grid_s_settings_stack_on_cuda_and_refuse_what_cannot_run(monkeypatch):
@@ -185,7 +206,13 @@ def test_a_grid_s_settings_stack_on_cuda_and_refuse_what_cannot_run(monkeypatch)
     assert Grid(heads=(1, 2), widths=(4,)).recorded(cpu) == {"heads": [1, 2], "widths": [4]}
     assert Grid(heads=(1,), widths=(4,), stack="on", seeds=(0,)).recorded(cpu) == {
         "heads": [1], "widths": [4], "stacked": True, "seeds": "per cell"}
-    assert Grid(widths=(4, 8)).widths_of(RunConfig(model=ModelConfig(attn_only=True))) == (0,)
+    attn = RunConfig(model=ModelConfig(attn_only=True, d_mlp=64))
+    assert Grid(widths=(4, 8)).widths_of(attn) == (0,)
+    assert {k: m.d_mlp for k, m in Grid(heads=(2,), widths=(4, 8)).models(attn).items()} == {(2, 0): 64}
+    small = RunConfig(task=replace(cpu.task, n_subjects=4), train=replace(cpu.train, steps=7))
+    for grid in (Grid(heads=(2,), widths=(4,)), Grid(heads=(2,), widths=(4,), seeds=(1,))):
+        (run,) = grid.runs(small).values()
+        assert run.task == small.task and run.train.steps == 7
     models = Grid(heads=(2,), widths=(4, 8)).models(cpu)
     assert list(models) == [(2, 4), (2, 8)] and models[(2, 8)].d_mlp == 8 and models[(2, 8)].n_heads == 2
     with pytest.raises(ValueError, match="^--stack must be auto, on or off, got 'yes'.$"):
@@ -205,9 +232,8 @@ def test_write_grid_writes_the_tables_the_summary_and_the_figure_of_the_frontier
 
     drawn = []
     monkeypatch.setattr("analyses.tradeoff.grid.grid_figure", lambda *args: drawn.append(args))
-    result = grid_tables(rows(), GRID, RunConfig(), computed=0)
-    write_grid(result, RunConfig(), tmp_path)
+    result, run = grid_tables(rows(), GRID, RunConfig(), computed=0), RunConfig()
+    write_grid(result, run, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.csv", "grid_by_seed.csv", "summary.json"]
     assert json.loads((tmp_path / "summary.json").read_text())["frontier_min_width_at_99"] == {"1": None, "2": 8}
-    (table, frontier, path, run), = drawn
-    assert table is result.tables["grid.csv"] and frontier == {1: None, 2: 8} and path == tmp_path / "grid.png"
+    assert drawn == [(result.tables["grid.csv"], {1: None, 2: 8}, tmp_path / "grid.png", run)]
