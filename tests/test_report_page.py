@@ -109,8 +109,8 @@ def test_recorded_results_are_reused_only_with_the_same_settings(tmp_path):
     assert said == [f"locate_facts: not reusing {first} (settings.contexts: recorded 4, now 8)",
                     f"locate_facts: reusing {second} (the same settings)"]
     assert report.recorded_results("locate_facts", [second], wanted, True, said.append) is None  # fresh
-    assert report.recorded_results("x", [first], {"step": 3}, False, said.append) is None
-    assert said[-1] == f"x: not reusing {first} (step: recorded null, now 3)"
+    assert report.recorded_results("x", [first], {"step": 3, "settings": {"contexts": 5}}, False, said.append) is None
+    assert said[-1] == f"x: not reusing {first} (settings.contexts: recorded 4, now 5; step: recorded null, now 3)"
     (first / "summary.json").write_text("{cut")
     with pytest.raises(ValueError, match=r"summary.json: not valid JSON \(.*\); rerun with --fresh\.$"):
         report.recorded_results("locate_facts", [first], wanted, False, said.append)
@@ -119,7 +119,9 @@ def test_recorded_results_are_reused_only_with_the_same_settings(tmp_path):
 def test_the_page_shows_the_first_fact_of_each_label_found():
     facts = pd.DataFrame({"subject": [0, 1, 2, 3, 4], "relation": [0, 0, 1, 1, 2],
                           "label": ["mlp", "attention", "mlp", "not_stored", "attention"]})
-    assert report.facts_to_show(facts) == [(1, 0), (0, 0), (3, 1)]
+    assert report.facts_to_show(facts) == [(1, 0), (0, 0), (3, 1)]  # attention, mlp, not_stored
+    both = pd.DataFrame({"subject": [5, 6, 7], "relation": [0, 1, 2], "label": ["not_stored", "both", "mlp"]})
+    assert report.facts_to_show(both) == [(7, 2), (6, 1), (5, 0)]
 
 
 def test_the_report_takes_facts_and_fresh_but_no_step():
@@ -203,3 +205,46 @@ def test_results_not_recorded_are_computed_into_the_folder_asked(recorded_ckpt, 
     assert (into / "facts.csv").is_file()
     again = report.located_results(recorded_ckpt, model, task, into, fresh=False, say=said.append)
     assert again == into and said == [f"locate_facts: reusing {into} (the same settings)"]
+
+
+def test_the_sections_in_full(tmp_path):
+    """The HTML of the model and hallucination sections, whole, for small inputs."""
+    config = {"model": {"d_model": 4, "n_heads": 1, "d_head": 2, "d_mlp": 3},
+              "training": {"final_accuracy": 0.5, "final_loss": 0.25}}
+    assert report.model_section(tmp_path, config, "T") == (
+        "<h2>Model</h2><table><thead><tr><th></th><th></th></tr></thead><tbody>"
+        "<tr><td>task</td><td>&#x27;T&#x27;</td></tr><tr><td>model</td><td>d=4 H=1 d_h=2 m=3</td></tr>"
+        "<tr><td>training</td><td>final_accuracy=0.5, final_loss=0.25</td></tr>"
+        "<tr><td>snapshots</td><td>0</td></tr></tbody></table>")
+    (tmp_path / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 9}, "log_D": 2}))
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text("x\n")
+    assert report.hallucination_section(tmp_path) == (
+        "<h2>Hallucination phase</h2>\n<p>Hallucination phase from step 8 to 9: the model answers from the "
+        "relation alone (loss near log D) before it recalls the subject's answer.</p>\n"
+        "<table><thead><tr><th>phase</th><th>value</th></tr></thead><tbody><tr><td>start_step</td><td>8</td></tr>"
+        "<tr><td>end_step</td><td>9</td></tr></tbody></table>\n"
+        "<table><thead><tr><th>field</th><th>value</th></tr></thead><tbody><tr><td>log_D</td><td>2</td></tr>"
+        '</tbody></table>\n<p class="note">Data: <code>a.csv</code>, <code>b.csv</code> in '
+        f"<code>{tmp_path}</code>.</p>")
+    (tmp_path / "summary.json").write_text(json.dumps({"log_D": 2}))
+    assert "\n<p>No hallucination phase found in the training curves.</p>\n<table>" in report.hallucination_section(
+        tmp_path)
+    assert report.hallucination_section(None) == (
+        '<h2>Hallucination phase</h2><p class="note">Absent: the checkpoint has no snapshots (train with '
+        "<code>--snapshots-per-octave</code> &gt; 0 to study the training dynamics).</p>")
+    (tmp_path / "summary.json").write_text(json.dumps({k: v for k, v in locate_summary().items() if k != "settings"}))
+    assert report.locate_section(tmp_path).startswith(
+        "<h2>Where the facts live (locate_facts)</h2>\n"
+        f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{}}. Intervals are 95% bootstrap '
+        "intervals.</p>\n<p>accuracy")
+
+
+def test_the_report_s_help_names_its_options():
+    text = " ".join(report.parser().format_help().split())
+    assert text.startswith("usage: python -m analyses.report [-h] [--out OUT] [--device DEVICE] [--seed SEED] "
+                           "[--quiet] [--facts S:R,...] [--fresh] ckpt python -m analyses.report CKPT/ : one offline")
+    assert ("--facts S:R,... facts whose attention to show (default: the first fact of each storage label found) "
+            "--fresh rerun locate_facts and the hallucination analysis even when results with the same settings are "
+            "recorded") in text
+    assert "--seed SEED seed of the attention-view prompts (default 0)" in text
