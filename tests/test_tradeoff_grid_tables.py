@@ -39,6 +39,9 @@ def test_the_frontier_is_the_smallest_width_reaching_99_percent_and_the_floor_li
     assert frontier_of(by_seed[by_seed["seed"] == 2]) == {1: None, 2: 8}
     no_best = by_seed[by_seed["seed"] == 0].drop(columns="best_accuracy")  # the final accuracy: never 0.99 here
     assert frontier_of(no_best) == {1: None, 2: None}
+    exactly = by_seed[by_seed["seed"] == 0].copy()
+    exactly.loc[exactly["width"] == 4, "best_accuracy"] = 0.99
+    assert frontier_of(exactly) == {1: 4, 2: 4}  # 0.99 itself reaches 99%
     assert floor_between({1: None, 2: None, 4: 8, 8: 4}) == [2, 4]
     assert floor_between({1: 8, 2: 4}) == [None, 1]
     assert floor_between({1: None, 2: None}) == [2, None]
@@ -53,6 +56,9 @@ def test_the_mean_over_seeds_keeps_each_cell_s_range_and_seed_count():
     assert (cell["best_accuracy_min"], cell["best_accuracy_max"], cell["seeds"]) == (0.5, 0.995, 3)
     assert (cell["attention_parameters"], cell["mlp_parameters"]) == (100, 160)
     assert "lr" not in table and "seed" not in table
+    backwards = seed_means(pd.DataFrame(rows()[::-1]))  # the cells in the order given, each with its own range
+    assert list(zip(backwards["heads"], backwards["width"]))[:2] == [(2, 16), (2, 8)]
+    assert backwards.set_index(["heads", "width"]).loc[(1, 16), "best_accuracy_min"] == 0.5
 
 
 def test_the_frontier_spread_over_seeds_gives_the_smallest_median_and_largest_width():
@@ -107,6 +113,7 @@ def test_an_attention_only_grid_has_one_width_and_its_cells_are_named_by_h_and_m
         del r["seed"]
     result = grid_tables(rows_, Grid(heads=(1, 2), widths=WIDTHS), attn, computed=2)
     assert list(result.tables["grid.csv"]["width"]) == [0, 0] and result.summary["cells"] == "2 of 2"
+    assert result.tables["grid.csv"]["width"].dtype.kind == "i"  # m = 0, a whole number
     assert list(Grid(heads=(1, 2), widths=WIDTHS).runs(attn)) == ["H1_m0", "H2_m0"]
     seeded = Grid(heads=(2,), widths=(4, 8), seeds=(0, 3)).runs(RunConfig())
     assert list(seeded) == ["H2_m4_seed0", "H2_m4_seed3", "H2_m8_seed0", "H2_m8_seed3"]
