@@ -112,6 +112,7 @@ def test_a_step_is_captured_where_the_run_is_on_cuda_with_the_counter_sampler():
                                                 "would not advance; use --sampler counter")
     assert not_capturable(torch.device("cpu")) == "the run is on cpu, and CUDA graphs need a CUDA device"
     assert use_cuda_graph("auto", GPU) and not use_cuda_graph("off", GPU)
+    assert use_cuda_graph("off", device=None) is False  # off is decided without looking at the device
 
 
 def test_a_run_records_whether_its_step_was_graphed():
