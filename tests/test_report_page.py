@@ -3,6 +3,8 @@ model, locate_facts and hallucination sections, the reuse of recorded results, a
 facts the page shows. (The page of a trained checkpoint: tests/test_visualize_report.py.)"""
 import base64
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -248,3 +250,79 @@ def test_the_report_s_help_names_its_options():
             "--fresh rerun locate_facts and the hallucination analysis even when results with the same settings are "
             "recorded") in text
     assert "--seed SEED seed of the attention-view prompts (default 0)" in text
+
+
+def test_the_locate_section_in_full(tmp_path):
+    summary = locate_summary(recall={"subject": INTERVAL})
+    summary["label_share_intervals"] = {label: {"value": 0.0, "low": 0.0, "high": 0.0} for label in
+                                        summary["label_share_intervals"]}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    pd.DataFrame({"head": [0], "subject_score": [0.1], "relation_score": [0.8], "subjects": [""],
+                  "relations": ["R0"], "denoising_score": [0.8]}).to_csv(tmp_path / "heads.csv", index=False)
+    labels = "".join(f"<tr><td>{label}</td><td>{count}</td><td>0.0% [0.0, 0.0]</td></tr>"
+                     for label, count in summary["label_counts"].items())
+    assert report.locate_section(tmp_path) == (
+        "<h2>Where the facts live (locate_facts)</h2>\n"
+        f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{&quot;contexts&quot;: 8}}. Intervals are '
+        "95% bootstrap intervals.</p>\n<p>accuracy 0.988 [0.950, 1.000]</p>\n"
+        "<table><thead><tr><th>label</th><th>facts</th><th>share [95% CI]</th></tr></thead><tbody>"
+        f"{labels}</tbody></table>\n"
+        "<table><thead><tr><th>measure</th><th>mean over facts [95% CI]</th></tr></thead><tbody>"
+        "<tr><td>subject recall probe</td><td>0.500 [0.250, 0.750]</td></tr></tbody></table>\n"
+        "<h3>Heads (denoising: 1 = all of the EOS query's attention on the token, 0 = uniform)</h3>\n"
+        "<table><thead><tr><th>head</th><th>subject score</th><th>relation score</th><th>subjects (&gt;= 0.5)</th>"
+        "<th>relations (&gt;= 0.5)</th></tr></thead><tbody><tr><td>0</td><td>0.10</td><td>0.80</td><td>-</td>"
+        "<td>R0</td></tr></tbody></table>")
+
+
+def _without_ids(page: str) -> str:
+    return re.sub(r'circuits-vis-[\w-]+', "circuits-vis", page)
+
+
+def test_the_page_s_defaults_and_its_results_read_from_the_folder_asked(recorded_ckpt, tmp_path):
+    page = report.build(recorded_ckpt, progress=False, say=lambda _: None)  # device auto: the CPU here
+    assert _without_ids(page) == _without_ids(report.build(recorded_ckpt, "cpu", seed=0, progress=False,
+                                                           say=lambda _: None))
+    assert _without_ids(page) != _without_ids(report.build(recorded_ckpt, "cpu", seed=1, progress=False,
+                                                           say=lambda _: None))
+    assert "opens offline.</p>\n<h2>Model</h2>" in page and "</table>\n<h2>Where the facts live" in page
+    moved = tmp_path / "moved"
+    shutil.move(recorded_ckpt / "analysis", moved)
+    said = []
+    report.build(recorded_ckpt, "cpu", progress=False, analyses=moved, say=said.append)
+    assert said == [f"locate_facts: reusing {moved / 'locate_facts'} (the same settings)",
+                    f"hallucination: reusing {moved / 'hallucination'} (the same settings)"]
+
+
+def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(recorded_ckpt / "analysis", out)
+    shutil.rmtree(recorded_ckpt / "analysis")
+    assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet", "--out", str(out), "--facts", "3:1",
+                        "--seed", "2"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"locate_facts: reusing {out / 'locate_facts'} (the same settings)"
+    text = (out / "index.html").read_text()
+    assert said[-1] == f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)"
+    assert text.count('id="circuits-vis-') == 2 and not (recorded_ckpt / "analysis").exists()
+    again = report.build(recorded_ckpt, "cpu", facts="3:1", seed=2, progress=False, analyses=out, say=lambda _: None)
+    assert _without_ids(again) == _without_ids(text)
+
+
+def test_results_computed_for_the_page_go_beside_the_checkpoint(recorded_ckpt):
+    (recorded_ckpt / "analysis" / "locate_facts" / "summary.json").unlink()
+    assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet"]) == 0
+    summary = json.loads((recorded_ckpt / "analysis" / "locate_facts" / "summary.json").read_text())
+    assert summary["step"] is None and not (recorded_ckpt / "analysis" / "report" / "locate_facts").exists()
+
+
+def test_a_hallucination_analysis_not_recorded_is_run_into_the_folder_asked(recorded_ckpt, tmp_path):
+    (recorded_ckpt / "analysis" / "hallucination" / "summary.json").unlink()
+    into = tmp_path / "hallucination"
+    said = []
+    assert report.hallucination_results(recorded_ckpt, into, say=said.append) == into  # device auto: the CPU here
+    assert (into / "summary.json").is_file() and said == []
+    assert report.hallucination_results(recorded_ckpt, into, say=said.append) == into
+    assert said == [f"hallucination: reusing {into} (the same settings)"]
+    shutil.rmtree(recorded_ckpt / "snapshots")
+    assert report.hallucination_results(recorded_ckpt, into, say=said.append) is None  # nothing to follow
