@@ -1,5 +1,7 @@
 """Buckets: which runs share a padded stack (none below half its stack's size, each stack
 within a memory budget), and the memory estimate they rest on."""
+import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -97,3 +99,74 @@ def test_the_stack_estimate_bounds_what_a_training_stack_holds_at_once(members):
                                             state.positional, state.query_scale))
     measured = kept + step + held_out
     assert measured <= stack_bytes(runs) <= 3 * measured, (measured, stack_bytes(runs))
+
+
+@pytest.mark.parametrize("freeze_ov", [False, True])
+def test_the_estimate_counts_the_buffers_it_names(freeze_ov):
+    """stack_bytes as its docstrings account for it, buffer by buffer (the tests above check
+    that this accounting bounds what a stack really holds): float32 weights, and for the
+    trainable ones their gradients, two Adam moments, masks and three Adam temporaries of the
+    largest; int64 held-out prompts; the step's and the evaluation's activations."""
+    from models.shape_stack import _estimate
+    from models.weights import shapes, trainable_keys
+
+    run = replace(CELLS[0], train=replace(CELLS[0].train, lr=(1e-2, 3e-3), freeze_ov=freeze_ov))  # K = 2, authors
+    section = run_section(run)
+    K, B, E, T = 2, run.train.batch_size, run.train.eval_size, section.n_ctx
+    H, e, V, d, m, O = (section.n_heads, section.d_head, section.d_vocab, section.d_model, section.mlp_width,
+                        section.d_vocab_out)
+    size = {key: math.prod(shape) for key, shape in shapes(section).items()}
+    trained = [size[key] for key in trainable_keys(size, run.model, freeze_ov)]
+    assert ("blocks.0.mlp.b_in" in trainable_keys(size, run.model)) and (len(trained) < 6) == freeze_ov
+
+    def activations(prompts: int, backward: bool) -> int:
+        passes = 2 if backward else 1  # a backward doubles every buffer but the [H, B, V] attention one
+        floats = (H * prompts * V  # attention over the vocabulary
+                  + passes * 2 * H * prompts * T  # scores and pattern
+                  + passes * 2 * H * e * V  # key and value tables
+                  + passes * prompts * (4 * d + 2 * m + 2 * O + 2 * H * e))  # per prompt: residual, MLP, logits, heads
+        sampling = 4 * prompts * (T + 3) * 8 if backward else 0  # int64 counters and tokens, four at once
+        return K * (4 * floats + sampling)
+
+    assert _activation_bytes(section, K, B, backward=True) == activations(B, True)
+    assert _activation_bytes(section, K, E, backward=False) == activations(E, False)
+    weights = sum(size.values()) + 4 * sum(trained) + 3 * max(trained)
+    expected = K * 4 * weights + K * E * T * 8 + activations(B, True) + activations(E, False)
+    assert stack_bytes([run]) == expected == _estimate([section], [run])
+
+
+def test_runs_are_taken_largest_first_whatever_the_order_given():
+    """6144, 3456 and 2048 parameters: the middle run joins the largest (taken first), which
+    leaves the smallest alone; taken smallest first, the middle one would join the smallest."""
+    runs = [cell(16, 32, 4, 8), cell(12, 24, 4, 6), cell(8, 16, 4, 6)]
+    for order in itertools.permutations(range(3)):
+        given = [runs[i] for i in order]
+        expected = sorted(sorted(order.index(i) for i in members) for members in ([0, 1], [2]))
+        assert buckets(given) == expected, order
+
+
+def test_a_run_of_exactly_half_the_stack_s_parameters_joins_it():
+    half = cell(16, 32, 2, 4)  # 4 * 2 * 4 * 32 + 2 * 32 * 32 = 3072, half of cell(16, 32, 4, 8)'s
+    assert buckets([CELLS[0], half]) == [[0, 1]]
+
+
+def test_a_refusal_names_the_estimate_and_the_budget_in_gib():
+    big = replace(CELLS[0], train=replace(CELLS[0].train, batch_size=1 << 18, eval_size=1 << 18))
+    need = stack_bytes([big])
+    assert need > 2 ** 31
+    with pytest.raises(ValueError) as refused:
+        buckets([big], memory_budget_bytes=need // 3)
+    assert str(refused.value) == (f"run 0 alone needs an estimated {need / 2 ** 30:.2f} GiB, more than the memory "
+                                  f"budget of {need // 3 / 2 ** 30:.2f} GiB.")
+
+
+def test_runs_that_cannot_share_a_stack_are_named_with_every_difference():
+    from models.shape_stack import check_stackable
+
+    with pytest.raises(ValueError, match=r"^train_shapes needs at least one run\.$"):
+        check_stackable([])
+    other = replace(CELLS[1], model=replace(CELLS[1].model, attention="linear"),
+                    train=replace(CELLS[1].train, batch_size=8))
+    with pytest.raises(ValueError, match=r"^run 1 cannot share a stack with run 0: they differ in model\.attention, "
+                                         r"train\.batch_size\.$"):
+        check_stackable([CELLS[0], other])
