@@ -170,3 +170,8 @@ def test_runs_that_cannot_share_a_stack_are_named_with_every_difference():
     with pytest.raises(ValueError, match=r"^run 1 cannot share a stack with run 0: they differ in model\.attention, "
                                          r"train\.batch_size\.$"):
         check_stackable([CELLS[0], other])
+
+
+def test_a_run_below_half_the_stack_s_vocabulary_alone_starts_its_own():
+    """Parameters (3360 of 6144) and d (20 of 32) above half, the vocabulary (25 of 65) below."""
+    assert buckets([CELLS[0], cell(6, 20, 4, 8)]) == [[0], [1]]
