@@ -175,3 +175,18 @@ def test_runs_that_cannot_share_a_stack_are_named_with_every_difference():
 def test_a_run_below_half_the_stack_s_vocabulary_alone_starts_its_own():
     """Parameters (3360 of 6144) and d (20 of 32) above half, the vocabulary (25 of 65) below."""
     assert buckets([CELLS[0], cell(6, 20, 4, 8)]) == [[0], [1]]
+
+
+def test_the_padding_s_pieces_one_by_one(monkeypatch):
+    from models.shape_stack import default_budget, gradient_masks, pad, query_scales, sizes
+
+    narrow, wide = (run_section(c) for c in (cell(8, 16, 2, 4), cell(8, 16, 4, 4)))  # they differ in H alone
+    assert set(gradient_masks([narrow, wide], ["embed.W_E", "blocks.0.attn.W_Q"])) == {"blocks.0.attn.W_Q"}
+    assert query_scales([narrow, wide]) is None  # one d_h: the stack's own scale
+    assert query_scales([narrow, run_section(cell(8, 16, 2, 8))]).tolist() == pytest.approx([0.5, 8 ** -0.5])
+    assert "d_mlp" in sizes(narrow) and "d_mlp" not in sizes(replace(narrow, attn_only=True))
+    bias = pad({"unembed.b_U": torch.zeros(narrow.d_vocab_out)}, replace(narrow, d_vocab_out=narrow.d_vocab_out + 2))
+    assert bias["unembed.b_U"].tolist() == [0.0] * narrow.d_vocab_out + [-math.inf] * 2  # padded answers never win
+    assert default_budget(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * 2 ** 30, 80 * 2 ** 30))
+    assert default_budget(torch.device("cuda")) == 8 * 2 ** 30  # 80% of the free memory

@@ -42,6 +42,7 @@ def test_the_frontier_is_the_smallest_width_reaching_99_percent_and_the_floor_li
     exactly = by_seed[by_seed["seed"] == 0].copy()
     exactly.loc[exactly["width"] == 4, "best_accuracy"] = 0.99
     assert frontier_of(exactly) == {1: 4, 2: 4}  # 0.99 itself reaches 99%
+    assert frontier_of(pd.DataFrame({"heads": [1, 1], "width": [4, 8], "best_accuracy": [0.5, 0.99]})) == {1: 8}
     assert floor_between({1: None, 2: None, 4: 8, 8: 4}) == [2, 4]
     assert floor_between({1: 8, 2: 4}) == [None, 1]
     assert floor_between({1: None, 2: None}) == [2, None]
@@ -158,10 +159,11 @@ def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(mo
 
     monkeypatch.setattr("analyses.tradeoff.grid.open_executor", executor)
     monkeypatch.setenv("FACTUAL_RECALL_PROGRESS", "1")
-    grid = Grid(heads=(1, 4), widths=(2, 8), stack="off")
+    grid = Grid(heads=(1, 4), widths=(2, 8), stack="auto")  # on a CPU: cell by cell
     cells = Cells(tmp_path, {"grid": 1}, keep_checkpoints=True)
-    asked = ExecutorSettings(gpus_per_cell=None)
-    rows = grid_rows(RunConfig(), grid, LocateSettings(), cells, asked)
+    asked = ExecutorSettings(executor="ray")  # recorded by the stand-in, never opened
+    run = RunConfig(train=replace(RunConfig().train, device="cpu"))
+    rows = grid_rows(run, grid, LocateSettings(), cells, asked)
     assert [(r["heads"], r["width"], r["stacked"]) for r in rows] == [(1, 2, False), (1, 8, False), (4, 2, False),
                                                                       (4, 8, False)]
     assert all("seed" not in r for r in rows)  # one seed: no seed column
@@ -170,8 +172,9 @@ def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(mo
     bar = capsys.readouterr().err  # shown by default
     assert "trade-off grid: 100%" in bar and "4/4 cells done" in bar
     assert opened == [asked]
-    grid_rows(RunConfig(), grid, LocateSettings(), cells, asked, progress=False, compute=False)
+    grid_rows(run, grid, LocateSettings(), cells, asked, progress=False, compute=False)
     assert opened[-1] == ExecutorSettings()  # recorded cells only: nothing to run elsewhere
+    assert capsys.readouterr().err == ""  # progress=False: no bar
 
 
 def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monkeypatch, tmp_path):
@@ -213,13 +216,7 @@ def test_a_grid_s_settings_stack_on_cuda_and_refuse_what_cannot_run(monkeypatch)
     assert Grid(heads=(1, 2), widths=(4,)).recorded(cpu) == {"heads": [1, 2], "widths": [4]}
     assert Grid(heads=(1,), widths=(4,), stack="on", seeds=(0,)).recorded(cpu) == {
         "heads": [1], "widths": [4], "stacked": True, "seeds": "per cell"}
-    attn = RunConfig(model=ModelConfig(attn_only=True, d_mlp=64))
-    assert Grid(widths=(4, 8)).widths_of(attn) == (0,)
-    assert {k: m.d_mlp for k, m in Grid(heads=(2,), widths=(4, 8)).models(attn).items()} == {(2, 0): 64}
-    small = RunConfig(task=replace(cpu.task, n_subjects=4), train=replace(cpu.train, steps=7))
-    for grid in (Grid(heads=(2,), widths=(4,)), Grid(heads=(2,), widths=(4,), seeds=(1,))):
-        (run,) = grid.runs(small).values()
-        assert run.task == small.task and run.train.steps == 7
+    assert Grid(widths=(4, 8)).widths_of(RunConfig(model=ModelConfig(attn_only=True))) == (0,)
     models = Grid(heads=(2,), widths=(4, 8)).models(cpu)
     assert list(models) == [(2, 4), (2, 8)] and models[(2, 8)].d_mlp == 8 and models[(2, 8)].n_heads == 2
     with pytest.raises(ValueError, match="^--stack must be auto, on or off, got 'yes'.$"):
@@ -244,3 +241,12 @@ def test_write_grid_writes_the_tables_the_summary_and_the_figure_of_the_frontier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.csv", "grid_by_seed.csv", "summary.json"]
     assert json.loads((tmp_path / "summary.json").read_text())["frontier_min_width_at_99"] == {"1": None, "2": 8}
     assert drawn == [(result.tables["grid.csv"], {1: None, 2: 8}, tmp_path / "grid.png", run)]
+
+
+def test_each_cell_s_run_keeps_the_task_and_the_training_and_an_attention_only_model_its_own():
+    attn = RunConfig(model=ModelConfig(attn_only=True, d_mlp=64))
+    assert {k: m.d_mlp for k, m in Grid(heads=(2,), widths=(4, 8)).models(attn).items()} == {(2, 0): 64}
+    small = RunConfig(task=replace(RunConfig().task, n_subjects=4), train=replace(RunConfig().train, steps=7))
+    for grid in (Grid(heads=(2,), widths=(4,)), Grid(heads=(2,), widths=(4,), seeds=(1,))):
+        (run,) = grid.runs(small).values()
+        assert run.task == small.task and run.train.steps == 7 and run.model.n_heads == 2
