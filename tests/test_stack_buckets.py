@@ -188,5 +188,6 @@ def test_the_padding_s_pieces_one_by_one(monkeypatch):
     bias = pad({"unembed.b_U": torch.zeros(narrow.d_vocab_out)}, replace(narrow, d_vocab_out=narrow.d_vocab_out + 2))
     assert bias["unembed.b_U"].tolist() == [0.0] * narrow.d_vocab_out + [-math.inf] * 2  # padded answers never win
     assert default_budget(torch.device("cpu")) is None
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * 2 ** 30, 80 * 2 ** 30))
-    assert default_budget(torch.device("cuda")) == 8 * 2 ** 30  # 80% of the free memory
+    free = {torch.device("cuda", 1): (10 * 2 ** 30, 80 * 2 ** 30)}  # (free, total) of the device asked about
+    monkeypatch.setattr(torch.cuda, "mem_get_info", free.__getitem__)
+    assert default_budget(torch.device("cuda", 1)) == 8 * 2 ** 30  # 80% of the free memory
