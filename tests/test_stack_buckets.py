@@ -191,3 +191,21 @@ def test_the_padding_s_pieces_one_by_one(monkeypatch):
     free = {torch.device("cuda", 1): (10 * 2 ** 30, 80 * 2 ** 30)}  # (free, total) of the device asked about
     monkeypatch.setattr(torch.cuda, "mem_get_info", free.__getitem__)
     assert default_budget(torch.device("cuda", 1)) == 8 * 2 ** 30  # 80% of the free memory
+
+
+def test_train_stacks_trains_each_bucket_with_the_defaults_of_train_shapes(monkeypatch, capsys):
+    """Without a budget, the first run's device gives it; progress bars and flushed subnormals
+    by default, as train_shapes; a bar per stack, counting the longest run's steps."""
+    asked = []
+    monkeypatch.setattr("models.shape_trainer.default_budget", lambda device: asked.append(device))
+    monkeypatch.setenv("FACTUAL_RECALL_PROGRESS", "1")
+    runs = [replace(r, train=replace(r.train, steps=s)) for r, s in ((CELLS[2], 3), (CELLS[4], 4))]
+    (alone,) = train_stacks(runs[:1])
+    assert asked == [torch.device("cpu")] and alone.training["subnormals"] == "flushed"
+    assert "training 1 models of 1 shapes: 100%" in capsys.readouterr().err
+    results = train_stacks(runs, memory_budget_bytes=2 ** 40)  # given: no default asked for
+    assert [r.training["steps_run"] for r in results] == [3, 4] and len(asked) == 1
+    bar = capsys.readouterr().err
+    assert "training 2 models of 2 shapes: 100%" in bar and "4/4" in bar
+    train_stacks(runs, progress=False, flush_subnormals=False)
+    assert capsys.readouterr().err == ""
