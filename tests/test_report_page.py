@@ -2,6 +2,7 @@
 model, locate_facts and hallucination sections, the reuse of recorded results, and the
 facts the page shows. (The page of a trained checkpoint: tests/test_visualize_report.py.)"""
 import base64
+import html
 import json
 import re
 import shutil
@@ -11,6 +12,7 @@ import pandas as pd
 import pytest
 
 from analyses import report
+from models.constructions import CONSTRUCTION_TASK
 
 INTERVAL = {"value": 0.5, "low": 0.25, "high": 0.75}
 
@@ -177,6 +179,9 @@ def test_the_page_reuses_recorded_results_and_shows_their_facts(recorded_ckpt):
     assert "<td>snapshots</td><td>2</td>" in page and "optimizer=adam, lr=0.01, seed=0" in page
     assert "Hallucination phase from step 8 to 45" in page
     assert "stored in: attention</h3>" in page and "stored in: mlp</h3>" in page  # a view per label found
+    assert "<h2>Attention</h2><h3>Which heads pick which subject and relation</h3>" in page
+    assert "<h2>MLP</h2><h3>MLP units that fire and write each fact's answer</h3>" in page
+    assert f"<td>task</td><td>{html.escape(repr(CONSTRUCTION_TASK.build()))}</td>" in page
     assert page.count('id="circuits-vis-') == 3  # the two facts shown, the neuron view
     chosen = report.build(recorded_ckpt, "cpu", facts="3:1", progress=False, say=said.append)
     assert chosen.count('id="circuits-vis-') == 2 and "S3" in chosen
@@ -200,12 +205,15 @@ def test_results_not_recorded_are_computed_into_the_folder_asked(recorded_ckpt, 
     model, task = load(recorded_ckpt, "cpu", kind="factual_recall")
     said = []
     into = tmp_path / "report" / "locate_facts"
-    (recorded_ckpt / "analysis" / "locate_facts" / "summary.json").unlink()
+    recorded = recorded_ckpt / "analysis" / "locate_facts" / "summary.json"
+    recorded.write_text(json.dumps({**json.loads(recorded.read_text()), "step": 4}))  # a snapshot's: not these
     assert report.located_results(recorded_ckpt, model, task, into, progress=False, say=said.append) == into
     summary = json.loads((into / "summary.json").read_text())
-    assert summary["step"] is None and summary["checkpoint"] == str(recorded_ckpt) and said == []
+    assert summary["step"] is None and summary["checkpoint"] == str(recorded_ckpt)
+    assert said == [f"locate_facts: not reusing {recorded.parent} (step: recorded 4, now null)"]
     assert (into / "facts.csv").is_file()
-    again = report.located_results(recorded_ckpt, model, task, into, fresh=False, say=said.append)
+    said.clear()
+    again = report.located_results(recorded_ckpt, model, task, into, say=said.append)  # not fresh by default
     assert again == into and said == [f"locate_facts: reusing {into} (the same settings)"]
 
 
