@@ -334,3 +334,12 @@ def test_a_hallucination_analysis_not_recorded_is_run_into_the_folder_asked(reco
     assert said == [f"hallucination: reusing {into} (the same settings)"]
     shutil.rmtree(recorded_ckpt / "snapshots")
     assert report.hallucination_results(recorded_ckpt, into, say=said.append) is None  # nothing to follow
+
+
+def test_fresh_reruns_both_analyses_though_their_results_are_recorded(recorded_ckpt, capsys):
+    assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet", "--fresh"]) == 0
+    assert "reusing" not in capsys.readouterr().out
+    located = json.loads((recorded_ckpt / "analysis" / "locate_facts" / "summary.json").read_text())
+    assert located["checkpoint"] == str(recorded_ckpt) and located["n_facts"] == CONSTRUCTION_TASK.build().n_facts
+    dynamics = json.loads((recorded_ckpt / "analysis" / "hallucination" / "summary.json").read_text())
+    assert dynamics.get("phase") != {"start_step": 8, "end_step": 45}  # the analysis', not the one written by hand
