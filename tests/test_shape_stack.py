@@ -199,6 +199,8 @@ def test_a_small_stack_equals_its_runs_alone(sampler):
             k: v for k, v in alone.training.items() if k not in ("seconds", "device")}
         assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
         for mine, theirs in zip(result.metrics, alone.metrics):
+            assert mine.keys() == theirs.keys() and 0 <= mine["seconds"] < 600 and round(mine["seconds"], 3) == mine[
+                "seconds"]  # seconds since the stack started, to the millisecond
             for m, t in zip(mine["models"], theirs["models"]):
                 assert m.keys() == t.keys() and abs(m["loss"] - t["loss"]) < 1e-5 and m["lr"] == t["lr"]
         assert result.snapshots.keys() == alone.snapshots.keys()
@@ -207,3 +209,14 @@ def test_a_small_stack_equals_its_runs_alone(sampler):
                 torch.testing.assert_close(result.snapshots[step][key], value, rtol=1e-4, atol=1e-5)
         for key, value in alone.stacked.items():
             torch.testing.assert_close(result.stacked[key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_small_stack_that_diverges_stops_naming_the_step_the_model_and_the_last_snapshot():
+    from models.trainer import TrainingDiverged
+
+    runs = small_runs("counter")
+    runs[1] = replace(runs[1], train=replace(runs[1].train, lr=(1e30,)))
+    with pytest.raises(TrainingDiverged, match=r"^step \d+: model 0 of 1 \(lr=1e\+30, seed=1\) has a non-finite "
+                                               r"(loss|weight [\w.]+); training stopped, the last good snapshot is "
+                                               r"step \d+\.$"):
+        train_shapes(runs, progress=False)
