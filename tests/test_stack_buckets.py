@@ -207,5 +207,5 @@ def test_train_stacks_trains_each_bucket_with_the_defaults_of_train_shapes(monke
     assert [r.training["steps_run"] for r in results] == [3, 4] and len(asked) == 1
     bar = capsys.readouterr().err
     assert "training 2 models of 2 shapes: 100%" in bar and "4/4" in bar
-    train_stacks(runs, progress=False, flush_subnormals=False)
-    assert capsys.readouterr().err == ""
+    kept = train_stacks(runs, progress=False, flush_subnormals=False)
+    assert capsys.readouterr().err == "" and [r.training["subnormals"] for r in kept] == ["kept", "kept"]
