@@ -161,7 +161,7 @@ def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(mo
     monkeypatch.setenv("FACTUAL_RECALL_PROGRESS", "1")
     grid = Grid(heads=(1, 4), widths=(2, 8), stack="auto")  # on a CPU: cell by cell
     cells = Cells(tmp_path, {"grid": 1}, keep_checkpoints=True)
-    asked = ExecutorSettings(executor="ray")  # recorded by the stand-in, never opened
+    asked = ExecutorSettings(torch_threads=2)  # recorded by the stand-in, never opened
     run = RunConfig(train=replace(RunConfig().train, device="cpu"))
     rows = grid_rows(run, grid, LocateSettings(), cells, asked)
     assert [(r["heads"], r["width"], r["stacked"]) for r in rows] == [(1, 2, False), (1, 8, False), (4, 2, False),
