@@ -25,6 +25,13 @@ def locate_summary(**extra) -> dict:
                                                                     "not_stored")}, **extra}
 
 
+def model_json(**model) -> dict:
+    """A config.json model section of the default task."""
+    from models.config import ModelConfig, RunConfig
+
+    return ModelConfig(**model).checkpoint_section(RunConfig().task.build()).to_json()
+
+
 def test_numbers_and_tables_are_written_as_the_page_shows_them():
     assert report._interval({"value": 0.12345, "low": 0.1, "high": 0.2}) == "0.123 [0.100, 0.200]"
     assert report._interval(INTERVAL, percent=True) == "50.0% [25.0, 75.0]"
@@ -49,15 +56,15 @@ def test_the_model_section_names_the_shape_the_training_and_the_snapshots(tmp_pa
     (tmp_path / "snapshots").mkdir()
     for step in (0, 4):
         (tmp_path / "snapshots" / f"step_{step:08d}.safetensors").write_bytes(b"")
-    config = {"model": {"d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32},
+    config = {"model": model_json(d_model=16, n_heads=2, d_head=8, d_mlp=32),
               "training": {"optimizer": "adam", "lr": 0.0123456, "seed": 3, "steps_run": 40, "other": 1}}
     section = report.model_section(tmp_path, config, "TASK")
     assert section.startswith("<h2>Model</h2><table>")
     assert "<td>task</td><td>&#x27;TASK&#x27;</td>" in section and "<td>d=16 H=2 d_h=8 m=32</td>" in section
     assert "<td>optimizer=adam, lr=0.01235, seed=3, steps_run=40</td>" in section
     assert "<td>snapshots</td><td>2</td>" in section
-    attn = report.model_section(Path(tmp_path / "none"), {"model": {**config["model"], "attn_only": True}}, "T")
-    assert "d=16 H=2 d_h=8 attention only" in attn and "<td>not recorded</td>" in attn
+    attn = report.model_section(Path(tmp_path / "none"), {"model": model_json(attn_only=True)}, "T")
+    assert "attention only" in attn and "<td>not recorded</td>" in attn
     assert "<td>snapshots</td><td>0</td>" in attn
 
 
@@ -219,7 +226,7 @@ def test_results_not_recorded_are_computed_into_the_folder_asked(recorded_ckpt, 
 
 def test_the_sections_in_full(tmp_path):
     """The HTML of the model and hallucination sections, whole, for small inputs."""
-    config = {"model": {"d_model": 4, "n_heads": 1, "d_head": 2, "d_mlp": 3},
+    config = {"model": model_json(d_model=4, n_heads=1, d_head=2, d_mlp=3),
               "training": {"final_accuracy": 0.5, "final_loss": 0.25}}
     assert report.model_section(tmp_path, config, "T") == (
         "<h2>Model</h2><table><thead><tr><th></th><th></th></tr></thead><tbody>"

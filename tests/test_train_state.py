@@ -38,7 +38,8 @@ def test_a_state_holds_the_weights_the_moments_the_generators_and_the_metrics(tm
     if kind == "adam":
         assert torch.equal(tensors["adam.v.a"], opt.v["a"]) and torch.equal(tensors["adam.m.b"], opt.m["b"])
     info = json.loads((tmp_path / "step_00000003.json").read_text())
-    assert info == {"step": 3, "adam_t": 3, "sampler": "generator", "metrics": [{"step": 0}, {"step": 3}]}
+    assert {k: info[k] for k in ("step", "adam_t", "sampler", "metrics")} == {
+        "step": 3, "adam_t": 3, "sampler": "generator", "metrics": [{"step": 0}, {"step": 3}]}
     loaded, loaded_info = load_state(tmp_path, 3)
     assert loaded_info == info and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
 
