@@ -1,5 +1,6 @@
 """Graphed training (models.graphed): the choice of eager or captured, the in-place restore a
 captured run needs, and, where CUDA is present, the captured step against the eager one."""
+import contextlib
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import torch
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.config import TrainConfig
-from models.graphed import WARMUP_STEPS, Step, use_cuda_graph
+from models.graphed import WARMUP_STEPS, Step, not_capturable, use_cuda_graph
 from models.optimizer import Optimizer
 from models.presets import PRESETS, preset
 from models.shape_trainer import train_shapes
@@ -61,7 +62,58 @@ def test_an_eager_step_runs_the_function_at_every_call():
     calls = []
     step = Step(lambda: (torch.tensor(float(len(calls))), calls.append(1))[:1], graphed=False)
     outputs = [float(step()[0]) for _ in range(WARMUP_STEPS + 3)]
-    assert outputs == list(range(WARMUP_STEPS + 3)) and step.graph is None
+    assert outputs == list(range(WARMUP_STEPS + 3)) and step.graph is None and step.calls == WARMUP_STEPS + 3
+
+
+def test_a_graphed_step_warms_up_on_a_side_stream_captures_once_then_replays(monkeypatch):
+    """The order of the CUDA calls a graphed Step makes, with torch.cuda's streams and graphs
+    replaced by stand-ins that record them (the captured step itself: the CUDA tests below)."""
+    events = []
+
+    class Stream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits for {other.name}")
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+    @contextlib.contextmanager
+    def on(stream):
+        events.append(f"on {stream.name}")
+        yield
+
+    @contextlib.contextmanager
+    def capturing(graph):
+        assert isinstance(graph, Graph)
+        events.append("capture")
+        yield
+
+    current = Stream("current")
+    for name, value in (("Stream", Stream), ("current_stream", lambda: current), ("stream", on),
+                        ("CUDAGraph", Graph), ("graph", capturing)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    made = []
+    step = Step(lambda: (made.append(torch.tensor(float(len(made)))) or made[-1],), graphed=True)
+    outputs = [step() for _ in range(WARMUP_STEPS + 3)]
+    warmup = ["side waits for current", "on side", "current waits for side"]
+    assert events == warmup * WARMUP_STEPS + ["capture", "replay", "replay", "replay"]
+    assert [float(o[0]) for o in outputs[:WARMUP_STEPS]] == list(range(WARMUP_STEPS))  # real steps
+    assert len(made) == WARMUP_STEPS + 1  # then captured once: later calls replay, never call it
+    assert all(o is step.outputs and o[0] is made[-1] for o in outputs[WARMUP_STEPS:])
+    assert isinstance(step.graph, Graph) and step.calls == WARMUP_STEPS + 3
+
+
+def test_a_step_is_captured_where_the_run_is_on_cuda_with_the_counter_sampler():
+    assert not_capturable(GPU) is None and not_capturable(GPU, "counter") is None
+    assert not_capturable(GPU, "generator") == ("the generator sampler draws from torch.Generators that a replay "
+                                                "would not advance; use --sampler counter")
+    assert not_capturable(torch.device("cpu")) == "the run is on cpu, and CUDA graphs need a CUDA device"
+    assert use_cuda_graph("auto", GPU) and not use_cuda_graph("off", GPU)
+    assert use_cuda_graph("off", device=None) is False  # off is decided without looking at the device
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -125,11 +177,15 @@ def test_a_restore_copies_into_the_live_tensors_and_rebinds_none(tmp_path, kind)
 
     live = {k: torch.zeros_like(p) for k, p in saved.items()}
     fresh = Optimizer(live, torch.tensor([1e-2, 3e-3]), kind)
-    tensors = [*live.values(), fresh.t, *getattr(fresh, "m", {}).values(), *getattr(fresh, "v", {}).values()]
-    before = [(t, t.data_ptr()) for t in tensors]
+
+    def bound():  # every tensor a captured step reads, as the optimizer and the run hold them now
+        return [*live.values(), fresh.t, *getattr(fresh, "m", {}).values(), *getattr(fresh, "v", {}).values()]
+
+    before = [(t, t.data_ptr()) for t in bound()]
     step, metrics = restore(*load_state(tmp_path, 5), live, fresh, {}, "counter")
     assert (step, metrics) == (5, [{"step": 5}])
-    assert all(t is kept and t.data_ptr() == ptr for (kept, ptr), t in zip(before, tensors))
+    after = bound()  # read again: a restore that rebinds a dict entry shows here
+    assert len(after) == len(before) and all(t is kept and t.data_ptr() == ptr for (kept, ptr), t in zip(before, after))
     assert all(torch.equal(live[k], saved[k]) for k in saved) and int(fresh.t) == 5
     if kind == "adam":
         assert all(torch.equal(fresh.m[k], opt.m[k]) and torch.equal(fresh.v[k], opt.v[k]) for k in saved)

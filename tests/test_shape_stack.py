@@ -156,3 +156,68 @@ def test_padding_and_its_adam_moments_stay_zero(cells):
     assert stopped.stopped == max(result.snapshots)
     for key, value in result.snapshots[stopped.stopped].items():
         assert torch.equal(result.weights[key], value), key
+
+
+def test_the_padding_s_gradient_is_masked_whatever_reaches_it():
+    """The trainable padding's gradients are zero in exact arithmetic; the hooks make them
+    zero whatever arrives: a gradient of random values everywhere is kept on each model's own
+    entries and zeroed on its padding."""
+    state = _start_shapes(runs("authors"), TEST_DEVICE)
+    sections = [c.section for c in state.cells for _ in c.run.train.runs]
+    masks = gradient_masks(sections, list(state.params))
+    g = torch.Generator().manual_seed(0)
+    noise = {k: torch.rand(p.shape, generator=g).add(0.5).to(p.device) for k, p in state.params.items()}
+    sum((p * noise[k]).sum() for k, p in state.params.items()).backward()
+    assert {"blocks.0.attn.W_Q", "blocks.0.mlp.W_out"} <= masks.keys()
+    for key, p in state.params.items():
+        mask = masks.get(key, torch.ones(p.shape)).to(p.device)
+        assert torch.equal(p.grad, noise[key] * mask), key
+
+
+def small_runs(sampler: str) -> list[RunConfig]:
+    """Three small runs, 12 steps: two shapes of one task (the generator sampler) or of three
+    tasks (the counter sampler); the last stops at its first evaluation."""
+    train_ = TrainConfig(batch_size=32, steps=12, eval_every=4, eval_size=64, target_accuracy=2.0,
+                         snapshots_per_octave=1, device=str(TEST_DEVICE), sampler=sampler)
+    cells = [(6, 16, 2, 4, 16, dict(lr=(1e-2, 3e-3))), (4, 12, 1, 6, 8, dict(seed=(1,), steps=8, eval_every=3)),
+             (3, 8, 2, 2, 4, dict(lr=(3e-2,), target_accuracy=0.0))]
+    return [RunConfig(task=TaskConfig(n_subjects=S if sampler == "counter" else 6, n_relations=3,
+                                      answers_per_relation=4, n_noise=6, seq_len=6),
+                      model=ModelConfig(d_model=d, n_heads=H, d_head=dh, d_mlp=m), train=replace(train_, **fields_))
+            for S, d, H, dh, m, fields_ in cells]
+
+
+@pytest.mark.parametrize("sampler", ["generator", "counter"], ids=["shapes", "tasks"])
+def test_a_small_stack_equals_its_runs_alone(sampler):
+    """As test_each_shape_equals_its_run_alone, in a few seconds: curves, early stops, snapshots and weights."""
+    together = train_shapes(small_runs(sampler), progress=False)
+    assert [r.training["steps_run"] for r in together] == [12, 8, 0]
+    for run, result in zip(small_runs(sampler), together):
+        alone = train(run, progress=False)
+        assert result.section == alone.section and result.task.to_config() == alone.task.to_config()
+        assert result.training["stack"]["models"] == 4 and result.training["stack"]["d_model"] == 16
+        assert {k: v for k, v in result.training.items() if k not in ("stack", "seconds")} == {
+            k: v for k, v in alone.training.items() if k != "seconds"}
+        assert [row["step"] for row in result.metrics] == [row["step"] for row in alone.metrics]
+        for mine, theirs in zip(result.metrics, alone.metrics):
+            assert mine.keys() == theirs.keys() and 0 <= mine["seconds"] < 600 and round(mine["seconds"], 3) == mine[
+                "seconds"]  # seconds since the stack started, to the millisecond
+            for m, t in zip(mine["models"], theirs["models"]):
+                assert m.keys() == t.keys() and abs(m["loss"] - t["loss"]) < 1e-5 and m["lr"] == t["lr"]
+        assert result.snapshots.keys() == alone.snapshots.keys()
+        for step, snapshot in alone.snapshots.items():
+            for key, value in snapshot.items():
+                torch.testing.assert_close(result.snapshots[step][key], value, rtol=1e-4, atol=1e-5)
+        for key, value in alone.stacked.items():
+            torch.testing.assert_close(result.stacked[key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_small_stack_that_diverges_stops_naming_the_step_the_model_and_the_last_snapshot():
+    from models.trainer import TrainingDiverged
+
+    runs = small_runs("counter")
+    runs[1] = replace(runs[1], train=replace(runs[1].train, lr=(1e30,)))
+    with pytest.raises(TrainingDiverged, match=r"^step \d+: model 0 of 1 \(lr=1e\+30, seed=1\) has a non-finite "
+                                               r"(loss|weight [\w.]+); training stopped, the last good snapshot is "
+                                               r"step \d+\.$"):
+        train_shapes(runs, progress=False)

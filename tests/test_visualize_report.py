@@ -266,3 +266,27 @@ def test_neuron_view_finds_each_fact_s_own_unit():
     assert f"unit {own[0]}" in html_text and "circuits-vis" in html_text
     attention_only, _ = constructed("attention")
     assert visualize.unit_view(attention_only, visualize.fact_prompts(attention_only, task, facts)) is None
+
+
+def test_a_final_weights_report_never_shows_a_step_result(ckpt, tmp_path, capsys):
+    """locate_facts --step measures a snapshot; the report is about the final weights, so it
+    never shows that result, wherever it lies: where --step writes by default, or in the
+    folder the report reads first (--out), as a user may have put it."""
+    from analyses import locate_facts
+    from models.checkpoint import snapshot_steps
+
+    fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
+    step = snapshot_steps(fresh)[1]
+    located = fresh / "analysis" / "locate_facts"
+
+    def shown(page: str) -> dict:  # the summary of the locate_facts results the page shows
+        folder = re.search(r"From <code>([^<]+)</code>", page).group(1)
+        return json.loads((Path(folder) / "summary.json").read_text())
+
+    assert locate_facts.main([str(fresh), "--step", str(step), "--device", "cpu", "--quiet"]) == 0
+    assert shown(report.build(fresh, "cpu", progress=False, say=lambda _: None))["step"] is None
+    assert locate_facts.main([str(fresh), "--step", str(step), "--device", "cpu", "--quiet", "--out",
+                              str(located)]) == 0
+    page = report.build(fresh, "cpu", progress=False, analyses=tmp_path / "report", say=lambda _: None)
+    assert shown(page)["step"] is None
+    assert json.loads((located / "summary.json").read_text())["step"] == step  # left as it was

@@ -1,0 +1,109 @@
+"""python scripts/mutation.py MODULE [MODULE ...] [--max-children 1] [--work DIR] [--survivors]
+
+Mutation testing (mutmut) of modules outside the instruments' configuration in pyproject.toml
+(docs/testing.md): each module in a scratch copy of the working tree (DIR/<module>, default
+/tmp/factual-recall-mutation), whose [tool.mutmut] mutates that module alone and runs the
+tests that cover it (MODULES below, fast ones: no CLI subprocess, no long training). Prints
+per module the mutants, killed, survived and the score, and writes the survivors' names to
+DIR/<module>/survivors.txt (`mutmut show NAME` there prints one). --survivors keeps a scratch
+copy's results and tests again only its survivors, against the working tree's tests as they
+are now (after tests were added).
+
+Run it with OMP_NUM_THREADS=1 (mutmut forks after torch is loaded) and without PYTHONPATH
+pointing at the working tree (the mutants would not be the code imported).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
+
+# module -> the tests that cover it (pytest arguments)
+MODULES = {
+    "probe/metrics.py": ["tests/test_patching_metrics.py"],
+    "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
+    "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
+    "models/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
+                              "not equals_its_run_alone and not stay_zero"],
+    "models/train_state.py": ["tests/test_train_state.py", "tests/test_graphed.py::test_a_restore_copies_into_the_live_"
+                              "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_middle_state_"
+                              "equals_the_uninterrupted_run"],
+    "analyses/report.py": ["tests/test_report_page.py"],
+    "analyses/capacity/transformer.py": ["tests/test_capacity_transformer.py", "-k",
+                                         "writes_tables_and_reads or shape_sizes or shape_search or seeds_takes or "
+                                         "paper_window or bad_shape or records_each_seed_and_resumes"],
+    "models/shape_trainer.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
+                                "small_stack or whatever_reaches or trains_each_bucket or are_refused"],
+    "models/graphed.py": ["tests/test_graphed.py", "-k", "not cli"],
+}
+
+
+def configured(pyproject: str, module: str) -> str:
+    """pyproject.toml's text with its [tool.mutmut] table replaced by one for `module`."""
+    table = {"source_paths": [module.split("/")[0] + "/"], "only_mutate": [module],
+             "also_copy": [p for p in PACKAGES if not module.startswith(p)] + ["docs/", "notebooks/", "results/",
+                                                                               "scripts/", "bench/", "README.md"],
+             "pytest_add_cli_args_test_selection": MODULES[module]}
+    body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in table.items())
+    rest = re.sub(r"^\[tool\.mutmut\].*?(?=^\[|\Z)", "", pyproject, flags=re.S | re.M)
+    return rest.rstrip() + "\n\n[tool.mutmut]\n" + body + "\n"
+
+
+def scratch_copy(module: str, work: Path, keep: bool) -> Path:
+    """The working tree's files (tracked and untracked, not ignored) in work/<module>."""
+    where = work / module.replace("/", "_").removesuffix(".py")
+    if where.exists() and not keep:
+        shutil.rmtree(where)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.splitlines()
+    for name in files:
+        if (ROOT / name).is_file():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, where / name)
+    (where / "pyproject.toml").write_text(configured((ROOT / "pyproject.toml").read_text(), module))
+    return where
+
+
+def measure(module: str, work: Path, max_children: int, survivors_only: bool) -> dict:
+    """Run mutmut on `module` (or on the survivors of its last run); its counts and survivors."""
+    where = scratch_copy(module, work, survivors_only)
+    again = (where / "survivors.txt").read_text().split() if survivors_only else []
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    mutmut = [sys.executable, "-m", "mutmut"]
+    names = [name.removesuffix(":") for name in again if name.endswith(":")]
+    subprocess.run([*mutmut, "run", "--max-children", str(max_children), *names], cwd=where, env=env, check=False)
+    subprocess.run([*mutmut, "export-cicd-stats"], cwd=where, env=env, check=True, capture_output=True)
+    stats = json.loads((where / "mutants" / "mutmut-cicd-stats.json").read_text())
+    listed = subprocess.run([*mutmut, "results"], cwd=where, env=env, check=True, capture_output=True, text=True)
+    survivors = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    (where / "survivors.txt").write_text("\n".join(survivors) + "\n")
+    tested = stats["total"] - stats["skipped"]
+    score = (stats["killed"] + stats["timeout"]) / tested if tested else float("nan")
+    return {**stats, "score": score, "survivors": survivors, "folder": str(where)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("modules", nargs="+", choices=list(MODULES), metavar="MODULE")
+    p.add_argument("--max-children", type=int, default=1)
+    p.add_argument("--work", type=Path, default=Path("/tmp/factual-recall-mutation"))
+    p.add_argument("--survivors", action="store_true")
+    args = p.parse_args()
+    for module in args.modules:
+        r = measure(module, args.work, args.max_children, args.survivors)
+        print(f"{module}: {r['total']} mutants, {r['killed'] + r['timeout']} killed, {r['survived']} survived, "
+              f"{r['no_tests']} reached by no test: {100 * r['score']:.1f}%  ({r['folder']}/survivors.txt)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
