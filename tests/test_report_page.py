@@ -334,11 +334,14 @@ def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path,
     assert _without_ids(again) == _without_ids(text)
 
 
-def test_results_computed_for_the_page_go_beside_the_checkpoint(recorded_ckpt):
-    (recorded_ckpt / "analysis" / "locate_facts" / "summary.json").unlink()
+def test_results_computed_for_the_page_go_into_the_report_s_own_folder(recorded_ckpt):
+    recorded = recorded_ckpt / "analysis" / "locate_facts"
+    (recorded / "summary.json").unlink()
+    before = {p.name: p.read_bytes() for p in recorded.iterdir() if p.is_file()}
     assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet"]) == 0
-    summary = json.loads((recorded_ckpt / "analysis" / "locate_facts" / "summary.json").read_text())
-    assert summary["step"] is None and not (recorded_ckpt / "analysis" / "report" / "locate_facts").exists()
+    summary = json.loads((recorded_ckpt / "analysis" / "report" / "locate_facts" / "summary.json").read_text())
+    assert summary["step"] is None and summary["n_facts"] == CONSTRUCTION_TASK.build().n_facts
+    assert {p.name: p.read_bytes() for p in recorded.iterdir() if p.is_file()} == before  # left as it was
 
 
 def test_a_hallucination_analysis_not_recorded_is_run_into_the_folder_asked(recorded_ckpt, tmp_path):
@@ -354,9 +357,13 @@ def test_a_hallucination_analysis_not_recorded_is_run_into_the_folder_asked(reco
 
 
 def test_fresh_reruns_both_analyses_though_their_results_are_recorded(recorded_ckpt, capsys):
+    recorded = recorded_ckpt / "analysis" / "hallucination" / "summary.json"
+    written_by_hand = recorded.read_bytes()
     assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet", "--fresh"]) == 0
     assert "reusing" not in capsys.readouterr().out
-    located = json.loads((recorded_ckpt / "analysis" / "locate_facts" / "summary.json").read_text())
+    own = recorded_ckpt / "analysis" / "report"
+    located = json.loads((own / "locate_facts" / "summary.json").read_text())
     assert located["n_facts"] == CONSTRUCTION_TASK.build().n_facts and "label_counts" in located
-    dynamics = json.loads((recorded_ckpt / "analysis" / "hallucination" / "summary.json").read_text())
+    dynamics = json.loads((own / "hallucination" / "summary.json").read_text())
     assert dynamics.get("phase") != {"start_step": 8, "end_step": 45}  # the analysis', not the one written by hand
+    assert recorded.read_bytes() == written_by_hand  # a recorded result is never written over
