@@ -74,7 +74,7 @@ def test_a_shape_s_sizes_leave_out_those_its_mlp_width_rounds_to_zero():
 
 
 def test_a_run_is_the_papers_task_at_s_equals_r_with_the_sweeps_training():
-    sweep = TransformerSweep(d=(8, 128), answers=3, seq_len=6, lr=(0.02, 0.05), seed=4, steps=70, batch_size=48,
+    sweep = TransformerSweep(d=(8, 64, 128), answers=3, seq_len=6, lr=(0.02, 0.05), seed=4, steps=70, batch_size=48,
                              eval_every=7, eval_size=96, sampler="generator", cuda_graph="off", give_up="milestones")
     run = sweep.run((0.5, 2.0, 2.0), 8, 5, "cpu")
     t = run.task
@@ -87,6 +87,7 @@ def test_a_run_is_the_papers_task_at_s_equals_r_with_the_sweeps_training():
     assert (tr.target_accuracy, tr.snapshots_per_octave, tr.give_up) == (0.99, 0, "milestones")
     assert (tr.device, tr.sampler, tr.cuda_graph) == ("cpu", "generator", "off")
     assert sweep.run((0.5, 2.0, 2.0), 8, 5, "cpu", seed=9).train.seed == (9,)
+    assert sweep.run((0.5, 2.0, 2.0), 64, 5, "cpu").train.give_up == "milestones"  # the largest validated size
     assert sweep.run((0.5, 2.0, 2.0), 128, 5, "cpu").train.give_up == "never"  # above the validated sizes
 
 
@@ -250,6 +251,24 @@ def test_the_search_grows_by_half_and_bisects_to_ten_percent_from_the_smallest_s
     found = {}
     asked = _drive(shape_capacity(SHAPE, sweep, "cpu", found, cells), lambda d, S: 0.5)
     assert [S for _, S in asked] == [4, 2] and found[8] < 2  # down to the smallest size searched, 2
+
+
+def test_the_search_stops_within_ten_percent_and_fills_its_rounds_when_told(tmp_path):
+    sweep = TransformerSweep(d=(8,), min_size=4, max_size=512)
+    cells, found = Cells(tmp_path, sweep.recorded()), {}
+    asked = _drive(shape_capacity(SHAPE, sweep, "cpu", found, cells), lambda d, S: 0.99 if S <= 30 else 0.5)
+    assert [S for _, S in asked] == [4, 6, 9, 13, 19, 28, 42, 35, 31, 29] and found == {8: 29}  # 29..31: within 10%
+    for fill, rounds in ((False, [(8, 4), (12,)]), (True, [(8, 4), (12, 10)])):
+        sweep = TransformerSweep(d=(8,), min_size=8, max_size=12, probes=2, fill_rounds=fill)
+        job, asked = shape_capacity(SHAPE, sweep, "cpu", {}, cells), []
+        try:  # every size stored: the growth reaches --max-size in a round of one size, topped up with fill
+            request = next(job)
+            while True:
+                asked.append(tuple(cell.args[2] for cell in request))
+                request = job.send(tuple({"accuracy": 1.0} for _ in request))
+        except StopIteration as stop:
+            assert stop.value == {8: 12}
+        assert asked == rounds
 
 
 def test_the_majority_and_the_votes_count_exactly_99_percent_as_stored(tmp_path):
