@@ -414,6 +414,16 @@ def test_the_text_says_n_a_for_a_missing_slope_and_ratio():
     assert transformer_text(result).split("\n")[1] == "facts stored against parameters: fitted slope n/a (theory 1)"
 
 
+def test_the_figure_draws_the_table_with_its_fitted_slope(monkeypatch, tmp_path):
+    drawn = []
+    monkeypatch.setattr(tf, "facts_figure", lambda *args: drawn.append(args))
+    stored = transformer_tables(ROWS, SWEEP, pd.DataFrame({"S": [2]}), computed=0)
+    write_transformer(stored, SWEEP, tmp_path)
+    ((table, slope, sweep, path),) = drawn
+    assert table is stored.table and slope == stored.summary["fitted_slope"] and slope is not None
+    assert (sweep, path) == (SWEEP, tmp_path / "facts_vs_parameters.png")
+
+
 def test_the_tables_are_written_with_a_figure_only_where_something_was_stored(tmp_path):
     stored = transformer_tables(ROWS, SWEEP, pd.DataFrame({"S": [2]}), computed=0)
     write_transformer(stored, SWEEP, tmp_path / "a")
