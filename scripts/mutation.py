@@ -37,9 +37,11 @@ MODULES = {
                               "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_middle_state_"
                               "equals_the_uninterrupted_run"],
     "analyses/report.py": ["tests/test_report_page.py"],
-    "analyses/capacity/transformer.py": ["tests/test_capacity_transformer.py", "-k",
+    "analyses/capacity/transformer.py": ["tests/test_capacity_transformer_tables.py",
+                                         "tests/test_capacity_transformer.py", "-k",
                                          "writes_tables_and_reads or shape_sizes or shape_search or seeds_takes or "
-                                         "paper_window or bad_shape or records_each_seed_and_resumes"],
+                                         "paper_window or bad_shape or records_each_seed_and_resumes or "
+                                         "transformer_tables"],
     "models/shape_trainer.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                 "small_stack or whatever_reaches or trains_each_bucket or are_refused"],
     "models/graphed.py": ["tests/test_graphed.py", "-k", "not cli"],
