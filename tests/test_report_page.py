@@ -367,3 +367,25 @@ def test_fresh_reruns_both_analyses_though_their_results_are_recorded(recorded_c
     dynamics = json.loads((own / "hallucination" / "summary.json").read_text())
     assert dynamics.get("phase") != {"start_step": 8, "end_step": 45}  # the analysis', not the one written by hand
     assert recorded.read_bytes() == written_by_hand  # a recorded result is never written over
+
+
+def test_the_report_refuses_a_folder_of_other_results_and_takes_one_of_the_same(tmp_path):
+    """A folder the report would write into: absent, empty or holding the very results wanted
+    passes; any other content is refused in one line naming what differs."""
+    wanted = {"settings": {"contexts": 8}, "step": None}
+    into = tmp_path / "locate_facts"
+    report.refuse_other_results("locate_facts", into, wanted)  # absent
+    into.mkdir()
+    report.refuse_other_results("locate_facts", into, wanted)  # empty
+    (into / "facts.csv").write_text("fact\n")
+    with pytest.raises(ValueError) as refused:
+        report.refuse_other_results("locate_facts", into, wanted)
+    assert str(refused.value) == (f"{into} holds other locate_facts results (no summary.json), which the report "
+                                  "does not write over; move them, or choose another --out.")
+    (into / "summary.json").write_text(json.dumps({"settings": {"contexts": 8, "device": "cuda"}, "step": None}))
+    report.refuse_other_results("locate_facts", into, wanted)  # the same results, computed on another device
+    (into / "summary.json").write_text(json.dumps({"settings": {"contexts": 4, "device": "cpu"}, "step": None}))
+    with pytest.raises(ValueError) as refused:
+        report.refuse_other_results("hallucination", into, wanted)
+    assert str(refused.value) == (f"{into} holds other hallucination results (settings.contexts: recorded 4, now 8), "
+                                  "which the report does not write over; move them, or choose another --out.")
