@@ -37,6 +37,7 @@ MODULES = {
                               "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_middle_state_"
                               "equals_the_uninterrupted_run"],
     "analyses/report.py": ["tests/test_report_page.py"],
+    "models/capture_check.py": ["tests/test_capture_check.py"],
     "analyses/capacity/transformer.py": ["tests/test_capacity_transformer_tables.py",
                                          "tests/test_capacity_transformer.py", "-k",
                                          "writes_tables_and_reads or shape_sizes or shape_search or seeds_takes or "

@@ -3,6 +3,7 @@ refused, a clean step passes, and every trainer's step, built on the meta device
 trainer builds it, passes with every sampler `--cuda-graph auto` captures. The association
 task's step as it was (its table copied from the host inside the step) is kept as a fixture
 the check must refuse."""
+import re
 from dataclasses import replace
 
 import pytest
@@ -157,3 +158,34 @@ SHAPE_STACKS = {"sizes d": ((8, 16, 12), (SMALL,) * 3), "sizes d and tasks": ((8
 @pytest.mark.parametrize("name", SHAPE_STACKS)
 def test_the_shape_stack_step_is_capturable(name, sampler):
     check_capturable(_start_shapes(_shape_runs(*SHAPE_STACKS[name], sampler), META).step_once.step)
+
+
+@pytest.mark.parametrize("body, reason", [
+    (lambda w: w.detach().copy_(HOST_TABLE[None].float()), "a copy from the host to the device"),
+    (lambda w: torch.empty(4, 3).copy_(w.detach()), "a copy from the device to the host (waits for the device)"),
+    (lambda w: w.sum().item(), "waits for a value on the host (.item(), bool(), a Python branch on a tensor, "
+                               ".tolist())"),
+    (lambda w: w.nonzero(), "its output's shape depends on the data"),
+    (lambda w: w[w > 0], "boolean-mask indexing: its shape depends on the data"),
+    (lambda w: w + torch.randn(w.shape, device=w.device), "a random draw: a replay repeats only the draws of "
+                                                         "generators registered with the graph"),
+], ids=["copy_ from the host", "copy_ to the host", "item", "nonzero", "boolean mask", "random draw"])
+def test_each_hazard_s_line_says_which_way_and_why(body, reason):
+    """The whole line after the operation and the place: which way a copy goes, and why the
+    capture cannot hold the operation."""
+    w = _weights()
+    with pytest.raises(CaptureHazard) as refused:
+        check_capturable(lambda: body(w))
+    assert re.fullmatch(r"aten\.\S+ at tests/test_capture_check\.py:\d+: (.*)\.", str(refused.value)).group(1) == reason
+
+
+def test_a_step_whose_work_changes_between_calls_names_the_first_operation_that_differs():
+    w, calls = _weights(), []
+
+    def step():
+        calls.append(1)
+        x = w * 2  # operation 0: the same in both calls
+        return (x + 1,) if len(calls) == 1 else (x - 1,)
+
+    with pytest.raises(CaptureHazard, match=r"operation 1: \('aten\.add\.Tensor'.* then \('aten\.sub\.Tensor'"):
+        check_capturable(step)
