@@ -10,10 +10,12 @@ follow bench/step_cost.py: fp32 tensors of 4 bytes, token indices of 8; a tensor
 touches is counted once per kernel (a gather or scatter over a [.., V] row touches nearly
 every cache line of it, so it counts as the row); what the programs of one kernel re-read
 from cache is not counted again: the key and value tables ([e, V] per head, a few KB) read by
-every block of prompts, the tokens re-read per head, and the fused tables' kernel reading its
-prompts' pattern, score gradients, q and d_z once per block of BLOCK_V entries (the blocks of
-one head run side by side). A global atomic is one read-modify-write of one element in
-global memory: CUDA's scatter_add_, and Triton's tl.atomic_add.
+every block of prompts, the tokens re-read per head, and, in the fused tables' kernel, each
+model's token order re-read per head and each prompt's q and d_z re-read once per position
+(the programs of one model run side by side). A sort counts as one launch reading its input
+and writing its two outputs once (CUDA's sort may pass over them several times). A global
+atomic is one read-modify-write of one element in global memory: CUDA's scatter_add_, and
+Triton's tl.atomic_add.
 
     .venv/bin/python bench/core_cost.py [--k 169] [--heads 32] [--d-head 8] [--batch 1024] [--vocab 129] [--seq-len 32]
 """
@@ -56,9 +58,14 @@ def core_kernels(core: str, K: int, H: int, e: int, B: int, V: int, T: int) -> l
                 Kernel("d_q = key d_scores_vocab^T", table + buffer, heads),
                 Kernel("d_key = q d_scores_vocab", heads + buffer, table)]
     if core == "fused":
+        entries, starts = (V + 1) * INDEX, K * (V + 1) * INDEX  # [V + 1], [K, V + 1]
         return [Kernel("forward: scores, pattern, z", tokens + heads + 2 * table, pattern + heads),
                 Kernel("backward: d_scores, d_q", tokens + pattern + heads + 2 * table, pattern + heads),
-                Kernel("tables: d_key, d_value", tokens + 2 * pattern + 2 * heads, 2 * table)]
+                Kernel("order: tokens sorted", tokens, 2 * tokens),
+                Kernel("entries: arange", 0, entries),
+                Kernel("entries: one row per model", entries, starts),
+                Kernel("starts: searchsorted", tokens + starts, starts),
+                Kernel("tables: d_key, d_value", tokens + starts + 2 * pattern + 2 * heads, 2 * table)]
     raise ValueError(f"core must be vocab or fused, got {core!r}")
 
 

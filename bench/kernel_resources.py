@@ -43,8 +43,8 @@ KERNELS = {
                                                               "d_q", "d_scores"), F32) | {"index": I64},
                        dict(E=E, BLOCK_B=fused_attention.BLOCK_B, BLOCK_T=T, HAS_DPATTERN=False, LINEAR=False)),
     "fused tables": (fused_kernels.tables, dict.fromkeys(("q", "pattern", "d_z", "d_scores", "d_key", "d_value"), F32)
-                     | {"index": I64}, dict(E=E, BLOCK_E=E, BLOCK_B=fused_attention.BLOCK_B, BLOCK_T=T,
-                                            BLOCK_V=fused_attention.BLOCK_V)),
+                     | dict.fromkeys(("order", "starts"), I64),
+                     dict(E=E, BLOCK_E=E, BLOCK_N=fused_attention.BLOCK_N)),
     "counter prompts": (counter_kernel.prompts, dict.fromkeys((
         "seeds", "step", "tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos", "n_subjects",
         "first_noise", "n_noise", "eos", "subject_ticks", "relation_ticks", "facts"), I64),
@@ -53,23 +53,40 @@ KERNELS = {
 }
 
 
+def loop_cost(sass: str) -> tuple[int, int]:
+    """The instructions, and the barriers among them, of the largest loop in a kernel's SASS:
+    the span from a backward branch's target to the branch (the work of one iteration)."""
+    lines = re.findall(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?);", sass, re.M)
+    addresses = [int(address, 16) for address, _ in lines]
+    largest: list[str] = []
+    for address, (_, text) in zip(addresses, lines):
+        branch = re.search(r"\bBRA\s+0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            body = [t for a, (_, t) in zip(addresses, lines) if int(branch.group(1), 16) <= a <= address]
+            largest = max(largest, body, key=len)
+    return len(largest), sum(t.split()[-1].startswith("BAR") or " BAR." in t for t in largest)
+
+
 def resources(name: str, arch: int) -> dict[str, int]:
-    """Registers, local (spilled) bytes and shared bytes per thread block, and global atomic
-    instructions in the PTX, of KERNELS[name] compiled for sm_`arch`."""
+    """Registers, local (spilled) bytes and shared bytes per thread block, global atomic
+    instructions in the PTX, and the SASS instructions and barriers of its largest loop, of
+    KERNELS[name] compiled for sm_`arch`."""
     kernel, pointers, constexprs = KERNELS[name]
     signature = {p: "constexpr" if p in constexprs else pointers.get(p, "i32")
                  for p in inspect.signature(kernel.fn).parameters}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", arch, 32))
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
         usage = subprocess.run([str(tool), "-res-usage", cubin.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tool), "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
     found = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED):(\d+)", usage)}
-    ptx = compiled.asm["ptx"]
-    return {"registers": found["REG"], "local": found["LOCAL"], "shared": found["SHARED"],
-            "atomics": ptx.count("atom.global") + ptx.count("red.global"), "warps": compiled.metadata.num_warps}
+    atomics = re.findall(r"(?:^|\s)(?:atom|red)\.global", compiled.asm["ptx"], re.M)  # not cp.async's .shared.global
+    loop, barriers = loop_cost(sass)
+    return {"registers": found["REG"], "local": found["LOCAL"], "shared": found["SHARED"], "atomics": len(atomics),
+            "warps": compiled.metadata.num_warps, "loop": loop, "loop_barriers": barriers}
 
 
 def main() -> None:
@@ -80,7 +97,8 @@ def main() -> None:
     for name in KERNELS:
         r = resources(name, args.arch)
         print(f"{name:<16} {r['warps']} warps, {r['registers']:>3} registers, {r['local']} B spilled, "
-              f"{r['shared']} B shared, {r['atomics']} global atomic instructions")
+              f"{r['shared']} B shared, loop of {r['loop']} instructions with {r['loop_barriers']} barriers, "
+              f"{r['atomics']} global atomic instructions")
 
 
 if __name__ == "__main__":

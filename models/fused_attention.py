@@ -6,9 +6,10 @@ tokens with the small key and value tables ([e, V] per head, a few KB, held in c
 - forward, one program per (model, head, block of prompts): gathers the tokens' keys, scores
   them, takes the softmax over positions, mixes the tokens' values into z;
 - backward, the same programs: the scores' gradient (stored) and the query's;
-- tables, one program per (model, head, block of BLOCK_V vocabulary entries): the key and
-  value tables' gradients at its entries, summed over every prompt block by block in
-  registers (each block's token-weighted one-hot meets its q and d_z) and stored once.
+- tables, one program per (model, head, vocabulary entry): the key and value tables'
+  gradients at its entry, summed over the positions that hold it (each model's positions
+  sorted by token once per step, torch.sort and searchsorted: `token_order`) in registers
+  and stored once.
 No atomic adds: every float sum runs in one fixed order, so runs with this core are
 bit-reproducible on a GPU too (by construction; not yet checked on one). Per step the
 attention moves the pattern [K, H, B, T] and its gradient a few times and the queries,
@@ -27,7 +28,7 @@ import torch
 from tasks import triton_kernels
 
 BLOCK_B = 16  # prompts per program (forward and backward), per step of the tables' loop
-BLOCK_V = 32  # vocabulary entries per program of the tables' gradients
+BLOCK_N = 128  # positions per step of the tables' loop (the positions holding one entry)
 runs_on = triton_kernels.runs_on  # whether the fused core can run on a device: Triton compiles or interprets there
 
 
@@ -55,6 +56,19 @@ def per_token_attention(q, key, value, index, score_pos, linear):
         scores = scores + score_pos
     pattern = scores if linear else scores.softmax(-1)
     return (pattern[:, :, None] * values).sum(-1), pattern  # [K, H, e, B], [K, H, B, T]
+
+
+def token_order(index: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each model's positions b * T + t sorted by the token they hold (stably: by position
+    within a token), and where each entry's positions start: order [K, H', B * T] and starts
+    [K, H', V + 1], H' = 1 when the tokens are shared by every head (index expanded over
+    heads, stride 0), else H. Entry v's positions are order[..., starts[v]:starts[v + 1]]."""
+    K, H, B, T = index.shape
+    tokens = (index[:, :1] if index.stride(1) == 0 else index).reshape(K, -1, B * T)  # [K, H', B * T]
+    sorted_tokens, order = tokens.sort(dim=-1, stable=True)
+    entries = torch.arange(V + 1, device=index.device, dtype=sorted_tokens.dtype)  # [V + 1]
+    starts = torch.searchsorted(sorted_tokens, entries.expand(K, tokens.shape[1], V + 1).contiguous())
+    return order, starts
 
 
 class FusedAttention(torch.autograd.Function):
@@ -98,8 +112,11 @@ class FusedAttention(torch.autograd.Function):
                 *q.stride(), *key.stride(), *value.stride(), *index.stride(), *pattern.stride(), *d_z.stride(),
                 *at.stride(), E=E, BLOCK_B=BLOCK_B, BLOCK_T=block_t, HAS_DPATTERN=d_pattern is not None,
                 LINEAR=ctx.linear)
+        order, starts = token_order(index, V)
         d_key, d_value = key.new_empty(K, H, E, V), key.new_empty(K, H, E, V)  # [K, H, e, V], every entry stored
-        _launch("tables", (-(-V // BLOCK_V), H, K), q, index, pattern, d_z, d_scores, d_key, d_value, B, T, V,
-                *q.stride(), *index.stride(), *pattern.stride(), *d_z.stride(), *d_scores.stride(), *d_key.stride(),
-                E=E, BLOCK_E=1 << (E - 1).bit_length(), BLOCK_B=BLOCK_B, BLOCK_T=block_t, BLOCK_V=BLOCK_V)
+        shared = order.shape[1] == 1  # one order for every head: strides 0 over heads
+        _launch("tables", (V, H, K), q, order, starts, pattern, d_z, d_scores, d_key, d_value, T,
+                *q.stride(), order.stride(0), 0 if shared else order.stride(1), starts.stride(0),
+                0 if shared else starts.stride(1), *pattern.stride(), *d_z.stride(), *d_scores.stride(),
+                *d_key.stride(), E=E, BLOCK_E=1 << (E - 1).bit_length(), BLOCK_N=BLOCK_N)
         return d_q, d_key, d_value, None, d_scores if ctx.positional else None, None

@@ -78,41 +78,36 @@ def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_scores, B, T,
 
 
 @triton.jit
-def tables(q, index, pattern, d_z, d_scores, d_key, d_value, B, T, V,
-           sq_k, sq_h, sq_e, sq_b, si_k, si_h, si_b, si_t, sp_k, sp_h, sp_b, sp_t, sz_k, sz_h, sz_e, sz_b,
+def tables(q, order, starts, pattern, d_z, d_scores, d_key, d_value, T,
+           sq_k, sq_h, sq_e, sq_b, so_k, so_h, ss_k, ss_h, sp_k, sp_h, sp_b, sp_t, sz_k, sz_h, sz_e, sz_b,
            sd_k, sd_h, sd_b, sd_t, sg_k, sg_h, sg_e, sg_v,
-           E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-           BLOCK_V: tl.constexpr):
-    """One (block of vocabulary entries, head, model): the key and value tables' gradients
-    at those entries, summed over every prompt in blocks of BLOCK_B, in registers, and
-    stored once (no atomic add: the sums run in one fixed order). Per block of prompts the
-    token-weighted one-hots [BB, BV] (the pattern's and the score gradient's weight on each
-    entry) meet the block's d_z and q:
-        d_value[:, v] += d_z [e, BB] . pattern one-hot [BB, v],  d_key[:, v] += q . d_scores one-hot.
+           E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (vocabulary entry v, head, model): the key and value tables' gradients at v,
+    summed over the positions that hold v, in blocks of BLOCK_N, in registers, and stored once
+    (no atomic add: the sums run in one fixed order). `order` lists each model's positions
+    (b * T + t) sorted by token, `starts[v] : starts[v + 1]` those holding v, so a program
+    reads only its own positions:
+        d_value[:, v] = sum over them of pattern[b, t] d_z[:, b],  d_key[:, v] = ... d_scores[b, t] q[:, b].
     d_key and d_value share strides (sg_*)."""
-    k, h = tl.program_id(2), tl.program_id(1)
-    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)  # [BV]
+    v, h, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    first = tl.load(starts + k * ss_k + h * ss_h + v)
+    last = tl.load(starts + k * ss_k + h * ss_h + v + 1)
     e = tl.arange(0, BLOCK_E)  # [BE]
-    t = tl.arange(0, BLOCK_T)  # [BT]
-    d_key_acc = tl.zeros([BLOCK_E, BLOCK_V], dtype=q.dtype.element_ty)  # [BE, BV]
-    d_value_acc = tl.zeros([BLOCK_E, BLOCK_V], dtype=q.dtype.element_ty)
-    for start in range(0, B, BLOCK_B):
-        b = start + tl.arange(0, BLOCK_B)  # [BB]
-        row = b < B
-        inside = row[:, None] & (t < T)[None, :]  # [BB, BT]
-        tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside, other=-1)
-        p = tl.load(pattern + k * sp_k + h * sp_h + b[:, None] * sp_b + t[None, :] * sp_t, mask=inside, other=0.0)
-        ds = tl.load(d_scores + k * sd_k + h * sd_h + b[:, None] * sd_b + t[None, :] * sd_t, mask=inside,
-                     other=0.0)
-        hit = tokens[:, :, None] == v[None, None, :]  # [BB, BT, BV]
-        p_v = tl.sum(tl.where(hit, p[:, :, None], 0.0), axis=1)  # [BB, BV]
-        ds_v = tl.sum(tl.where(hit, ds[:, :, None], 0.0), axis=1)
-        heads = (e < E)[:, None] & row[None, :]  # [BE, BB]
-        q_b = tl.load(q + k * sq_k + h * sq_h + e[:, None] * sq_e + b[None, :] * sq_b, mask=heads, other=0.0)
-        d_z_b = tl.load(d_z + k * sz_k + h * sz_h + e[:, None] * sz_e + b[None, :] * sz_b, mask=heads, other=0.0)
-        d_key_acc += tl.sum(q_b[:, :, None] * ds_v[None, :, :], axis=1)  # [BE, BV]
-        d_value_acc += tl.sum(d_z_b[:, :, None] * p_v[None, :, :], axis=1)
-    out = k * sg_k + h * sg_h + e[:, None] * sg_e + v[None, :] * sg_v  # [BE, BV]
-    entries = (e < E)[:, None] & (v < V)[None, :]
-    tl.store(d_key + out, d_key_acc, mask=entries)
-    tl.store(d_value + out, d_value_acc, mask=entries)
+    heads = e < E
+    d_key_acc = tl.zeros([BLOCK_E, BLOCK_N], dtype=q.dtype.element_ty)  # [BE, BN]
+    d_value_acc = tl.zeros([BLOCK_E, BLOCK_N], dtype=q.dtype.element_ty)
+    for start in range(first, last, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)  # [BN]
+        live = n < last
+        position = tl.load(order + k * so_k + h * so_h + n, mask=live, other=0)
+        b, t = position // T, position % T  # [BN]
+        p = tl.load(pattern + k * sp_k + h * sp_h + b * sp_b + t * sp_t, mask=live, other=0.0)  # [BN]
+        ds = tl.load(d_scores + k * sd_k + h * sd_h + b * sd_b + t * sd_t, mask=live, other=0.0)
+        both = heads[:, None] & live[None, :]  # [BE, BN]
+        q_n = tl.load(q + k * sq_k + h * sq_h + e[:, None] * sq_e + b[None, :] * sq_b, mask=both, other=0.0)
+        d_z_n = tl.load(d_z + k * sz_k + h * sz_h + e[:, None] * sz_e + b[None, :] * sz_b, mask=both, other=0.0)
+        d_key_acc += q_n * ds[None, :]
+        d_value_acc += d_z_n * p[None, :]
+    out = k * sg_k + h * sg_h + e * sg_e + v * sg_v  # [BE]
+    tl.store(d_key + out, tl.sum(d_key_acc, axis=1), mask=heads)
+    tl.store(d_value + out, tl.sum(d_value_acc, axis=1), mask=heads)

@@ -66,14 +66,37 @@ def test_fused_core_equals_vocabulary_core_and_autograd(dtype, positional, linea
 
 
 @needs_fused
-def test_fused_core_is_exact_over_several_blocks_of_vocabulary_entries():
-    """A vocabulary of two and a half blocks of the tables' kernel, heads of size 8: the table
-    gradients of every block equal the vocabulary core's and autograd's."""
-    inputs = _inputs(torch.float64, True, E=8, V=2 * fused_attention.BLOCK_V + 13, T=9)
+@pytest.mark.parametrize("per_head", [False, True], ids=["tokens-shared-by-heads", "tokens-per-head"])
+def test_fused_core_is_exact_over_long_runs_of_one_entry_and_absent_entries(per_head):
+    """The tables' kernel walks each entry's positions in blocks of BLOCK_N: an entry held at
+    more positions than two blocks, entries held nowhere, heads of size 8, and tokens either
+    shared by every head (one order per model) or drawn per head; the table gradients equal
+    the vocabulary core's and autograd's."""
+    K, H, B, T, V = 2, 3, 70, 9, 40
+    q, key, value, index, score_pos = _inputs(torch.float64, True, K=K, H=H, E=8, B=B, V=V, T=T)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, V - 5, (K, H if per_head else 1, B, T), generator=g)  # the last 5 entries absent
+    tokens[..., ::2] = 7  # entry 7 at about half of all positions: B * T / 2 > 2 * BLOCK_N
+    assert (tokens == 7).sum(dim=(-2, -1)).min() > 2 * fused_attention.BLOCK_N
+    index = tokens.to(TEST_DEVICE).expand(K, H, B, T)
+    inputs = (q, key, value, index, score_pos)
     fused = _outputs_and_gradients(fused_attention.FusedAttention.apply, inputs, False, True)
     for core in (VocabAttention.apply, fused_attention.per_token_attention):
         for ours, theirs in zip(fused, _outputs_and_gradients(core, inputs, False, True), strict=True):
             assert (ours - theirs).abs().max().item() <= 1e-12 * max(1.0, theirs.abs().max().item())
+
+
+@needs_fused
+def test_token_order_lists_each_entrys_positions_in_order():
+    """token_order: entry v's positions b * T + t, ascending, at order[starts[v]:starts[v + 1]];
+    one order per model when the tokens are shared by every head, one per head otherwise."""
+    tokens = torch.tensor([[[[2, 0, 2], [1, 2, 0]]]])  # [K=1, 1, B=2, T=3]
+    order, starts = fused_attention.token_order(tokens.expand(1, 4, 2, 3), V=4)
+    assert order.shape == (1, 1, 6) and starts.tolist() == [[[0, 2, 3, 6, 6]]]
+    assert order[0, 0].tolist() == [1, 5, 3, 0, 2, 4]  # entry 0 at 1, 5; entry 1 at 3; entry 2 at 0, 2, 4
+    per_head = torch.stack([tokens[0, 0], 3 - tokens[0, 0]])[None]  # [1, 2, 2, 3]: two heads, own tokens
+    order, starts = fused_attention.token_order(per_head, V=4)
+    assert order.shape == (1, 2, 6) and starts[0, 1].tolist() == [0, 0, 3, 4, 6]
 
 
 class _Launches(Kernels):

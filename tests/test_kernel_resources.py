@@ -18,7 +18,10 @@ def _nvidia_tools() -> bool:
 
 
 @pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend")
-def test_every_kernel_compiles_for_an_h100_without_spills_or_global_atomics():
+def test_every_kernel_compiles_for_an_h100_without_spills_global_atomics_or_barriers_in_its_loop():
+    """A barrier inside a loop stops every warp of a program once per iteration: the tables'
+    kernel that built [prompts, positions, entries] one-hots had 68 in its loop and ran at
+    about a fifteenth of the attention's other kernels' rate on an H100."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "bench/kernel_resources.py", "--arch", "90"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -28,3 +31,4 @@ def test_every_kernel_compiles_for_an_h100_without_spills_or_global_atomics():
                                                        "counter prompts"]
     for line in lines:
         assert ", 0 B spilled," in line and line.endswith(", 0 global atomic instructions"), line
+        assert " with 0 barriers," in line, line
