@@ -7,7 +7,9 @@
 #
 # Set up first (no network needed): PYTHON=python3 bash scripts/setup.sh --offline WHEELS.
 # Steps, each bounded by the time left and recorded as it finishes; a later call skips the
-# steps an earlier one finished and goes on with the sweeps where they stopped:
+# steps an earlier one finished and goes on with the sweeps where they stopped. The call ends
+# within its budget (counted from its start) and a few seconds: a piece of Figure 4 left with
+# too little time is not started, and one line of the report counts those left:
 #   env        the GPU, driver and torch
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): summary in tests_cuda.txt
 #   bench      bench/train_throughput.py: graphed, eager and the TransformerLens loop at config
