@@ -7,7 +7,9 @@
 #
 # Set up first (no network needed): PYTHON=python3 bash scripts/setup.sh --offline WHEELS.
 # Steps, each bounded by the time left and recorded as it finishes; a later call skips the
-# steps an earlier one finished and goes on with the sweeps where they stopped:
+# steps an earlier one finished and goes on with the sweeps where they stopped. The call ends
+# within its budget (counted from its start) and a few seconds: a piece of Figure 4 left with
+# too little time is not started, and one line of the report counts those left:
 #   env        the GPU, driver and torch
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): summary in tests_cuda.txt
 #   bench      bench/train_throughput.py: graphed, eager and the TransformerLens loop at config
@@ -31,6 +33,7 @@
 # cells, packed again every GPU_RUN_PACK_SECONDS, written atomically: a kill at any moment
 # leaves the last whole archive, and loses only the cells in flight).
 set -uo pipefail
+start=$(date +%s)  # the budget counts from here: the checks and the unpacking below are in it
 cd "$(dirname "$0")/.."
 root=$PWD
 usage() { echo "usage: bash scripts/gpu_run.sh [--dry-run] OUT [STATE]" >&2; exit 2; }
@@ -48,7 +51,6 @@ python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo pyt
 budget=${GPU_RUN_SECONDS:-$([ $dry = 1 ] && echo 300 || echo 540)}
 pack_every=${GPU_RUN_PACK_SECONDS:-$([ $dry = 1 ] && echo 2 || echo 60)}
 jobs=${GPU_RUN_JOBS:-8}
-start=$(date +%s)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
@@ -58,6 +60,8 @@ mkdir -p "$work/done"
 export PYTHONUNBUFFERED=1
 
 left() { echo $(( budget - ($(date +%s) - start) )); }
+# the seconds a command may run now, keeping `reserve` (and ${1:-0} more) for what follows it
+room() { echo $(( $(left) - reserve - ${1:-0} )); }
 log() { echo "$*" | tee -a "$work/report.txt"; }
 put() {  # copy a file of the run into OUT atomically
   [ -f "$work/$1" ] || return 0
@@ -68,13 +72,17 @@ pack() {  # the run's state, atomically: a whole archive or the previous one
     && mv "$out/.state.tar.gz.tmp" "$out/state.tar.gz"
   put report.txt report.txt
 }
+earlier() {  # earlier NAME: true, and said, when an earlier call finished step NAME
+  [ -f "$work/done/$1" ] && log "$1: done in an earlier call ($(cat "$work/done/$1"))"
+}
 # step NAME CAP COMMAND...: run COMMAND (output to NAME.txt) for at most CAP seconds and the
-# time left (keeping `reserve` seconds to pack); record its exit status and seconds.
+# time left (keeping `reserve` seconds to pack, and `after` seconds more when set); record its
+# exit status and seconds.
 reserve=$([ $dry = 1 ] && echo 5 || echo 20)
 step() {
   local name=$1 cap=$2; shift 2
-  if [ -f "$work/done/$name" ]; then log "$name: done in an earlier call ($(cat "$work/done/$name"))"; return 0; fi
-  local limit=$(( $(left) - reserve )); [ "$limit" -lt "$cap" ] || limit=$cap
+  if earlier "$name"; then return 0; fi
+  local limit; limit=$(room "${after:-0}"); [ "$limit" -lt "$cap" ] || limit=$cap
   if [ "$limit" -le 0 ]; then log "$name: no time left"; return 1; fi
   local t0=$(date +%s) rc=0
   timeout -k 10 "$limit" "$@" >>"$work/$name.txt" 2>&1 || rc=$?
@@ -83,6 +91,10 @@ step() {
   log "$name: exit $rc in ${seconds} s (limit ${limit} s)$([ $rc = 124 ] && echo ', cut by the time limit')"
   pack
   return $rc
+}
+within() {  # within COMMAND...: run COMMAND for at most the time left before the reserve
+  local limit; limit=$(room)
+  [ "$limit" -gt 0 ] && timeout -k 2 "$limit" "$@"
 }
 
 log "gpu_run $(date -u +%FT%TZ): budget ${budget} s, $([ $dry = 1 ] && echo 'dry run (CPU, tiny sizes)' || echo GPU)\
@@ -163,28 +175,39 @@ put grid/grid.png grid.png
 fig4_search() { mapfile -t flags < "$1"; "$python" -m analyses.capacity transformer --shape "$2" "${flags[@]}"; }
 export -f fig4_search
 export python
+packer() {  # pack every pack_every seconds until sent TERM, which waits for an archive in progress
+  local nap=""
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do sleep "$pack_every" & nap=$!; wait "$nap"; pack; done
+}
 # piece NAME DIR "SHAPES" FLAGS...: every shape searched with FLAGS into fig4_left/DIR/ (a step
 # fig4_left_NAME: done once it finished, resumed from its cells by the next call when cut), then
-# its tables
+# its tables in the `after_piece` seconds kept for them. False, with nothing started, when an
+# earlier call finished it or too little time is left (then it is left for the next call).
+after_piece=$([ $dry = 1 ] && echo 10 || echo 30)
 piece() {
   local name=$1 dir="$work/fig4_left/$2" shapes=$3; shift 3
+  earlier "fig4_left_$name" && return 1
+  [ "$(room "$after_piece")" -gt 0 ] || return 1
   local shape_flags=() s
   local flags=("${fig4[@]}" "$@" --sampler counter "${device[@]}" --quiet --out "$dir")
   mkdir -p "$work/fig4_left"
   printf '%s\n' "${flags[@]}" > "$dir.flags"
   for s in $shapes; do shape_flags+=(--shape "$s"); done
-  ( while sleep "$pack_every"; do pack; done ) & local packer=$!
-  step "fig4_left_$name" 100000 bash -c "printf '%s\n' $shapes | xargs -P $jobs -I{} bash -c 'fig4_search $dir.flags {}'"
-  local rc=$?
+  packer & local packer=$!
+  after=$after_piece step "fig4_left_$name" 100000 \
+    bash -c "printf '%s\n' $shapes | xargs -P $jobs -I{} bash -c 'fig4_search $dir.flags {}'"
   kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
-  "$python" -m analyses.capacity transformer "${shape_flags[@]}" "${flags[@]}" --recorded-only >"$dir.tables.txt" 2>&1 \
+  within "$python" -m analyses.capacity transformer "${shape_flags[@]}" "${flags[@]}" --recorded-only \
+    >"$dir.tables.txt" 2>&1 \
     && log "fig4_left_$name: $(ls "$dir/cells" 2>/dev/null | wc -l) probes recorded;\
 $(grep '^  shape' "$dir.tables.txt" | tr -s ' ' | tr '\n' ';')"
-  return $rc
+  return 0
 }
+put_fig4_left() { put fig4_left.csv fig4_left.csv; put fig4_left.png fig4_left.png; }
 # fig4_left.csv and fig4_left.png: every piece's sizes so far, one table and one figure
 combine() {
-  "$python" - "$work/fig4_left" "$work/fig4_left.csv" "$work/fig4_left.png" <<'PY' >>"$work/fig4_left.txt" 2>&1
+  within "$python" - "$work/fig4_left" "$work/fig4_left.csv" "$work/fig4_left.png" <<'PY' >>"$work/fig4_left.txt" 2>&1
 import sys
 from pathlib import Path
 import pandas as pd
@@ -202,25 +225,28 @@ if tables:
         slope = fitted_slope(stored["parameters"], stored["facts"]) if stored["parameters"].nunique() > 1 else None
         facts_figure(stored, slope, TransformerSweep(), figure_path)
 PY
-  put fig4_left.csv fig4_left.csv
-  put fig4_left.png fig4_left.png
+  put_fig4_left
 }
 # Figure 4 left, largest sizes first; then those sizes again at 2^16 steps: are the facts stored
 # there set by the parameters or by the step budget?
 # (a row's parts share its directory: each goes on from the S* its previous part found)
 for b in "${brackets[@]}"; do
-  read -r name flags <<< "$b"; piece "$name" "$name" "$lead" "${lead_flags[@]}" $flags; combine
+  read -r name flags <<< "$b"; piece "$name" "$name" "$lead" "${lead_flags[@]}" $flags && combine
 done
 for r in "${rows[@]}"; do
   for part in "${parts[@]}"; do
-    piece "alpha${r%%,*}${part%%=*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d "${part#*=}"; combine
+    piece "alpha${r%%,*}${part%%=*}" "alpha${r%%,*}" "$r" "${row_flags[@]}" --d "${part#*=}" && combine
   done
 done
-if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = $(( ${#brackets[@]} + ${#parts[@]} * ${#rows[@]} )) ]
+pieces=$(( ${#brackets[@]} + ${#parts[@]} * ${#rows[@]} ))  # then as many again at 2^16 steps
+if [ "$(ls "$work/done" | grep '^fig4_left_' | grep -vc '^fig4_left_2e16_')" = "$pieces" ]
 then
   for b in "${brackets[@]}"; do
     read -r name flags <<< "$b"; piece "2e16_$name" "2e16_$name" "$lead" "${lead_flags[@]}" $flags "${ladder[@]}"
   done
 fi
+left_over=$(( pieces + ${#brackets[@]} - $(ls "$work/done" | grep -c '^fig4_left_') ))
+[ "$left_over" = 0 ] || log "fig4_left: $left_over of $(( pieces + ${#brackets[@]} )) pieces left for the next call"
+put_fig4_left
 log "gpu_run: $(( $(date +%s) - start )) s in all; $(ls "$work/done" | tr '\n' ' ')done"
 pack

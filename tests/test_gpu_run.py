@@ -100,6 +100,36 @@ def test_a_killed_gpu_run_resumes_from_its_archive(tmp_path):
     assert "passed" in (second / "tests_cuda.txt").read_text()
 
 
+def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_path):
+    """Resumed with the steps before Figure 4 left done and too little time for any piece (a
+    piece keeps 10 s after its search, the pack 5 s): no piece starts a process, one line names
+    the pieces left, and the report and archive are packed within the budget."""
+    earlier = tmp_path / "earlier"
+    (earlier / "done").mkdir(parents=True)
+    for step in ("env", "tests", "bench", "grid"):
+        (earlier / "done" / step).write_text("exit 0, 1 s\n")
+    (earlier / "report.txt").write_text("an earlier call\n")
+    with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
+        tar.add(earlier, arcname=".")
+    out, budget = tmp_path / "out", 12
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(out), str(tmp_path / "state.tar.gz")],
+                          cwd=ROOT, env={**ENV, "GPU_RUN_SECONDS": str(budget)}, capture_output=True, text=True,
+                          timeout=300)
+    seconds = time.monotonic() - t0
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert seconds < budget + 8, f"{seconds:.0f} s for a budget of {budget} s"
+    report = (out / "report.txt").read_text().splitlines()
+    assert report[0] == "an earlier call" and report[-1].startswith("gpu_run: ")
+    assert f"fig4_left: {len(PIECES)} of {len(PIECES)} pieces left for the next call" in report
+    assert not [line for line in report if line.startswith("fig4_left_")]
+    packed = _archive(out / "state.tar.gz")
+    assert not [name for name in packed if name.startswith("./fig4_left")]  # no search, no table
+    with tarfile.open(out / "state.tar.gz") as tar:  # the last pack holds the whole report
+        assert tar.extractfile("./report.txt").read().decode().splitlines() == report
+    assert {p.name for p in out.iterdir()} <= ALLOWED
+
+
 def test_gpu_run_refuses_a_missing_archive_in_one_line(tmp_path):
     done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(tmp_path / "out"), str(tmp_path / "no.tgz")],
                           cwd=ROOT, env=ENV, capture_output=True, text=True)
