@@ -293,8 +293,9 @@ def main() -> None:
     ours = functools.partial(make_ours, args.preset, args.batch, args.k, device, model=model,
                              attention_core=args.attention_core)
     steps["ours"] = ours()
-    if args.compare_core is not None:
-        steps[f"ours-{args.compare_core}"] = ours(attention_core=args.compare_core)
+    if args.compare_core is not None:  # beside ours as timed: graphed with --graphed, else eager
+        steps[f"ours-{args.compare_core}"] = ours(attention_core=args.compare_core,
+                                                  **(dict(sampler="counter", graphed=True) if args.graphed else {}))
     if args.counter:
         steps["ours-counter"] = ours(sampler="counter")
     if args.graphed:
@@ -367,8 +368,9 @@ def main() -> None:
         print(f"model_flop_utilisation {name} {100 * useful / matmul:.1f}%  ({useful:.3e} useful FLOP/s, "
               f"{args.preset} K={args.k}, {statistics.median(rates[name]):.1f} steps/s, matmul {matmul:.3e} FLOP/s)")
     if args.compare_core is not None:
-        per_round, median = median_ratio(rates[f"ours-{args.compare_core}"], rates["ours"])
-        print(f"ours_{args.compare_core}_over_ours {median:.2f}  (per round: {per_round})")
+        base = "ours-graphed" if args.graphed else "ours"
+        per_round, median = median_ratio(rates[f"ours-{args.compare_core}"], rates[base])
+        print(f"ours_{args.compare_core}_over_{base.replace('-', '_')} {median:.2f}  (per round: {per_round})")
     print("peak memory of ours by sequence length: " + (", ".join(
         f"T={T}: {mib:.1f} MiB" for T, mib in memory_by_length.items()) or "not measured"))
     # each round's ratio compares two runs seconds apart, so the machine's drift (measured here:

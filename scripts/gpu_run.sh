@@ -122,8 +122,9 @@ else
   tests=(-n 8 tests/test_graphed.py tests/test_parity.py tests/test_trainer.py tests/test_shape_stack.py
          tests/test_grid_stack.py tests/test_stack_buckets.py tests/test_counter.py tests/test_fused_attention.py
          tests/test_authors_model.py tests/test_locate_facts.py tests/test_reliability.py)
-  bench_a=(--device cuda --graphed --trained-steps 0 --repeats 3)
-  bench_k=(--device cuda --graphed --trained-steps 0 --repeats 3 --preset tiny --no-memory)
+  # each beside the fused attention core, graphed: where does it beat the vocabulary core?
+  bench_a=(--device cuda --graphed --trained-steps 0 --repeats 3 --compare-core fused)
+  bench_k=(--device cuda --graphed --trained-steps 0 --repeats 3 --preset tiny --no-memory --compare-core fused)
   # the grid's largest cell, 169 models: memory-bound with the vocabulary core; the fused one beside it
   bench_stack=(--device cuda --trained-steps 0 --no-memory --repeats 2 --preset paper-tradeoff --n-heads 32
                --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
