@@ -10,7 +10,7 @@ from models import fused_attention
 from models.forward import has_positions, last_position_logits
 from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
 from models.presets import preset
-from models.trainer import TrainingData, snapshot_schedule, train, train_step
+from models.trainer import TrainingData, snapshot_schedule, summed_loss, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick
@@ -249,3 +249,20 @@ def test_override_refuses_unknown_fields():
     assert override(ModelConfig(), {"n_heads": 2}).n_heads == 2
     with pytest.raises(ValueError, match="ModelConfig has no field 'freeze_ov'"):
         override(ModelConfig(), {"freeze_ov": True})
+
+
+@pytest.mark.parametrize("K,B,O", [(1, 1024, 256), (64, 128, 16), (3, 37, 11)])
+def test_the_summed_loss_is_cross_entropy_with_the_same_gradient_bits(K, B, O):
+    """summed_loss: each model's mean cross-entropy, summed over models, equal to
+    F.cross_entropy's; its gradient the same bits as cross_entropy's (the loss is written
+    without CUDA's one-block nll_loss, the training must not change)."""
+    g = torch.Generator().manual_seed(K)
+    logits = (3 * torch.randn(K, B, O, generator=g)).requires_grad_()
+    answers = torch.randint(0, O, (K, B), generator=g)
+    ours = summed_loss(logits, answers)
+    (ours_grad,) = torch.autograd.grad(ours, logits)
+    reference = F.cross_entropy(logits.flatten(0, 1), answers.flatten(), reduction="sum") / B
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    per_model = torch.stack([F.cross_entropy(logits[k], answers[k]) for k in range(K)]).sum()
+    assert torch.allclose(ours, per_model, rtol=1e-6) and torch.allclose(ours, reference, rtol=1e-6)
+    assert torch.equal(ours_grad, reference_grad)
