@@ -99,7 +99,7 @@ def tables(q, order, starts, pattern, d_z, d_scores, d_key, d_value, T,
     for start in range(first, last, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)  # [BN]
         live = n < last
-        position = tl.load(order + k * so_k + h * so_h + n, mask=live, other=0)
+        position = tl.load(order + k * so_k + h * so_h + n, mask=live, other=0).to(tl.int32)  # < B * T
         b, t = position // T, position % T  # [BN]
         p = tl.load(pattern + k * sp_k + h * sp_h + b * sp_b + t * sp_t, mask=live, other=0.0)  # [BN]
         ds = tl.load(d_scores + k * sd_k + h * sd_h + b * sd_b + t * sd_t, mask=live, other=0.0)
