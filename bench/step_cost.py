@@ -65,7 +65,10 @@ VOCAB_BUFFER_PASSES = 14
 # pattern written by the forward, read by the backward and the tables' kernel; the scores'
 # gradient written by the backward, read by the tables' kernel.
 PATTERN_PASSES = {"vocab": 9, "fused": 5}
-INDEX_PASSES = {"vocab": 4, "fused": 3}  # the gathers and scatters (vocabulary), the three kernels (fused)
+# Passes over [K, B, T] token indices: the gathers and scatters (vocabulary); the forward, the
+# backward, the sort (read, and its sorted tokens and order written), searchsorted and the
+# tables' kernel (fused).
+INDEX_PASSES = {"vocab": 4, "fused": 7}
 # q, z and their gradients [K, H, e, B]: q written, read; z written, read by W_O; d_z written,
 # read (twice by the vocabulary core's products; by the backward and the tables' kernel in the
 # fused core); d_q written, read; q read again by d_key (the tables' kernel).
