@@ -69,7 +69,7 @@ def loop_cost(sass: str) -> tuple[int, int]:
 
 def resources(name: str, arch: int) -> dict[str, int]:
     """Registers, local (spilled) bytes and shared bytes per thread block, global atomic
-    instructions in the PTX, and the SASS instructions and barriers of its largest loop, of
+    instructions in the PTX, its SASS instructions, and those and the barriers of its largest loop, of
     KERNELS[name] compiled for sm_`arch`."""
     kernel, pointers, constexprs = KERNELS[name]
     signature = {p: "constexpr" if p in constexprs else pointers.get(p, "i32")
@@ -85,8 +85,10 @@ def resources(name: str, arch: int) -> dict[str, int]:
     found = {key: int(value) for key, value in re.findall(r"(REG|LOCAL|SHARED):(\d+)", usage)}
     atomics = re.findall(r"(?:^|\s)(?:atom|red)\.global", compiled.asm["ptx"], re.M)  # not cp.async's .shared.global
     loop, barriers = loop_cost(sass)
+    instructions = len(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+\S", sass, re.M))
     return {"registers": found["REG"], "local": found["LOCAL"], "shared": found["SHARED"], "atomics": len(atomics),
-            "warps": compiled.metadata.num_warps, "loop": loop, "loop_barriers": barriers}
+            "warps": compiled.metadata.num_warps, "instructions": instructions, "loop": loop,
+            "loop_barriers": barriers}
 
 
 def main() -> None:
@@ -97,7 +99,8 @@ def main() -> None:
     for name in KERNELS:
         r = resources(name, args.arch)
         print(f"{name:<16} {r['warps']} warps, {r['registers']:>3} registers, {r['local']} B spilled, "
-              f"{r['shared']} B shared, loop of {r['loop']} instructions with {r['loop_barriers']} barriers, "
+              f"{r['shared']} B shared, {r['instructions']} instructions (largest loop {r['loop']}, "
+              f"with {r['loop_barriers']} barriers), "
               f"{r['atomics']} global atomic instructions")
 
 

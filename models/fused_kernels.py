@@ -17,7 +17,8 @@ def forward(q, key, value, index, score_pos, z, pattern, B, T,
     t = tl.arange(0, BLOCK_T)  # [BT]
     row, col = b < B, t < T
     inside = row[:, None] & col[None, :]  # [BB, BT]
-    tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside, other=0)
+    tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside,
+                     other=0).to(tl.int32)  # 32-bit offsets: entries < V
     q_at = q + k * sq_k + h * sq_h + b * sq_b
     key_at = key + k * skey_k + h * skey_h + tokens * skey_v
     scores = tl.zeros([BLOCK_B, BLOCK_T], dtype=q.dtype.element_ty)
@@ -54,7 +55,8 @@ def backward(q, key, value, index, pattern, d_z, d_pattern, d_q, d_scores, B, T,
     t = tl.arange(0, BLOCK_T)  # [BT]
     row, col = b < B, t < T
     inside = row[:, None] & col[None, :]  # [BB, BT]
-    tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside, other=0)
+    tokens = tl.load(index + k * si_k + h * si_h + b[:, None] * si_b + t[None, :] * si_t, mask=inside,
+                     other=0).to(tl.int32)  # 32-bit offsets: entries < V
     p = tl.load(pattern + k * sp_k + h * sp_h + b[:, None] * sp_b + t[None, :] * sp_t, mask=inside, other=0.0)
     dp = tl.zeros([BLOCK_B, BLOCK_T], dtype=p.dtype)
     d_z_at = d_z + k * sz_k + h * sz_h + b * sz_b

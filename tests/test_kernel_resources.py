@@ -31,4 +31,4 @@ def test_every_kernel_compiles_for_an_h100_without_spills_global_atomics_or_barr
                                                        "counter prompts"]
     for line in lines:
         assert ", 0 B spilled," in line and line.endswith(", 0 global atomic instructions"), line
-        assert " with 0 barriers," in line, line
+        assert " with 0 barriers)," in line, line
