@@ -22,7 +22,7 @@ from models.cli import run_cli
 from probe.phases import PhaseRule
 
 NAMED = {"locate_facts", "hallucination", "capacity", "tradeoff", "aot_capacity", "visualize", "report"}
-SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell", "--torch-threads")
+SWEEP_FLAGS = ("--executor", "--jobs", "--ray-address", "--gpus-per-cell", "--torch-threads")
 READERS = {("tradeoff", "compare"), ("capacity", "plan")}  # read what sweeps recorded: no device, no executor
 
 
