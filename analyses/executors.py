@@ -167,7 +167,8 @@ class ProcessExecutor:
     threads. The workers are spawned (not forked), so each may use CUDA, and import this
     checkout's code (a spawned process starts with this one's sys.path). A cell that raises
     stops the sweep with its error; a worker that dies (killed, out of memory) stops it with
-    one line, the cells finished before it recorded."""
+    an error saying so; either way the cells finished before are recorded and the cells
+    still computing are not waited for (open_executor kills the workers)."""
 
     def __init__(self, jobs: int, threads: int = 1):
         self.jobs, self.threads = jobs, threads
@@ -188,9 +189,9 @@ class ProcessExecutor:
         try:
             return cell, future.result()
         except BrokenProcessPool:
-            raise RuntimeError(f"a worker process died (killed, or out of memory) with {len(self.in_flight) + 1} "
-                               "cells unfinished; the finished cells are recorded: run the same command to "
-                               "resume.") from None
+            raise RuntimeError(f"a worker process died (killed, or out of memory); cells unfinished: "
+                               f"{len(self.in_flight) + 1}, the finished ones are recorded: the same command "
+                               "resumes.") from None
         except (ValueError, OSError) as e:  # bad input: one line, as in this process
             raise e from None
 
