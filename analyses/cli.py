@@ -1,7 +1,7 @@
 """The flags every analysis shares, declared and validated here once: the checkpoint,
---out, --device, --seed, --step, --quiet, the sweep flags (--executor, --ray-address,
---gpus-per-cell), and each analysis' own settings, flags generated from its frozen
-settings dataclass (whose __post_init__ refuses a bad value, naming its flag).
+--out, --device, --seed, --step, --quiet, the sweep flags (--executor, --jobs,
+--ray-address, --gpus-per-cell, --torch-threads), and each analysis' own settings, flags
+generated from its frozen settings dataclass (whose __post_init__ refuses a bad value, naming its flag).
 
 A bad value is refused in one line `error: ...` with exit code 2 before anything is loaded
 or written: shared flags while the command line is parsed (models.cli.Parser), settings
@@ -118,7 +118,7 @@ def add_quiet(p: argparse.ArgumentParser) -> None:
 
 
 def add_sweep(p: argparse.ArgumentParser) -> None:
-    """--executor, --ray-address, --gpus-per-cell: where a sweep's cells run."""
+    """--executor, --jobs, --ray-address, --gpus-per-cell, --torch-threads: where a sweep's cells run."""
     add_config_flags(p, ExecutorSettings, "where the cells run", default_label="default")
 
 

@@ -18,8 +18,9 @@
 #              of each of those stacks, graphed (bench.txt); the model-FLOP utilisation of
 #              each line in report.txt
 #   checks     bench/gpu_checks.py: main job CUDA against CPU, host syncs, determinism
-#   grid       Figure 4 right: the 169-cell grid with storage shares over seeds 0, 1, 2, stacked,
-#              timed (grid.png)
+#   grid       Figure 4 right: the 169-cell grid with storage shares over seeds 0, 1, 2, stacked
+#              (one stack per H), the stacks in GPU_RUN_JOBS worker processes sharing the GPU
+#              (--executor processes; the dry run: in one process), timed (grid.png)
 #   fig4_left_*  Figure 4 left at the authors' full protocol (25 shapes, d = 8 ... 181, three
 #              learning rates) in pieces that each fit one call, largest sizes first: (1, 1, 8)
 #              at d = 90, 128 and 181 over seeds 0, 1, 2 (S*: the largest S most seeds store),
@@ -129,7 +130,9 @@ else
   bench_stack=(--device cuda --trained-steps 0 --no-memory --repeats 2 --preset paper-tradeoff --n-heads 32
                --d-mlp 128 --k 169 --attention-core vocab --compare-core fused --graphed)
   profile=(--device cuda --steps 5 --rows 25)
-  grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2)
+  # one stack per H (its 13 widths x 3 seeds), GPU_RUN_JOBS stacks at a time, each in its own process
+  grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2
+        --executor processes --jobs "$jobs")
   fig4=(--answers 8 --seq-len 32 --eval-size 1024)
   # (1, 1, 8) at its largest sizes, bracketed around the fitted line's S* (59, 81, 107 at d = 90,
   # 128, 181: analyses.capacity.plan.Oracle.stand_in; the H100 record gave 74 at d = 128)

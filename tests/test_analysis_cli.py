@@ -22,7 +22,7 @@ from models.cli import run_cli
 from probe.phases import PhaseRule
 
 NAMED = {"locate_facts", "hallucination", "capacity", "tradeoff", "aot_capacity", "visualize", "report"}
-SWEEP_FLAGS = ("--executor", "--ray-address", "--gpus-per-cell", "--torch-threads")
+SWEEP_FLAGS = ("--executor", "--jobs", "--ray-address", "--gpus-per-cell", "--torch-threads")
 READERS = {("tradeoff", "compare"), ("capacity", "plan")}  # read what sweeps recorded: no device, no executor
 
 
@@ -107,7 +107,8 @@ def refusal(module, argv, capsys) -> str:
 @pytest.mark.parametrize("bad, message", [
     (["--device", "tpu"], "error: argument --device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     (["--out", "FILE/sub"], "error: argument --out: FILE exists and is not a directory"),
-    (["--executor", "dask"], "error: unknown --executor 'dask': choose local or ray."),
+    (["--executor", "dask"], "error: unknown --executor 'dask': choose local, processes or ray."),
+    (["--executor", "processes", "--jobs", "0"], "error: --jobs must be an integer >= 1, got 0."),
     (["--torch-threads", "0"], "error: --torch-threads must be an integer >= 1, got 0."),
 ])
 def test_a_bad_shared_value_is_the_same_one_line_everywhere(bad, message, tmp_path, capsys):

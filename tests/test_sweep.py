@@ -1,8 +1,10 @@
-"""The sweep engine: concurrent searches, order-independent results, the local and Ray
-executors give the same rows (each cell with the sweep's torch threads), a killed worker's
-cell is retried and recorded once, a killed driver resumes, bad executor settings and a
-resume with other torch threads are refused in one line."""
+"""The sweep engine: concurrent searches, order-independent results, the local, worker
+processes and Ray executors give the same rows (each cell with the sweep's torch threads), a
+killed Ray worker's cell is retried and recorded once, a killed worker process or a cell that
+raises stops the sweep at once with the finished cells recorded, a killed driver resumes, bad
+executor settings and a resume with other torch threads are refused in one line."""
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -129,6 +131,9 @@ def _tradeoff(argv, capsys):
     (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "no Ray cluster answers there"),
     (["--executor", "ray", "--gpus-per-cell", "0.25"], "needs CUDA"),
     (["--gpus-per-cell", "0.25"], "--gpus-per-cell needs --executor ray"),
+    (["--executor", "processes", "--ray-address", "127.0.0.1:1"], "--ray-address needs --executor ray"),
+    (["--jobs", "2"], "--jobs needs --executor processes"),
+    (["--executor", "processes", "--jobs", "0"], "--jobs must be an integer >= 1, got 0"),
     (["--torch-threads", "0"], "--torch-threads must be an integer >= 1, got 0"),
 ])
 def test_bad_executor_settings_refused_in_one_line_before_anything_runs(tmp_path, capsys, flags, message):
@@ -234,17 +239,21 @@ def threads_row(i: int) -> dict:
     return {"i": i, "threads": torch.get_num_threads(), "sum": float((a @ b).sum())}
 
 
+@pytest.mark.parametrize("kind", ["processes", "ray"])
 @pytest.mark.parametrize("threads", [None, 2])
-def test_each_cell_computes_with_the_sweep_s_torch_threads_on_either_executor(ray_cluster, tmp_path, threads):
+def test_each_cell_computes_with_the_sweep_s_torch_threads_on_every_executor(request, tmp_path, kind, threads):
     from analyses.executors import ExecutorSettings, open_executor
 
+    if kind == "ray":
+        request.getfixturevalue("ray_cluster")
+    jobs = {"jobs": 2} if kind == "processes" else {}
     rows = {}
-    for kind in ("local", "ray"):
-        settings = ExecutorSettings(executor=kind, **({} if threads is None else {"torch_threads": threads}))
-        with open_executor(settings) as executor:
-            rows[kind] = run_jobs([one(Cell(f"c{i}", threads_row, (i,))) for i in range(4)],
-                                  Cells(tmp_path / kind, {}), executor, progress=False)
-    assert rows["local"] == rows["ray"]
+    for name, settings in (("local", {}), (kind, {"executor": kind, **jobs})):
+        threading = {} if threads is None else {"torch_threads": threads}
+        with open_executor(ExecutorSettings(**settings, **threading)) as executor:
+            rows[name] = run_jobs([one(Cell(f"c{i}", threads_row, (i,))) for i in range(4)],
+                                  Cells(tmp_path / name, {}), executor, progress=False)
+    assert rows["local"] == rows[kind]
     assert {row["threads"] for row in rows["local"]} == {threads or 1}
 
 
@@ -306,6 +315,55 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_g
     assert f"({4 - recorded} new cells)" in stdout
     pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), local_grid)
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 4 - recorded
+
+
+# ------------------------------------------------------------------ worker processes
+def test_worker_process_cells_equal_local_cells(local_grid_out, local_grid, tmp_path, capsys):
+    code, out, err = _tradeoff([*GRID, "--executor", "processes", "--jobs", "2", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "(4 new cells)" in out
+    assert _cell_files(tmp_path) == _cell_files(local_grid_out)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "grid.csv"), local_grid)
+
+
+def _cell_files(out: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in (out / "cells").glob("*.json")}
+
+
+def fails_or_waits(done: str, n: int) -> dict:
+    """Cell 0 returns, cell 1 refuses its input, cell 2 would write `done` after a minute."""
+    if n == 1:
+        raise ValueError("cell 1: a bad setting\nsecond line")
+    if n == 2:
+        time.sleep(60)
+        Path(done).touch()
+    return {"n": n}
+
+
+def dies(n: int) -> dict:
+    """Cell 1 kills its own worker (SIGKILL) mid-cell; the others return."""
+    if n == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"n": n}
+
+
+@pytest.mark.parametrize("fn", [fails_or_waits, dies])
+def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_cells_recorded(tmp_path, fn):
+    """One worker: cell 0 returns before cell 1 fails (raises, or its worker is killed); the
+    sweep stops with one clear line, cell 0 recorded, and the cell still computing (or
+    queued) is not waited for: no worker is left."""
+    from analyses.executors import ExecutorSettings, open_executor
+
+    done = tmp_path / "cell 2 done"
+    args = (lambda n: (str(done), n)) if fn is fails_or_waits else (lambda n: (n,))
+    cells = Cells(tmp_path / "out", {})
+    raised = (ValueError, "cell 1: a bad setting") if fn is fails_or_waits else (RuntimeError, "worker process died")
+    with pytest.raises(raised[0], match=raised[1]) as stopped:
+        with open_executor(ExecutorSettings(executor="processes", jobs=1)) as executor:
+            run_jobs([one(Cell(f"n{n}", fn, args(n))) for n in range(3)], cells, executor, progress=False)
+    assert stopped.value.__suppress_context__  # one line: no worker traceback chained on
+    assert cells.rows() == [{"n": 0}]
+    assert not multiprocessing.active_children() and not done.exists()
 
 
 # ------------------------------------------------------------------ kept checkpoints

@@ -25,8 +25,9 @@ Writes to DIR: runs.csv (one row per model and seed), capacity.csv (seed means),
 heads.csv, head_tokens.csv, summary.json (fit_H_r2, fit_dh_exponent, ...), capacity.png,
 head_roles.png, checkpoints/ (every trained model, docs/checkpoint_format.md, task.kind
 association or distribution) and cells/ (one JSON file per finished stack of models: a
-rerun skips them). Stacks run in this process (--executor local) or as Ray tasks
-(--executor ray: one worker per core, or a cluster with --ray-address).
+rerun skips them). Stacks run in this process (--executor local), in --jobs worker
+processes of this machine (--executor processes) or as Ray tasks (--executor ray: one
+worker per core, or a cluster with --ray-address).
 """
 from analyses.aot_capacity.cli import main, parser
 from analyses.aot_capacity.sweep import AotSweep, Trained

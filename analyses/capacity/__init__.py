@@ -23,8 +23,9 @@ capacity.csv (one row per size and seed), summary.json and a figure with the the
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
 for the linear memory, N ln N = m d / 0.35 for the MLP, N = m d / 1.2 for the MLP with M = 32
 fixed outputs, --outputs 32): the slope of log(N* ln N*) and N* over the line at every size.
-The searches run concurrently, each probe a cell: in this process (--executor local) or as
-Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address).
+The searches run concurrently, each probe a cell: in this process (--executor local), in
+--jobs worker processes of this machine (--executor processes) or as Ray tasks (--executor
+ray: one worker per core, or a cluster with --ray-address).
 """
 from analyses.capacity.cli import main, parser
 from analyses.capacity.common import TARGET, Capacity, fitted_slope

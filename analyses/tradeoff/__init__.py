@@ -15,8 +15,9 @@ compare Two recorded grids side by side (GRID GRID --out DIR): each one's 99% fr
         maps of the second grid minus the first.
 
 Every cell is one JSON file in --out/cells/ (a re-run with the same settings skips it);
-CSV next to the figures, summary.json. Cells run in this process (--executor local) or as
-Ray tasks (--executor ray: one worker per core, or a cluster with --ray-address). Task,
+CSV next to the figures, summary.json. Cells run in this process (--executor local), in
+--jobs worker processes of this machine (--executor processes) or as Ray tasks (--executor
+ray: one worker per core, or a cluster with --ray-address). Task,
 model and training flags as models.train, starting from the paper-tradeoff preset.
 """
 from analyses.tradeoff.cli import main, parser
