@@ -189,3 +189,20 @@ def test_a_step_whose_work_changes_between_calls_names_the_first_operation_that_
 
     with pytest.raises(CaptureHazard, match=r"operation 1: \('aten\.add\.Tensor'.* then \('aten\.sub\.Tensor'"):
         check_capturable(step)
+
+
+def test_the_fused_core_s_token_order_is_capturable():
+    """The fused attention core's torch work in the backward, outside its Triton kernels:
+    each model's positions sorted by token and where each entry starts (fixed shapes, no
+    wait for the host), for tokens shared by heads and per head. The kernels themselves run
+    only where Triton compiles (CUDA) or interprets (CPU), not on `meta`."""
+    from models.fused_attention import token_order
+
+    K, H, B, T, V = 3, 4, 16, 5, 11
+    meta = torch.device("meta")
+    shared = torch.empty(K, 1, B, T, dtype=torch.long, device=meta).expand(K, H, B, T)
+    per_head = torch.empty(K, H, B, T, dtype=torch.long, device=meta)
+    for index in (shared, per_head):
+        check_capturable(lambda index=index: token_order(index, V))
+    with pytest.raises(CaptureHazard):  # the check would see the entries' counts read on the host
+        check_capturable(lambda: token_order(per_head, V)[1].tolist())
