@@ -46,6 +46,9 @@ MODULES = {
     "models/shape_trainer.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                 "small_stack or whatever_reaches or trains_each_bucket or are_refused"],
     "models/graphed.py": ["tests/test_graphed.py", "-k", "not cli"],
+    "models/fused_attention.py": ["tests/test_fused_attention.py",
+                                  "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
+    "analyses/executors.py": ["tests/test_sweep.py", "-k", "not ray"],
 }
 
 

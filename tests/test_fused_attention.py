@@ -33,19 +33,22 @@ def _inputs(dtype, positional, K=2, H=3, E=5, B=37, V=11, T=7):
     return leaf(K, H, E, B), leaf(K, H, E, V), leaf(K, H, E, V), tokens[:, None].expand(K, H, B, T), score_pos
 
 
-def _outputs_and_gradients(core, inputs, linear, use_pattern):
+def _outputs_and_gradients(core, inputs, linear, use_pattern, use_z=True):
     """z, pattern and the gradients of every input under a fixed weighted sum of the outputs
-    (the pattern's term left out unless `use_pattern`: then its gradient is None)."""
+    (the pattern's term left out unless `use_pattern`, z's unless `use_z`: then that output's
+    gradient is None); an input the loss does not reach has a zero gradient."""
     leaves = [x for x in inputs if x is not None and x.requires_grad]
     for x in leaves:
         x.grad = None
     z, pattern = core(*inputs, linear)
-    loss = (z * torch.linspace(-1, 1, z.numel(), dtype=z.dtype, device=z.device).view_as(z)).sum()
-    if use_pattern:
-        loss = loss + (pattern * torch.linspace(2, -1, pattern.numel(), dtype=z.dtype,
-                                                device=z.device).view_as(pattern)).sum()
-    loss.backward()
-    return [z.detach(), pattern.detach()] + [x.grad.clone() for x in leaves]
+
+    def weighted(output, start, end):
+        return (output * torch.linspace(start, end, output.numel(), dtype=z.dtype, device=z.device)
+                .view_as(output)).sum()
+    terms = ([weighted(z, -1, 1)] if use_z else []) + ([weighted(pattern, 2, -1)] if use_pattern else [])
+    sum(terms).backward()
+    return [z.detach(), pattern.detach()] + [torch.zeros_like(x) if x.grad is None else x.grad.clone()
+                                             for x in leaves]
 
 
 @needs_fused
@@ -63,6 +66,29 @@ def test_fused_core_equals_vocabulary_core_and_autograd(dtype, positional, linea
         for ours, theirs in zip(fused, reference):
             scale = max(1.0, theirs.abs().max().item())
             assert (ours - theirs).abs().max().item() <= TOLERANCE[dtype] * scale, name
+
+
+@needs_fused
+@pytest.mark.parametrize("linear", [False, True], ids=["softmax", "linear"])
+def test_fused_core_with_a_loss_on_the_pattern_alone(linear):
+    """z unused (its gradient None in the backward): the query's, the key table's and the
+    positional scores' gradients come from the pattern's alone, the value table's are zero,
+    as the vocabulary core's and autograd's."""
+    inputs = _inputs(torch.float64, True)
+    fused = _outputs_and_gradients(fused_attention.FusedAttention.apply, inputs, linear, True, use_z=False)
+    assert fused[2].abs().max() > 0 and fused[4].abs().max() == 0  # q moves, the value table does not
+    for core in (VocabAttention.apply, fused_attention.per_token_attention):
+        reference = _outputs_and_gradients(core, inputs, linear, True, use_z=False)
+        for ours, theirs in zip(fused, reference, strict=True):
+            assert (ours - theirs).abs().max().item() <= 1e-12 * max(1.0, theirs.abs().max().item())
+
+
+def test_the_fused_core_refuses_a_device_it_cannot_run_on_in_one_line():
+    q = torch.zeros(1, 1, 2, 3, device="meta")
+    with pytest.raises(ValueError) as refused:
+        fused_attention._launch("forward", (1, 1, 1), q)
+    assert str(refused.value) == ("the fused attention core cannot run on meta here (it needs Triton, and CUDA "
+                                  "tensors, or CPU tensors in a process without a GPU)")
 
 
 @needs_fused
