@@ -27,7 +27,7 @@ import torch
 
 from tasks import triton_kernels
 
-BLOCK_B = 16  # prompts per program (forward and backward), per step of the tables' loop
+BLOCK_B = 16  # prompts per program of the forward and the backward
 BLOCK_N = 128  # positions per step of the tables' loop (the positions holding one entry)
 runs_on = triton_kernels.runs_on  # whether the fused core can run on a device: Triton compiles or interprets there
 
