@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import load_checkpoint
+from models.induction.section import InductionSection
 from models.section import ModelSection
 
 
@@ -60,7 +61,8 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = TransformerBridge.boot_native(bridge_config(section), device=torch.device(device))
+        config = section.bridge_config() if isinstance(section, InductionSection) else bridge_config(section)
+        model = TransformerBridge.boot_native(config, device=torch.device(device))
     load_weights(model, weights)
     model.eval()
     if section.attention == "linear":

@@ -1,5 +1,6 @@
-"""The optimizer of both trainers: Adam or plain gradient descent with one learning rate per
-model, every piece of state a device tensor (ready for CUDA-graph capture)."""
+"""The optimizer of the trainers: Adam or gradient descent with one learning rate per model, every
+piece of state a device tensor (ready for CUDA-graph capture). The induction family adds SGD's
+momentum and weight decay (torch.optim.SGD's update) and Adam's decoupled weight decay (AdamW)."""
 from __future__ import annotations
 
 import functools
@@ -34,14 +35,28 @@ class Optimizer:
     included) that rebinding happens once, while capturing; each replay's backward writes
     the gradients into the same graph-pool memory the captured update reads."""
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
+    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
         self.params, self.kind = params, kind
+        self.momentum, self.weight_decay = momentum, weight_decay
         self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
         self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
         if kind == "adam":
             self.m = {k: torch.zeros_like(p) for k, p in params.items()}
             self.v = {k: torch.zeros_like(p) for k, p in params.items()}
             self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
+        if kind == "sgd" and momentum:
+            self.buffers = {k: torch.zeros_like(p) for k, p in params.items()}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every piece of state but the step count, by the name a saved training state gives it."""
+        state = {}
+        if self.kind == "adam":
+            state.update({f"adam.m.{k}": m for k, m in self.m.items()})
+            state.update({f"adam.v.{k}": v for k, v in self.v.items()})
+        if self.kind == "sgd" and self.momentum:
+            state.update({f"sgd.momentum.{k}": b for k, b in self.buffers.items()})
+        return state
 
     @torch.no_grad()
     def step(self) -> None:
@@ -57,8 +72,17 @@ class Optimizer:
             p.grad = None  # the next backward starts from zero
         rates = [self.lr[k] for k in keys]  # [K, 1, ...] views of the one [K] tensor
         if self.kind == "sgd":
+            if self.weight_decay:  # torch.optim.SGD: the decay joins the gradient, momentum and all
+                grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+            if self.momentum:  # buf = momentum buf + g (buf = g at the first step: zero start, same)
+                buffers = [self.buffers[k] for k in keys]
+                torch._foreach_mul_(buffers, self.momentum)
+                torch._foreach_add_(buffers, grads)
+                grads = buffers
             torch._foreach_sub_(params, torch._foreach_mul(rates, grads))
             return
+        if self.weight_decay:  # AdamW: decoupled, p <- p (1 - lr wd) before the Adam update
+            torch._foreach_sub_(params, torch._foreach_mul(torch._foreach_mul(rates, params), self.weight_decay))
         row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
         first, second = row[0, 0], row[0, 1]  # 1 - b1^t, sqrt(1 - b2^t)
         b1, b2 = ADAM_BETAS

@@ -1,8 +1,9 @@
 """Resumable training state, saved with each snapshot: every model's trainable weights,
-Adam's moments and step count, the data generators' RNG states (none with the counter
-sampler, whose stream is a function of the step) and the metrics so far.
+the optimizer's state (Adam's moments, SGD's momentum) and step count, the data generators' RNG
+states (none with the counter sampler, whose stream is a function of the step) and the metrics so far.
 
-CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
+CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>,
+                                             sgd.momentum.<key>, rng.<seed>)
 CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics; written last, so a
                                              state is complete exactly when its JSON exists
 The tensors are read back onto any device: a counter-sampler run resumes on another device
@@ -26,9 +27,7 @@ __all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "load_
 def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict],
                sampler: str) -> None:
     tensors = {f"weights.{k}": p.detach() for k, p in params.items()}
-    if optimizer.kind == "adam":
-        tensors.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
-        tensors.update({f"adam.v.{k}": v for k, v in optimizer.v.items()})
+    tensors.update(optimizer.state_tensors())
     tensors.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
     write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
     device = str(next(iter(params.values())).device)
@@ -70,9 +69,8 @@ def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict
     with torch.no_grad():
         for k, p in params.items():
             p.copy_(tensors[f"weights.{k}"])
-            if optimizer.kind == "adam":
-                optimizer.m[k].copy_(tensors[f"adam.m.{k}"])
-                optimizer.v[k].copy_(tensors[f"adam.v.{k}"])
+        for name, t in optimizer.state_tensors().items():
+            t.copy_(tensors[name])
     optimizer.t.fill_(info["adam_t"])
     for seed, g in generators.items():
         g.set_state(tensors[f"rng.{seed}"])
