@@ -180,7 +180,8 @@ def knowledge_location(model, task: InductionTask, batch: InductionBatch | None 
             pred, log_p = logits.argmax(-1), logits.log_softmax(-1)
             target_pi = pi_b[batch.tokens][bigram]  # [P, N]
             kl = (target_pi * (target_pi.clamp_min(1e-30).log() - log_p[bigram])).sum(-1).mean()
-            rows.append({"variant": name, "in_context_accuracy": (pred == batch.targets)[in_context].float().mean().item(),
+            accuracy = (pred == batch.targets)[in_context].float().mean().item()
+            rows.append({"variant": name, "in_context_accuracy": accuracy,
                          "in_context": (pred == batch.targets)[differ].float().mean().item(),
                          "global": (pred == global_top)[differ].float().mean().item(),
                          "bigram_loss": -log_p.gather(-1, batch.targets[..., None])[..., 0][bigram].mean().item(),

@@ -65,12 +65,13 @@ def scores(w: dict, section: InductionSection, batch: InductionBatch, prefix: st
 class Training:
     """A run in progress: the K models on one device, their optimizer, data seeds and records."""
 
-    def __init__(self, task: InductionTask, model: InductionModelConfig, cfg: InductionTrainConfig):
+    def __init__(self, task: InductionTask, model: InductionModelConfig, cfg: InductionTrainConfig,
+                 initial: dict[str, torch.Tensor] | None = None):
         cfg.validate()
         self.task, self.cfg, self.runs = task, cfg, cfg.runs
         self.device = resolve_device(cfg.device)
         self.section = model.section(task)
-        initial = [init_weights(self.section, seed) for _, seed in self.runs]
+        initial = [initial or init_weights(self.section, seed) for _, seed in self.runs]
         self.weights = {k: torch.stack([w[k] for w in initial]).to(self.device) for k in initial[0]}  # [K, ...]
         self.trainable = trainable_keys(self.section, cfg.frozen)
         self.params = {k: self.weights[k].requires_grad_() for k in self.trainable}
@@ -157,12 +158,13 @@ class Training:
 
 
 def train(task_cfg: InductionTaskConfig, model: InductionModelConfig, cfg: InductionTrainConfig,
-          progress: bool = True, state_folder: Path | None = None, task: InductionTask | None = None
-          ) -> list[TrainResult]:
+          progress: bool = True, state_folder: Path | None = None, task: InductionTask | None = None,
+          initial: dict[str, torch.Tensor] | None = None) -> list[TrainResult]:
     """Train the K = len(lr) x len(seed) models together; one TrainResult per model, in the order of
     cfg.runs. With `state_folder`, the training state is saved there at every evaluation and a run
-    continues from the last complete one."""
-    run = Training(task or task_cfg.build(), model, cfg)
+    continues from the last complete one. `initial`: one model's starting weights (CPU) for every
+    model, in place of the seeds' initialisation (the seeds still choose the data)."""
+    run = Training(task or task_cfg.build(), model, cfg, initial)
     if state_folder:
         run.resume(state_folder)
     bar = progress_bar(total=cfg.steps, initial=run.step, disable=not progress,
