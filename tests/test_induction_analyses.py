@@ -73,6 +73,8 @@ def test_every_command_has_help(command):
     (["location", "tests/data/pre_aot_package/factual_recall"], "this tool reads induction checkpoints only"),
     (["circuit", "tests/data/pre_aot_package/attention_only"], "this tool reads induction checkpoints only"),
     (["layers", "--steps", "0"], "--steps must be >= 1"),
+    (["probes", "--d-model", "0"], "--d-model must be >= 1"),
+    (["reproduce", "--n-triggers", "70"], "n_triggers must be an integer in 1..65"),
     (["probes", "--preset", "huge"], "invalid choice: 'huge'"),
     (["circuit", "no/such/dir"], "no such directory"),
 ])

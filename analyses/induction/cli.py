@@ -39,17 +39,21 @@ from probe.induction import knowledge_location, memory_recall
 TALK = {"one_layer": 0.55, "two_layers": 0.99}  # in-context accuracy: the talk's "Transformers on the bigram task"
 
 
-def recipes(name: str, steps: int | None, seed: int, device: str):
-    """(task, simplified model, its training, generic model, its training) of a preset."""
-    task, model, cfg = preset(name)
-    cfg = replace(cfg, seed=(seed,), device=device, steps=steps or cfg.steps)
+def recipes(args):
+    """(task, simplified model, its training, generic model, its training) of the preset, with the
+    sizes the flags override."""
+    task, model, cfg = preset(args.preset)
+    task = replace(task, **{k: getattr(args, k) for k in ("n_triggers", "seq_len") if getattr(args, k)})
+    model = replace(model, d_model=args.d_model or model.d_model)
+    cfg = replace(cfg, seed=(args.seed,), device=args.device, steps=args.steps or cfg.steps,
+                  batch_size=args.batch_size or cfg.batch_size, lr=(args.lr,) if args.lr else cfg.lr)
     generic = InductionModelConfig("generic", 2, model.d_model, 1, 4 * model.d_model, True)
     adam = replace(cfg, optimizer="adam", lr=(1e-3,), loss="all")
     return task, model, replace(cfg, snapshot_every=cfg.eval_every), generic, adam
 
 
 def run_layers(args, out: Path) -> dict:
-    task, _, _, generic, adam = recipes(args.preset, args.steps, args.seed, args.device)
+    task, _, _, generic, adam = recipes(args)
     curves, _ = studies.one_against_two_layers(task, generic, adam, not args.quiet)
     write_csv(out / "layers.csv", curves)
     layers_figure(curves, out / "layers.png")
@@ -62,7 +66,7 @@ def run_layers(args, out: Path) -> dict:
 
 
 def run_probes(args, out: Path) -> dict:
-    task, model, cfg, _, _ = recipes(args.preset, args.steps, args.seed, args.device)
+    task, model, cfg, _, _ = recipes(args)
     curves = studies.joint_against_alone(task, model, cfg, not args.quiet)
     write_csv(out / "probes.csv", curves)
     probes_figure(curves, out / "probes.png")
@@ -72,7 +76,9 @@ def run_probes(args, out: Path) -> dict:
     write_csv(out / "joint_alone.csv", learned)
     print("learning order (first step with recall >= 0.9, joint training):\n" + order.to_string(index=False))
     print("steps to recall >= 0.9, joint against alone (others at their target):\n" + learned.to_string(index=False))
-    return {"order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
+    return {"sizes": {"K": task.n_triggers, "T": task.seq_len, "d": model.d_model, "batch": cfg.batch_size,
+                      "lr": cfg.lr[0], "steps": cfg.steps},
+            "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
             "talk_order": ["wo1", "wk1", "wk0"], "joint_alone": learned.to_dict("records")}
 
 
@@ -104,6 +110,12 @@ def parser() -> cli.Parser:
         s = sub.add_parser(name, help=what, description=what)
         s.add_argument("--preset", default="cpu", choices=list(PRESETS), help="sizes (default cpu)")
         s.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
+        s.add_argument("--n-triggers", type=int, default=None, help="K (default: the preset's)")
+        s.add_argument("--seq-len", type=int, default=None, help="T (default: the preset's)")
+        s.add_argument("--d-model", type=int, default=None, help="d (default: the preset's)")
+        s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
+        s.add_argument("--lr", type=float, default=None,
+                       help="the simplified model's SGD learning rate (default: the preset's; layers: AdamW 1e-3)")
         s.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
         cli.add_out(s, f"induction_{name}")
         cli.add_device(s)
@@ -124,8 +136,9 @@ def parser() -> cli.Parser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "steps", None) is not None and args.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {args.steps}.")
+    for flag in ("steps", "n_triggers", "seq_len", "d_model", "batch_size"):
+        if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}.")
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command in ("circuit", "location"):
@@ -152,7 +165,7 @@ def main(argv=None) -> int:
 def reproduce_location(args, out: Path) -> dict:
     """The simplified model with a final MLP (width 4d), trained on every token: its circuit, where its
     knowledge lives, and its MLP's bigram KL over training."""
-    task, model, cfg, _, _ = recipes(args.preset, args.steps, args.seed, args.device)
+    task, model, cfg, _, _ = recipes(args)
     result = train(task, replace(model, d_mlp=4 * model.d_model), replace(cfg, loss="all"), not args.quiet)[0]
     result.save(out / "model")
     ff1 = studies.ff1_over_training(result)
