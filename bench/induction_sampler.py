@@ -98,8 +98,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="our sampler's device (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for ours (default 1, as the loop's one)")
     args = p.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    result = measure(args.batch, args.seq_len, args.triggers, args.n_triggers, args.rounds, args.device)
+    try:
+        result = measure(args.batch, args.seq_len, args.triggers, args.n_triggers, args.rounds, args.device)
+    finally:
+        torch.set_num_threads(threads)  # called in-process (the tests), it leaves torch as it found it
     print(f"B = {args.batch}, T = {args.seq_len}, K = {args.n_triggers} {args.triggers} triggers, "
           f"{args.rounds} rounds; ours on {args.device} ({args.threads} torch threads), the loop in one process")
     for name, label in (("ours", "ours (vectorised)"), ("loop", "authors' loop (baseline)")):

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from analyses.cli import run_cli
 from analyses.induction import studies
 from analyses.induction.cli import main
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
@@ -62,11 +63,18 @@ def test_location_writes_the_variants_and_the_mlps_kl(ckpt, tmp_path):
     assert (tmp_path / "location.png").stat().st_size > 1000 and (tmp_path / "summary.json").is_file()
 
 
+def run(argv, capsys) -> tuple[int, str, str]:
+    """The command as `python -m analyses.induction` runs it (run_cli's exit code and one-line refusal)."""
+    with pytest.raises(SystemExit) as stop:
+        run_cli(lambda: main(argv))
+    out = capsys.readouterr()
+    return stop.value.code, out.out, out.err
+
+
 @pytest.mark.parametrize("command", [[], ["layers"], ["probes"], ["reproduce"], ["circuit"], ["location"]])
-def test_every_command_has_help(command):
-    proc = subprocess.run([sys.executable, "-m", "analyses.induction", *command, "--help"], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0 and "usage: python -m analyses.induction" in proc.stdout
+def test_every_command_has_help(command, capsys):
+    code, out, _ = run([*command, "--help"], capsys)
+    assert code == 0 and "usage: python -m analyses.induction" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -78,7 +86,13 @@ def test_every_command_has_help(command):
     (["probes", "--preset", "huge"], "invalid choice: 'huge'"),
     (["circuit", "no/such/dir"], "no such directory"),
 ])
-def test_bad_input_is_refused_in_one_line(argv, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analyses.induction", *argv, "--out", str(tmp_path / "o")],
+def test_bad_input_is_refused_in_one_line(argv, message, tmp_path, capsys):
+    code, _, err = run([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_module_refuses_in_one_line_as_a_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "analyses.induction", "location",
+                           "tests/data/pre_aot_package/factual_recall", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
