@@ -40,6 +40,9 @@ def test_each_recall_probe_reads_its_own_memory():
         found = recall(bridge({**INITIAL, key: targets[key]}))
         assert found[probe] == 1.0, (key, found)
         assert all(v < 0.5 for p, v in found.items() if p not in (probe, "ff1", "wk1")), (key, found)
+    # W_Q is the identity in both layers: a second layer's random W_Q must not change layer 0's probe
+    scrambled = INITIAL["blocks.0.attn.W_V"]  # any random [1, d, d]
+    assert recall(bridge({**INITIAL, TARGETS[0]: targets[TARGETS[0]], "blocks.1.attn.W_Q": scrambled}))["wk0"] == 1.0
 
 
 def test_the_mlp_probe_is_the_kl_to_the_global_bigrams(built):
@@ -78,6 +81,19 @@ def test_knowledge_location_moves_predictions_between_the_mlp_and_the_head(built
     assert no_mlp.bigram_kl > clean.bigram_kl + 1.0  # the MLP holds the global bigrams
     assert no_mlp.in_context > clean.in_context  # without it, in-context predictions win where they differ
     assert table.loc["mlp_rank_1"].bigram_kl > table.loc["mlp_rank_16"].bigram_kl  # truncation: in between
+    assert no_head["global"] > clean["global"] + 0.1  # without the head, the MLP's global bigram answers (0.26 vs 0.07)
+
+
+def test_truncation_is_the_models_best_rank_r_output_matrix(built):
+    """The rank-r variant equals the model whose W_out is replaced by its top-r singular directions."""
+    w = built_weights()
+    U, S, Vh = torch.linalg.svd(w["blocks.1.mlp.W_out"], full_matrices=False)
+    low = bridge({**w, "blocks.1.mlp.W_out": (U[:, :3] * S[:3]) @ Vh[:3]})
+    batch = clean_batch(built, TASK, 32)
+    truncated = knowledge_location(built, TASK, batch, ranks=(3,)).loc["mlp_rank_3"]
+    reference = knowledge_location(low, TASK, batch, ranks=(3,)).loc["clean"]
+    assert truncated.bigram_kl == pytest.approx(reference.bigram_kl, rel=1e-4)
+    assert truncated.in_context_accuracy == pytest.approx(reference.in_context_accuracy, abs=1e-6)
 
 
 def test_the_ood_rows_need_held_out_outputs(built):
