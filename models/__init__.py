@@ -1,6 +1,7 @@
-"""The models of both families, one file per job: factual recall here, attention-only
-memorisation (Dana et al.) in models/aot/ (its config, weights, forward and trainer), and the
-pieces both share here:
+"""The models of the families, one file per job: factual recall here, attention-only
+memorisation (Dana et al.) in models/aot/ (its config, weights, forward and trainer), in-context
+associations and the induction head (Bietti et al. 2023) in models/induction/, and the pieces they
+share here:
 
   config.py, presets.py            what a factual-recall model is: frozen configs, the named
                                    presets and `preset`

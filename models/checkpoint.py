@@ -212,8 +212,13 @@ def interrupted_run(ckpt: Path) -> str:
     config.json): resume it; no weights can be read before."""
     saved = complete_steps(state_dir(ckpt))
     state = (f"its training state is saved at step {saved[-1]}" if saved else "no training state was saved yet")
+    try:  # the induction family's run.json names its model's architecture
+        induction = "architecture" in json.loads((ckpt / "run.json").read_text()).get("model", {})
+    except (OSError, ValueError, AttributeError):
+        induction = False
+    command = "models.induction.train" if induction else "models.train"
     return (f"{ckpt}: a training run that was interrupted before it wrote its checkpoint (run.json, no config.json; "
-            f"{state}, readable once the run finishes); resume it with `python -m models.train --resume {ckpt}`.")
+            f"{state}, readable once the run finishes); resume it with `python -m {command} --resume {ckpt}`.")
 
 
 def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None = None) -> Checkpoint:

@@ -99,3 +99,22 @@ def test_a_checkpoint_whose_model_does_not_fit_its_task_is_refused(tmp_path):
     TrainResult(TASK, section, init_weights(section, 0), {}, []).save(tmp_path / "bad")
     with pytest.raises(CheckpointError, match="model.n_ctx is 20, expected 12"):
         load(tmp_path / "bad")
+
+
+def test_transformer_lens_patching_runs_on_the_model():
+    """TL's activation patching on the bridge: patching layer 0's resid_pre at a position is swapping that token."""
+    from transformer_lens import patching
+
+    section = MODELS["simplified"].section(TASK)
+    model = build_bridge(section, perturbed(section, 5), "cpu", TASK)
+    clean, corrupted = TASK.eval_set(2, seed=1).tokens, TASK.eval_set(2, seed=2).tokens
+    _, cache = model.run_with_cache(clean)
+
+    def metric(logits):
+        return logits[:, -1].log_softmax(-1)[:, 0].mean()
+    with torch.no_grad():
+        table = patching.get_act_patch_resid_pre(model, corrupted, cache, metric)  # [layer, position]
+        swapped = corrupted.clone()
+        swapped[:, 3] = clean[:, 3]
+        expected = metric(model(swapped))
+    assert table.shape == (2, 12) and table[0, 3].item() == pytest.approx(expected.item(), abs=1e-5)

@@ -111,3 +111,14 @@ def test_the_cli_trains_writes_and_resumes(tmp_path, capsys):
     assert train_cli.main(["--resume", str(out), "--quiet"]) == 0  # already finished: written again, same
     with pytest.raises(ValueError, match="no run.json there"):
         train_cli.main(["--resume", str(tmp_path)])
+
+
+def test_an_interrupted_run_names_its_own_resume_command(tmp_path):
+    from models import load
+    from models.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text('{"preset": "cpu", "task": {}, "model": {"architecture": "simplified"}}')
+    with pytest.raises(CheckpointError, match="python -m models.induction.train --resume"):
+        load(out)
