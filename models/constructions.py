@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import write_checkpoint
-from models.cli import add_config_flags, given, parser, prepare_out, run_cli
+from models.cli import add_config_flags, given, parser, run_cli
 from models.config import ModelConfig, TaskConfig, override
 from models.forward import last_position_logits
+from models.out_folder import prepare_out
 from models.trainer import EVAL_SEED
 from models.weights import ATTN, MLP, init_weights, stack
 from tasks.factual_recall import FactualRecallTask

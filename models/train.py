@@ -18,6 +18,7 @@ from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
 from models.graphed import use_cuda_graph
+from models.out_folder import prepare_out
 from models.presets import PRESETS, preset
 from models.train_state import state_dir
 from models.trainer import train
@@ -33,7 +34,12 @@ def parser() -> cli.Parser:
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
                         f"(default {DEFAULT_PRESET})")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace the checkpoint at --out: its model's files only (a user's files stay, its analysis/ "
+                        "is moved aside); a folder that is not a checkpoint is refused")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the checkpoint at --out if it was trained with these same settings (one that was "
+                        "interrupted is resumed) instead of training again; with --force, replace it otherwise")
     p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
                    help="continue an interrupted run in CKPT from its last complete snapshot (its own settings; "
                         "--device and --cuda-graph may move it, e.g. from the CPU to CUDA, with --sampler counter)")
@@ -87,12 +93,27 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
         raise ValueError(f"{path}: not a valid run description.") from None
 
 
+def same_settings(out: Path, run: RunConfig) -> bool:
+    """Whether `out` holds a run started (run.json) with the settings of `run`, where it
+    computes aside (MOVABLE). A setting the record lacks counts as different."""
+    try:
+        saved = json.loads((out / "run.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+    def what(settings: dict) -> dict:
+        return {**settings, "train": {k: v for k, v in settings["train"].items() if k not in MOVABLE}}
+    wanted = what(json.loads(json.dumps(asdict(run))))
+    return isinstance(saved, dict) and isinstance(saved.get("train"), dict) and \
+        what({k: saved.get(k) for k in wanted}) == wanted
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.resume:
         overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
                      if name not in MOVABLE]
-        overrides += [name for name in ("preset", "out", "force") if getattr(args, name)]
+        overrides += [name for name in ("preset", "out", "force", "reuse") if getattr(args, name)]
         if overrides:
             flags = ", ".join("--" + n.replace("_", "-") for n in overrides)
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
@@ -110,8 +131,17 @@ def main(argv=None) -> int:
         run.train.validate()
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
-        out = cli.prepare_out(args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_"), args.force)
-        write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+        out = args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_")
+        if args.reuse and same_settings(out, run) and (out / "config.json").is_file():
+            kept = load_checkpoint(out).config["training"]  # a damaged checkpoint is refused, not kept
+            print(f"{out} holds a checkpoint trained with these settings (held-out accuracy "
+                  f"{kept['final_accuracy']:.4f}); kept it (drop --reuse to train again).")
+            return 0
+        if args.reuse and same_settings(out, run):
+            print(f"{out} holds an interrupted run of these settings; resuming it.")
+        else:
+            out = prepare_out(out, args.force)
+            write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
     try:
         result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
                        state_folder=state_dir(out))

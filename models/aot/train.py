@@ -17,6 +17,7 @@ from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.bridge import resolve_device
 from models.config import override
+from models.out_folder import prepare_out
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     train = override(AoTTrainConfig(), cli.given(args, AoTTrainConfig))
     model.validate()
     train.validate()  # bad settings are refused before --out is touched
-    out = cli.prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
+    out = prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
     result = train_aot(task, [(model, args.seed)], train, progress=not args.quiet)[0]
     result.save(out)
     t, device = result.training, resolve_device(train.device)
