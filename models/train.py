@@ -17,6 +17,7 @@ from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
+from models.fits import check_fits
 from models.graphed import use_cuda_graph
 from models.out_folder import prepare_out
 from models.presets import PRESETS, preset
@@ -129,6 +130,7 @@ def main(argv=None) -> int:
     else:
         run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()
+        check_fits(run, resolve_device(run.train.device))  # from the configs: before the task is built
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
         out = args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from models.bridge import resolve_device
 from models.checkpoint import write_checkpoint
 from models.config import RunConfig
+from models.fits import check_fits
 from models.forward import has_positions, last_position_logits
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
@@ -102,6 +103,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
     `flush_subnormals=False` keeps them, for comparison."""
     run.train.validate()
     device = resolve_device(run.train.device)
+    check_fits(run, device)  # a run that cannot fit is refused before anything is allocated
     with flushed(device, flush_subnormals):
         subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
         state = _start(run, device, state_folder)
