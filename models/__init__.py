@@ -13,7 +13,10 @@ pieces both share here:
   trainer.py                       training K models at once -> TrainResult (shape_trainer.py:
                                    runs of different shapes and tasks as one stack, in buckets that
                                    fit a memory budget); optimizer.py: both families' Adam;
-                                   train_state.py: resumable training state
+                                   train_state.py: resumable training state; training_data.py:
+                                   every model's batches; divergence.py: dropping a diverged
+                                   model; fits.py: refusing a run too large for the device
+  out_folder.py                    the --out folder a command writes, and what --force replaces
   checkpoint.py                    saving and reading checkpoints of every task kind
   bridge.py                        the TransformerLens model (TransformerBridge), and `load`:
                                    checkpoint -> (model, task) for either family

@@ -11,6 +11,7 @@ import torch
 
 from models.bridge import resolve_device
 from models.config import RunConfig
+from models.divergence import check_finite
 from models.forward import has_positions
 from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
@@ -30,15 +31,14 @@ from models.shape_stack import (
 from models.subnormals import flushed, flushing
 from models.trainer import (
     EVAL_SEED,
-    TrainingData,
     TrainResult,
     best_so_far,
-    check_finite,
     evaluate,
     kept_result,
     snapshot_schedule,
     training_step,
 )
+from models.training_data import TrainingData
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from tasks.factual_recall import Batch, FactualRecallTask
 

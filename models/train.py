@@ -69,9 +69,11 @@ def summary(result, out: Path) -> str:
         f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
         f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
     ]
+    dropped = {d["model"]: d for d in t.get("dropped", [])}
     if len(t["runs"]) > 1:
-        lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
-                  for r in t["runs"]]
+        lines += [f"          lr={r['lr']:g} seed={r['seed']}: " +
+                  (f"dropped at step {dropped[k]['step']} ({dropped[k]['reason']})" if k in dropped else
+                   f"accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}") for k, r in enumerate(t["runs"])]
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
               f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
                                              f"  (target {t['target_accuracy']} not reached)"),

@@ -21,7 +21,7 @@ from models.config import (
 )
 from models.presets import preset
 from models.shape_trainer import train_shapes
-from models.trainer import TrainResult, train
+from models.trainer import TrainResult, best_so_far, train
 from models.weights import parameter_count
 from probe import columns
 from probe.storage import StorageRule
@@ -103,7 +103,7 @@ def located_row(run: RunConfig, result: TrainResult, locating: LocateSettings) -
     return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
             "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
             "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
-            "best_accuracy": max(m["accuracy"] for row in result.metrics for m in row["models"]),  # the paper's measure
+            "best_accuracy": best_so_far(result.metrics),  # the paper's measure
             "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
 
 
