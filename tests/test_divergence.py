@@ -89,3 +89,16 @@ def test_a_step_after_a_drop_is_still_capturable():
     check_capturable(state.step_once.step)
     now = [*state.params.values(), state.optimizer.rates, *state.optimizer.m.values(), *state.optimizer.v.values()]
     assert all(a is b for a, b in zip(bound, now, strict=True))
+
+
+def test_a_capacity_probe_row_reads_a_dropped_model_as_null():
+    from analyses.capacity.transformer import probe_row
+
+    run = quick(preset("tiny"), lr=(1e-2, 1e30), steps=20, eval_every=5, target_accuracy=2.0)
+    result = train(run, progress=False)
+    row = probe_row((1.0, 2.0, 4), 32, 16, run, result)
+    healthy, dropped = row["runs"]
+    assert dropped["final_accuracy"] is None and dropped["curve"]["accuracy"][-1] is None
+    assert round(dropped["best_accuracy"], 5) == max(a for a in dropped["curve"]["accuracy"] if a is not None)
+    assert row["best_accuracy"] == healthy["best_accuracy"] and row["lr"] == 1e-2
+    json.dumps(row)  # null, not NaN: the row is valid JSON
