@@ -27,6 +27,8 @@ MODEL_FOLDERS = {"snapshots": re.compile(r"^step_\d{8}\.safetensors$"),  # folde
                  "train_state": re.compile(r"^step_\d{8}\.(safetensors|json)$")}
 TEMPORARY = re.compile(r"^\..+\.tmp$")  # checkpoint.atomic_write's temporary files
 ANALYSIS = "analysis"  # where the analyses write a checkpoint's results (analyses/cli.py: CKPT/analysis/NAME)
+FORCE_HELP = ("replace the checkpoint at --out: its model's files only (a user's files stay, its analysis/ is moved "
+              "aside); a folder that is not a checkpoint is refused")
 
 
 def is_checkpoint(folder: Path) -> bool:

@@ -19,7 +19,7 @@ from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
 from models.fits import check_fits
 from models.graphed import use_cuda_graph
-from models.out_folder import prepare_out
+from models.out_folder import FORCE_HELP, prepare_out
 from models.presets import PRESETS, preset
 from models.train_state import state_dir
 from models.trainer import train
@@ -35,9 +35,7 @@ def parser() -> cli.Parser:
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
                         f"(default {DEFAULT_PRESET})")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
-    p.add_argument("--force", action="store_true",
-                   help="replace the checkpoint at --out: its model's files only (a user's files stay, its analysis/ "
-                        "is moved aside); a folder that is not a checkpoint is refused")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--reuse", action="store_true",
                    help="keep the checkpoint at --out if it was trained with these same settings (one that was "
                         "interrupted is resumed) instead of training again; with --force, replace it otherwise")

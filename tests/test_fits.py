@@ -49,11 +49,26 @@ def test_the_available_memory_is_read_on_a_cpu():
     assert available is None or 0 < available < 2 ** 50
 
 
-@pytest.mark.parametrize("args", [["--eval-size", "1000000000000"], ["--n-subjects", "100000000000"],
-                                  ["--d-model", "1000000000"], ["--batch-size", "1000000000000"]])
-def test_train_refuses_a_run_too_large_for_any_machine_before_writing(tmp_path, args):
+TOO_LARGE = [["--eval-size", "1000000000000"], ["--n-subjects", "100000000000"], ["--d-model", "1000000000"],
+             ["--batch-size", "1000000000000"]]  # for any machine
+
+
+@pytest.mark.parametrize("args", TOO_LARGE[1:])
+def test_train_refuses_a_run_too_large_for_any_machine_before_writing(tmp_path, capsys, args):
+    from models.cli import run_cli
+    from models.train import main
+
+    out = tmp_path / "ckpt"
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main(["--out", str(out), "--quiet", "--device", "cpu", *args]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: this run needs an estimated "), err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_refusal_is_one_line_and_exit_2_from_the_command(tmp_path):
     out = tmp_path / "ckpt"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--device", "cpu",
-                           *args], capture_output=True, text=True, timeout=300)
+                           *TOO_LARGE[0]], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error: this run needs an estimated "), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()

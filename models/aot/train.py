@@ -17,7 +17,7 @@ from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.bridge import resolve_device
 from models.config import override
-from models.out_folder import prepare_out
+from models.out_folder import FORCE_HELP, prepare_out
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}
@@ -28,7 +28,7 @@ def parser() -> cli.Parser:
     p.add_argument("task", choices=list(TASKS), help="association (one next token per sequence, cross-entropy) "
                    "or distribution (a target distribution per sequence, KL)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/aot_TASK)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     task = p.add_argument_group("task")
     task.add_argument("--n-tokens", type=int, default=50, help="N, tokens of the vocabulary (default 50)")
