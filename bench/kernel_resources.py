@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from models import fused_attention, fused_kernels  # noqa: E402
+from models.cores import fused_attention, fused_kernels  # noqa: E402
 from tasks import counter_kernel, factual_recall  # noqa: E402
 
 F32, I64 = "*fp32", "*i64"

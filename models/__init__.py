@@ -21,8 +21,8 @@ pieces both share here:
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.bridge import build_bridge, load, resolve_device
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_config
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from models.presets import preset
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.presets import preset
 from models.section import ModelSection
 
 __all__ = ["build_bridge", "load", "resolve_device", "Checkpoint", "CheckpointError", "load_checkpoint",

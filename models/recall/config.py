@@ -1,6 +1,6 @@
 """Frozen configs of the factual-recall family: what a model is and how it is trained, a run
 (TaskConfig, ModelConfig, TrainConfig = RunConfig), and the Figure 4 left shape family
-(`shape_model`); the named presets and `preset` are models/presets.py, the attention-only
+(`shape_model`); the named presets and `preset` are models/recall/presets.py, the attention-only
 family's configs models/aot/config.py.
 
 Every field carries its help text, so `python -m models.train --help` documents it and a
@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from models import parameterisation as param
-from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
+from models.recall import parameterisation as param
 from models.section import ModelSection
+from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.factual_recall import FactualRecallTask
 
 SAMPLERS = ("generator", "counter")
@@ -76,7 +76,7 @@ class ModelConfig:
 
     @property
     def departures(self) -> frozenset[str]:
-        """The authors' departures from the standard model this one takes (models/parameterisation.py)."""
+        """The authors' departures from the standard model this one takes (models/recall/parameterisation.py)."""
         return param.departures(self.parameterisation)
 
     def resolved(self) -> ModelConfig:

@@ -1,6 +1,6 @@
-"""A CPU check that a training step can be captured in a CUDA graph (models.graphed).
+"""A CPU check that a training step can be captured in a CUDA graph (models.training.graphed).
 
-`check_capturable(step)` runs a step (a function of no arguments, as models.graphed.Step
+`check_capturable(step)` runs a step (a function of no arguments, as models.training.graphed.Step
 takes it) whose tensors were built on the `meta` device: every operation it dispatches,
 forward and backward, is seen by a TorchDispatchMode and computed on shapes only, so the
 check runs anywhere, in milliseconds. It refuses what a capture cannot hold:

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from models import parameterisation as param
-from models.config import ModelConfig
+from models.recall import parameterisation as param
+from models.recall.config import ModelConfig
 from models.section import ModelSection
 from tasks.factual_recall import FactualRecallTask
 
@@ -57,7 +57,7 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
     one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
     trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
-    fix W_Q and W_V. The parameterisation's departures (models/parameterisation.py) change
+    fix W_Q and W_V. The parameterisation's departures (models/recall/parameterisation.py) change
     the scales, the MLP's distribution and b_O."""
     cfg = cfg.for_task(task)
     g = torch.Generator().manual_seed(seed)

@@ -16,12 +16,12 @@ from pathlib import Path
 from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
-from models.graphed import use_cuda_graph
-from models.presets import PRESETS, preset
-from models.train_state import state_dir
-from models.trainer import train
-from models.weights import parameter_count
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
+from models.recall.presets import PRESETS, preset
+from models.recall.trainer import train
+from models.recall.weights import parameter_count
+from models.training.graphed import use_cuda_graph
+from models.training.train_state import state_dir
 
 DEFAULT_PRESET = "tiny"
 MOVABLE = ("device", "cuda_graph")  # where a run computes, not what: a resume may change them

@@ -1,0 +1,1 @@
+"""The attention cores of the trainers' fast forward and their Triton kernels."""

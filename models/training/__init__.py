@@ -1,0 +1,1 @@
+"""The training machinery every model family shares."""
