@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from models.recall.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from models.recall.presets import preset
 
 FLOAT, INDEX = 4, 8  # bytes per element

@@ -27,7 +27,7 @@ from models.recall.presets import preset
 from models.recall.trainer import TrainingData, summed_loss
 from models.recall.weights import init_weights, stack, trainable_keys
 from models.training.optimizer import Optimizer
-from tasks import factual_recall
+from tasks import counter_sampler
 
 METADATA = {"aten::view", "aten::transpose", "aten::expand", "aten::unsqueeze", "aten::detach", "aten::t",
             "aten::permute", "aten::reshape", "aten::_unsafe_view", "aten::as_strided", "aten::slice",
@@ -77,10 +77,10 @@ def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> di
         phase = collections.defaultdict(collections.Counter)
         with Kernels() as k, contextlib.ExitStack() as sampler:
             if cuda_sampler:
-                sampler.enter_context(mock.patch.object(factual_recall, "counter_prompts", functools.partial(
-                    factual_recall.counter_prompts, kernel=True)))
-                sampler.enter_context(mock.patch.object(factual_recall, "_kernel_prompts", k.one_launch(
-                    "triton::counter_kernel.prompts", factual_recall._kernel_prompts)))
+                sampler.enter_context(mock.patch.object(counter_sampler, "counter_prompts", functools.partial(
+                    counter_sampler.counter_prompts, kernel=True)))
+                sampler.enter_context(mock.patch.object(counter_sampler, "_kernel_prompts", k.one_launch(
+                    "triton::counter_kernel.prompts", counter_sampler._kernel_prompts)))
             tokens, answers = data.batch(optimizer.t)  # [1, B, T], [1, B]
         phase["batch" + (" (one Triton kernel)" if cuda_sampler else "")] = k.ops
         with Kernels() as k:

@@ -28,7 +28,8 @@ import torch
 
 from analyses.sweeps.output import write_csv
 from models.checkpoint import write_json
-from models.recall.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from models.recall.presets import preset
 from models.recall.trainer import train
 

@@ -51,14 +51,16 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.step_cost import StepShape, copy_bandwidth, cost_lines, device_peaks, step_flops  # noqa: E402
 from models.bridge import build_bridge, resolve_device  # noqa: E402
+from models.cli import override  # noqa: E402
 from models.cores import fused_attention  # noqa: E402
 from models.cores.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
-from models.recall.config import RunConfig, override  # noqa: E402
+from models.recall.config import RunConfig  # noqa: E402
 from models.recall.presets import preset  # noqa: E402
-from models.recall.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step  # noqa: E402
+from models.recall.trainer import TrainingData, train, training_step  # noqa: E402
 from models.recall.weights import init_weights, stack, trainable_keys  # noqa: E402
 from models.training.graphed import Step  # noqa: E402
 from models.training.optimizer import Optimizer  # noqa: E402
+from models.training.result import DATA_SEED_OFFSET  # noqa: E402
 from models.training.subnormals import flushed  # noqa: E402
 from models.training.train_state import load_state  # noqa: E402
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.recall.weights import shapes
-from models.section import ModelSection
+from models.section import ModelSection, shapes
 from tasks import TASKS, Task, task_kind
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask

@@ -3,7 +3,8 @@ import os
 import pytest
 import torch
 
-from models.recall.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from models.recall.presets import preset
 from models.recall.trainer import train
 

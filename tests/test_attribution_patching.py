@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.recall.config import override
+from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe import columns
 from probe.attribution_patching import agreement, attribution_patching

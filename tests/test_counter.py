@@ -8,7 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.recall.trainer import TrainingData
 from tasks import counter, triton_kernels
-from tasks.factual_recall import FactualRecallTask, TaskStack, counter_prompts
+from tasks.counter_sampler import TaskStack, counter_prompts
+from tasks.factual_recall import FactualRecallTask
 from tests.conftest import TEST_DEVICE
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from models import build_bridge
-from models.recall.config import override
+from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe.denoising import attention_masses, denoising_scores, head_token_table, specialisation
 from probe.prompts import FactPrompts

@@ -10,8 +10,8 @@ import torch
 from models.bridge import build_bridge
 from models.recall import parameterisation as param
 from models.recall.config import ModelConfig, TaskConfig
-from models.recall.weights import ATTN, MLP, init_weights, trainable_keys
-from models.section import ModelSection
+from models.recall.weights import init_weights, trainable_keys
+from models.section import ATTN, MLP, ModelSection
 
 TASK = TaskConfig(n_subjects=8, n_relations=8, answers_per_relation=4, n_noise=16, seq_len=8).build()
 SIZES = dict(d_model=32, n_heads=4, d_head=4, d_mlp=48)  # d / d_h = 8, H d_h / d = 1/2

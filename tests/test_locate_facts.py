@@ -12,7 +12,8 @@ import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.recall.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from models.recall.presets import preset
 from models.recall.trainer import train

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.recall.config import TaskConfig, override
+from models.cli import override
+from models.recall.config import TaskConfig
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe import columns
 from probe.ablation import ablation_hooks, ablations, n_ablation_runs

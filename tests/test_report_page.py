@@ -152,7 +152,7 @@ def recorded_ckpt(tmp_path):
     from analyses.hallucination import HallucinationSettings
     from analyses.locate_facts import LocateSettings
     from models.checkpoint import write_checkpoint
-    from models.recall.config import override
+    from models.cli import override
     from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
     from probe.phases import PhaseRule
     from probe.storage import StorageRule

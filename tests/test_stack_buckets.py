@@ -108,7 +108,8 @@ def test_the_estimate_counts_the_buffers_it_names(freeze_ov):
     trainable ones their gradients, two Adam moments, masks and three Adam temporaries of the
     largest; int64 held-out prompts; the step's and the evaluation's activations."""
     from models.recall.shape_stack import _estimate
-    from models.recall.weights import shapes, trainable_keys
+    from models.recall.weights import trainable_keys
+    from models.section import shapes
 
     run = replace(CELLS[0], train=replace(CELLS[0].train, lr=(1e-2, 3e-3), freeze_ov=freeze_ov))  # K = 2, authors
     section = run_section(run)

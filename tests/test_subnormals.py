@@ -26,7 +26,8 @@ def flushed_share():
 
 before = flushed_share()  # starts torch's OpenMP threads
 import models.recall.trainer as trainer
-from models.recall.config import RunConfig, override
+from models.recall.config import RunConfig
+from models.cli import override
 from models.recall.presets import preset
 from models.cores.forward import last_position_logits
 

@@ -12,7 +12,7 @@ from analyses.sweeps.cells import Cell, Cells, one, run_jobs
 from analyses.sweeps.executors import ExecutorSettings, open_executor
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
-from models.recall.config import setting
+from models.cli import setting
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 

@@ -18,8 +18,9 @@ from analyses.sweeps.cells import Cell, Cells, one, run_jobs
 from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models.bridge import build_bridge, resolve_device
+from models.cli import setting
 from models.recall import parameterisation as param
-from models.recall.config import ModelConfig, setting
+from models.recall.config import ModelConfig
 from models.recall.weights import init_weights
 
 

@@ -17,7 +17,7 @@ from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.sweeps.output import write_csv, write_summary
 from analyses.sweeps.search import bisection, search
 from models.bridge import resolve_device
-from models.recall.config import setting
+from models.cli import setting
 from models.recall.memories import KINDS, MemoryConfig, fit
 
 

@@ -18,6 +18,7 @@ from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.sweeps.output import write_csv, write_summary
 from analyses.sweeps.search import bisection, search, stacked_search
 from models.bridge import resolve_device
+from models.cli import setting
 from models.recall import parameterisation as param
 from models.recall.config import (
     GIVE_UP,
@@ -27,7 +28,6 @@ from models.recall.config import (
     RunConfig,
     TaskConfig,
     TrainConfig,
-    setting,
     shape_model,
 )
 from models.recall.shape_trainer import train_stacks

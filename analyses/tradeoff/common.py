@@ -11,18 +11,13 @@ from analyses.locate_facts import LocateSettings, locate
 from analyses.sweeps.cells import Cells
 from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import build_bridge, resolve_device
-from models.cli import given
-from models.recall.config import (
-    ModelConfig,
-    RunConfig,
-    TaskConfig,
-    TrainConfig,
-    override,
-)
+from models.cli import given, override
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from models.recall.presets import preset
 from models.recall.shape_trainer import train_shapes
-from models.recall.trainer import TrainResult, train
+from models.recall.trainer import train
 from models.recall.weights import parameter_count
+from models.training.result import TrainResult
 from probe import columns
 from probe.storage import StorageRule
 

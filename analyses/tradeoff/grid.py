@@ -14,7 +14,8 @@ from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, accuracy_column, train_and_locate, train_and_locate_stack, write_result
 from analyses.tradeoff.figures import grid_figure
 from models.bridge import resolve_device
-from models.recall.config import ModelConfig, RunConfig, override
+from models.cli import override
+from models.recall.config import ModelConfig, RunConfig
 
 STACK_CHOICES = ("auto", "on", "off")
 

@@ -11,7 +11,8 @@ from analyses.sweeps.cells import Cell, Cells, one, run_jobs
 from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, train_and_locate, write_result
 from analyses.tradeoff.figures import stacked_shares
-from models.recall.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from probe.storage import LABELS
 
 # ------------------------------------------------------------------------- settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.recall.config import setting
+from models.cli import setting
 from models.section import HEAD_LAYOUTS, ModelSection
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.association import SequenceTask

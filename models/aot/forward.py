@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from models.recall.weights import ATTN, MLP
+from models.section import ATTN, MLP
 
 
 def population_logits(w: dict[str, torch.Tensor], context: int, score_scale: torch.Tensor,

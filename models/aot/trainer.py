@@ -30,11 +30,11 @@ from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.forward import population_logits
 from models.aot.weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
-from models.recall.trainer import DATA_SEED_OFFSET, TrainResult
 from models.section import ModelSection
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar
+from models.training.result import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
 BATCH_ACCURACY_STEPS = 100  # batch_accuracy: the mean over the last this many training batches

@@ -37,7 +37,7 @@ import math
 import torch
 
 from models.cores import fused_attention
-from models.recall.weights import ATTN, MLP
+from models.section import ATTN, MLP
 
 CORES = ("auto", "vocab", "fused")  # the attention core: chosen by rule, per vocabulary entry, per token
 

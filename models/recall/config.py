@@ -9,8 +9,9 @@ flag `--field-name` overrides it (see models/cli.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 
+from models.cli import setting
 from models.recall import parameterisation as param
 from models.section import ModelSection
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
@@ -21,11 +22,6 @@ GIVE_UP = ("never", "milestones")
 # (fraction of the steps, held-out accuracy a run that reaches 99% has reached by then): validated
 # on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md)
 MILESTONES = ((0.25, 0.80), (0.5, 0.90), (0.75, 0.95))
-
-
-def setting(default, help: str, **kw):
-    """A config field with its --help text (and argparse `choices`, ...): one flag per field."""
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass(frozen=True)
@@ -207,12 +203,3 @@ def shape_model(alpha: float, beta: float, n_heads: float, d_model: float,
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "
                          f"d_mlp={d_mlp} at d={d_model} (rounded down); both must be >= 1.")
     return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp, parameterisation=parameterisation)
-
-
-def override(config, values: dict):
-    """`config` with the given fields replaced; a name that is not one of its fields is refused."""
-    unknown = sorted(set(values) - {f.name for f in fields(config)})
-    if unknown:
-        raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
-    return replace(config, **values)
-

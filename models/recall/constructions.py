@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import write_checkpoint
-from models.cli import add_config_flags, given, parser, prepare_out, run_cli
+from models.cli import add_config_flags, given, override, parser, prepare_out, run_cli
 from models.cores.forward import last_position_logits
-from models.recall.config import ModelConfig, TaskConfig, override
+from models.recall.config import ModelConfig, TaskConfig
 from models.recall.trainer import EVAL_SEED
-from models.recall.weights import ATTN, MLP, init_weights, stack
+from models.recall.weights import init_weights, stack
+from models.section import ATTN, MLP
 from tasks.factual_recall import FactualRecallTask
 
 ATTENTION_LOGIT = 20.0  # score of a head's own group token at the EOS query (others get 0)

@@ -27,8 +27,8 @@ from dataclasses import asdict, replace
 import torch
 
 from models.recall.config import RunConfig
-from models.recall.weights import parameter_count, shapes, trainable_keys
-from models.section import ModelSection
+from models.recall.weights import parameter_count, trainable_keys
+from models.section import ModelSection, shapes
 
 # What a stack's cells may differ in, besides the task (all but its sequence length).
 MODEL_FREE = ("d_model", "n_heads", "d_head", "d_mlp", "init_scale")

@@ -26,12 +26,10 @@ from models.recall.shape_stack import (
 from models.recall.trainer import (
     EVAL_SEED,
     TrainingData,
-    TrainResult,
     best_so_far,
     check_finite,
     evaluate,
     kept_result,
-    snapshot_schedule,
     training_step,
 )
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
@@ -39,6 +37,7 @@ from models.section import ModelSection
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar
+from models.training.result import TrainResult, snapshot_schedule
 from models.training.subnormals import flushed, flushing
 from tasks.factual_recall import Batch, FactualRecallTask
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
-from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
+from models.cli import override
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from models.recall.presets import PRESETS, preset
 from models.recall.trainer import train
 from models.recall.weights import parameter_count

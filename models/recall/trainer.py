@@ -6,73 +6,33 @@ data stream equal those of its separate run. Training reads only the last positi
 models.cores.forward; the best model by held-out accuracy is kept and written as a checkpoint.
 Runs of different shapes and tasks train as one zero-padded stack in models.recall.shape_trainer.
 
-Shared with the attention-only trainer (models.aot.trainer): the data-seed offset and the
-result type (TrainResult, one trained model ready to be saved); the optimizer is models.training.optimizer.
+What every family's trainer shares (the result type TrainResult, the data-seed offset, the
+snapshot schedule, the optimizer, the CUDA-graph step) is models/training/.
 """
 from __future__ import annotations
 
-import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from models.bridge import resolve_device
-from models.checkpoint import write_checkpoint
 from models.cores.forward import has_positions, last_position_logits
 from models.recall.config import RunConfig
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
-from models.section import ModelSection
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar
+from models.training.result import DATA_SEED_OFFSET, TrainResult, snapshot_schedule
 from models.training.subnormals import flushed, flushing
 from models.training.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
-from tasks import Task
-from tasks.factual_recall import Batch, FactualRecallTask, TaskStack
+from tasks.counter_sampler import TaskStack
+from tasks.factual_recall import Batch, FactualRecallTask
 
 EVAL_SEED = 999  # the held-out set
-DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
-
-
-@dataclass
-class TrainResult:
-    """One trained model of either family, ready to be written as a checkpoint: its task,
-    config.json model and training sections, weights, curve and snapshots."""
-
-    task: Task
-    section: ModelSection  # the config.json model section
-    weights: dict[str, torch.Tensor]  # the model's checkpoint dict (HookedTransformer keys), CPU
-    training: dict  # the config.json training section (final_accuracy, final_loss, seed, ...)
-    metrics: list[dict]  # metrics.jsonl: one row per evaluation
-    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # checkpoint dicts by step
-    stacked: dict[str, torch.Tensor] | None = None  # factual recall: all K final models [K, ...], CPU
-
-    @property
-    def accuracy(self) -> float:
-        """Final accuracy: held-out (factual recall), or on all T_0 sequences (attention-only)."""
-        return self.training["final_accuracy"]
-
-    @property
-    def loss(self) -> float:
-        """Final loss in nats: cross-entropy, or KL for the distribution task."""
-        return self.training["final_loss"]
-
-    def save(self, out: str | Path) -> Path:
-        return write_checkpoint(out, self.section, self.task, self.training, self.weights,
-                                self.metrics, self.snapshots)
-
-
-def snapshot_schedule(max_steps: int, per_octave: int) -> set[int]:
-    """Log-spaced steps: 0 and round(2^(i/per_octave)) up to max_steps."""
-    if per_octave == 0:
-        return set()
-    n = int(math.log2(max(max_steps, 1)) * per_octave) + 1
-    steps = {0} | {round(2 ** (i / per_octave)) for i in range(n + 1)}
-    return {s for s in steps if s <= max_steps}
 
 
 def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str,
