@@ -178,3 +178,13 @@ def test_imports_under_type_checking_are_left_out(tmp_path, monkeypatch):
                       "if TYPE_CHECKING:\n    from tasks.factual_recall import FactualRecallTask\n"
                       "def f():\n    from probe import stats\n")
     assert imports(source) == {"tasks", "tasks.counter", "probe", "probe.stats"}
+
+
+def test_every_module_that_names_the_checkout_finds_it():
+    """A module's ROOT, computed from its own path, is the checkout, wherever the module lives."""
+    import importlib
+
+    named = [name for name, path in sources().items() if "\nROOT = Path(__file__)" in path.read_text()]
+    assert named, "no module names the checkout"
+    wrong = sorted(name for name in named if importlib.import_module(name).ROOT != ROOT)
+    assert wrong == []

@@ -23,7 +23,7 @@ from analyses.sweeps.cells import Cell
 
 EXECUTORS = ("local", "processes", "ray")
 RETRIES = 3  # times Ray re-runs a cell whose worker died (a cell that raises is not retried)
-ROOT = Path(__file__).resolve().parents[1]  # the checkout the workers import this code from
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the workers import this code from
 
 
 @dataclass(frozen=True)

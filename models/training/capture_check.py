@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-ROOT = Path(__file__).resolve().parent.parent  # the toolkit's sources: where a hazard is reported
+ROOT = Path(__file__).resolve().parents[2]  # the toolkit's sources: where a hazard is reported
 INDEXING = ("index", "index_put", "index_put_", "_index_put_impl_")  # torch tags them dynamic: only a mask is
 
 

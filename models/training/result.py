@@ -17,7 +17,7 @@ DATA_SEED_OFFSET = 1_000_000  # every trainer draws the data of seed s from seed
 
 @dataclass
 class TrainResult:
-    """One trained model of either family, ready to be written as a checkpoint: its task,
+    """One trained model of any family, ready to be written as a checkpoint: its task,
     config.json model and training sections, weights, curve and snapshots."""
 
     task: Task
