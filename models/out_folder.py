@@ -26,7 +26,7 @@ MODEL_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "run.json") 
 MODEL_FOLDERS = {"snapshots": re.compile(r"^step_\d{8}\.safetensors$"),  # folder -> its files' names
                  "train_state": re.compile(r"^step_\d{8}\.(safetensors|json)$")}
 TEMPORARY = re.compile(r"^\..+\.tmp$")  # checkpoint.atomic_write's temporary files
-ANALYSIS = "analysis"  # where the analyses write a checkpoint's results (analyses/cli.py: CKPT/analysis/NAME)
+ANALYSIS = "analysis"  # where the analyses write a checkpoint's results (analyses/sweeps/cli.py: CKPT/analysis/NAME)
 FORCE_HELP = ("replace the checkpoint at --out: its model's files only (a user's files stay, its analysis/ is moved "
               "aside); a folder that is not a checkpoint is refused")
 

@@ -1,5 +1,5 @@
 """One diverging model among K is dropped and the others train on, saved and resumable; a run
-whose every model diverges stops in one line (models.divergence)."""
+whose every model diverges stops in one line (models.training.divergence)."""
 import json
 import shutil
 import subprocess
@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from models.capture_check import check_capturable
-from models.divergence import TrainingDiverged, drop
-from models.presets import preset
-from models.train_state import complete_steps
-from models.trainer import _start, train
+from models.recall.presets import preset
+from models.recall.trainer import _start, train
+from models.training.capture_check import check_capturable
+from models.training.divergence import TrainingDiverged, drop
+from models.training.train_state import complete_steps
 from tests.conftest import quick
 
 RUN = dict(steps=40, eval_every=5, target_accuracy=2.0, snapshots_per_octave=2)

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from models.config import override
-from models.fits import GIB, available_bytes, check_fits, needed_bytes
-from models.presets import PRESETS, preset
+from models.cli import override
+from models.recall.fits import GIB, available_bytes, check_fits, needed_bytes
+from models.recall.presets import PRESETS, preset
 
 CPU = torch.device("cpu")
 TINY = preset("tiny")

@@ -17,7 +17,7 @@ def _main(command: str):
     elif command == "models.aot.train":
         from models.aot.train import main
     else:
-        from models.constructions import main
+        from models.recall.constructions import main
     return main
 
 
@@ -43,7 +43,7 @@ def survives(folder: Path, files: dict[str, bytes]) -> bool:
     return all((folder / name).read_bytes() == data for name, data in files.items())
 
 
-COMMANDS = {"models.train": FAST, "models.aot.train": AOT, "models.constructions": ["--kind", "attention"]}
+COMMANDS = {"models.train": FAST, "models.aot.train": AOT, "models.recall.constructions": ["--kind", "attention"]}
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -1,13 +1,13 @@
-"""Every model's fresh batch at each step, for the factual-recall trainers (models.trainer,
-models.shape_trainer): one stream per (task, seed), from the `generator` or the `counter`
+"""Every model's fresh batch at each step, for the factual-recall trainers (models.recall.trainer,
+models.recall.shape_trainer): one stream per (task, seed), from the `generator` or the `counter`
 sampler (docs/training.md)."""
 from __future__ import annotations
 
 import torch
 
-from tasks.factual_recall import FactualRecallTask, TaskStack
-
-DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
+from models.training.result import DATA_SEED_OFFSET
+from tasks.counter_sampler import TaskStack
+from tasks.factual_recall import FactualRecallTask
 
 
 def training_batch(task, generators, runs, batch_size):

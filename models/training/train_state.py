@@ -4,7 +4,7 @@ sampler, whose stream is a function of the step) and the metrics so far.
 
 CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
 CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics, dropped (the models
-                                             dropped as diverged: models.divergence); written last, so a
+                                             dropped as diverged: models.training.divergence); written last, so a
                                              state is complete exactly when its JSON exists
 The tensors are read back onto any device: a counter-sampler run resumes on another device
 (CPU -> CUDA and back) with the same batches; a generator-sampler run only on its own kind of

@@ -2,7 +2,7 @@
 allocated or written: a run that cannot fit is refused in one line (`check_fits`) instead of
 ending in an allocator's traceback after writing its first training states.
 
-The estimate is the stack's (models.shape_stack.stack_parts: weights and Adam's state, the
+The estimate is the stack's (models.recall.shape_stack.stack_parts: weights and Adam's state, the
 step's and the evaluation's activations) plus the task's own tables (its fact table and
 sampling tables, on the host and, for the counter sampler, on the device), read from the
 configs alone. It is measured against the memory the system can give now: MemAvailable of
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from models.config import RunConfig, TaskConfig
-from models.shape_stack import BYTES, INDEX_BYTES, stack_parts
+from models.recall.config import RunConfig, TaskConfig
+from models.recall.shape_stack import BYTES, INDEX_BYTES, stack_parts
 
 GIB = 2 ** 30
 VOCABULARY = "a smaller vocabulary (--n-subjects, --n-noise)"

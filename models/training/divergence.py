@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from models.optimizer import Optimizer
+from models.training.optimizer import Optimizer
 
 
 class TrainingDiverged(ValueError):
