@@ -72,26 +72,29 @@ def run(args: argparse.Namespace) -> int:
 
 def plan_text(sweep: ZipfSweep, cells: Cells, device: str) -> str:
     """The cells to compute and their multiply-adds (laws.cell_cost), and the time they project
-    to: at the rate of the cells already recorded in --out, else at the rate of the cheapest
+    to: at the rate of the cells already recorded in --out, else at the rate of the costliest
     cell computed here with its first seed."""
-    planned = pd.DataFrame([{"key": cell_key(*c), "scheme": c[1], "d": c[2], "cost": cell_cost(sweep, c[1], c[2]),
+    planned = pd.DataFrame([{"key": cell_key(*c), "alpha": c[0], "scheme": c[1], "d": c[2],
+                             "cost": cell_cost(sweep, c[1], c[2]),
                              "recorded": cells.recorded(cell_key(*c)) is not None} for c in sweep.cells()])
     recorded = cells.rows()
     if recorded:
         rate, source = (sum(r["multiply_adds"] for r in recorded) / sum(r["seconds"] for r in recorded),
                         f"the {len(recorded)} cells recorded in {cells.out}")
     else:
-        cheapest = planned.loc[planned["cost"].idxmin()]
+        costliest = planned.loc[planned["cost"].idxmax()]
         probe = replace(sweep, seeds=sweep.seeds[:1])
         start = time.perf_counter()
-        zipf_row(probe, sweep.alpha[0], cheapest["scheme"], int(cheapest["d"]), device)
-        rate = cell_cost(probe, cheapest["scheme"], int(cheapest["d"])) / (time.perf_counter() - start)
-        source = f"one seed of {cheapest['key']} computed here"
+        zipf_row(probe, costliest["alpha"], costliest["scheme"], int(costliest["d"]), device)
+        rate = cell_cost(probe, costliest["scheme"], int(costliest["d"])) / (time.perf_counter() - start)
+        source = f"one seed of {costliest['key']}, computed here"
     todo = planned[~planned["recorded"]]
     lines = [f"plan: {len(planned)} cells ({len(planned) - len(todo)} recorded), {len(sweep.seeds)} seeds, "
-             f"n = {'∞' if sweep.population else ','.join(map(str, sweep.sizes()))}; multiply-adds to compute:"]
+             f"n = {'∞' if sweep.population else ','.join(map(str, sweep.sizes()))}; to compute:"]
     for scheme, g in todo.groupby("scheme", sort=False):
-        lines.append(f"  {scheme:<9} " + "; ".join(f"d={r.d}: {r.cost / 1e9:.2f} G" for r in g.itertuples()))
+        top = g.loc[g["cost"].idxmax()]
+        lines.append(f"  {scheme:<9} {len(g)} cells, {g['cost'].sum() / 1e9:.2f} G multiply-adds (the largest: "
+                     f"{top['key']}, {top['cost'] / 1e9:.2f} G)")
     total = float(todo["cost"].sum())
     lines.append(f"total {total / 1e9:.1f} G multiply-adds, about {total / rate / 60:.1f} min at "
                  f"{rate / 1e9:.2f} G/s ({source}; --executor processes divides it by the workers)")

@@ -19,6 +19,7 @@ from models.config import setting
 
 KINDS = mem.SCHEMES + opt.OPTIMISERS
 CHUNK_BYTES = 2 ** 28  # the seeds of a cell are computed in chunks holding about this much
+STEP_COST = 50_000  # multiply-adds that a sequential optimiser step's Python and dispatch cost (this CPU)
 HELD = 1e-6  # q(z) / max q below this is read as not held: float32 memories read back ~1e-8 there
 
 
@@ -166,9 +167,9 @@ def cell_cost(sweep: ZipfSweep, scheme: str, d: int) -> int:
     K, S, N, M, n = len(sweep.seeds), len(sweep.sizes()), sweep.tokens, sweep.outputs, sweep.sizes()[-1]
     cost = 2 * K * S * N * d * M + K * n
     if scheme == "sgd":
-        cost += 3 * K * n * M * d
+        cost += 3 * K * n * M * d + n * STEP_COST
     if scheme == "adam":
-        cost += 3 * K * n * (d * d + d * M) + K * S * N * d * d
+        cost += 3 * K * n * (d * d + d * M) + K * S * N * d * d + n // sweep.adam_batch * STEP_COST
     if d >= N:
         cost += K * N ** 3
     return int(cost)

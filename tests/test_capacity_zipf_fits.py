@@ -1,0 +1,142 @@
+"""The Zipf laws' exponents (analyses/capacity/zipf/fits.py) and gradient descent over steps on
+small memories (analyses/capacity/zipf/dynamics.py)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analyses.capacity.zipf import dynamics, fits
+from analyses.capacity.zipf.memory import matrix_scores, zipf_law
+
+
+@pytest.mark.parametrize("q, dof, value", [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 9, 2.2622),
+                                           (0.975, 30, 2.0423), (0.95, 4, 2.1318), (0.995, 19, 2.8609)])
+def test_the_t_quantile_matches_the_tables(q, dof, value):
+    assert fits.t_quantile(q, dof) == pytest.approx(value, abs=2e-4)
+
+
+def test_the_t_quantile_refuses_what_it_cannot_compute():
+    for q, dof in ((0.975, 0), (0.5, 3), (1.0, 3)):
+        with pytest.raises(ValueError, match="t_quantile needs"):
+            fits.t_quantile(q, dof)
+
+
+def test_a_seed_s_slope_needs_three_points_with_an_error():
+    x = np.array([10.0, 100.0, 1000.0, 10000.0])
+    assert fits.seed_slope(x, 3 * x ** -0.4) == pytest.approx(-0.4)
+    assert fits.seed_slope(x, [0.5, 0.0, 0.005, 0.0005]) == pytest.approx(-1.0)  # the zero left out
+    assert fits.seed_slope(x, [0.5, 0.0, 0.0, 0.005]) is None
+    assert fits.seed_slope(x[:2], [0.5, 0.05]) is None
+
+
+def test_the_exponent_is_the_mean_of_the_seeds_with_a_student_interval():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    slopes = [-0.5, -0.6, -0.7]
+    e = fits.exponent(x, [x ** s for s in slopes])
+    assert e.value == pytest.approx(-0.6) and e.seeds == 3
+    assert e.half_width == pytest.approx(4.3027 * 0.1 / math.sqrt(3), abs=1e-4)
+    assert e.text() == f"-0.60 ± {e.half_width:.2f}"
+
+
+def test_too_few_points_are_undetermined_not_a_number():
+    e = fits.exponent([1.0, 2.0], [[0.5, 0.25], [0.4, 0.2]])
+    assert e.value is None and e.half_width is None and e.seeds == 0
+    assert e.text() == "undetermined: no seed has 3 points with an error > 0"
+    one = fits.exponent([1.0, 2.0, 4.0], [[0.5, 0.25, 0.125], [0.5, 0.0, 0.0]])
+    assert one.value == pytest.approx(-1.0) and one.half_width is None and one.text() == "-1.00 (one seed: no interval)"
+    assert fits.interval([], "why").text() == "why"
+
+
+def test_local_exponents_steepen_for_a_faster_than_power_decay():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    local = fits.local_exponents(x, [np.exp(-x), np.exp(-x)])
+    assert local == pytest.approx([-1 / math.log(2), -2 / math.log(2), -4 / math.log(2)])
+    assert fits.local_exponents(x, [[1.0, 0.5, 0.0, 0.0]]) == [pytest.approx(-1.0), None, None]
+
+
+@pytest.mark.parametrize("scheme, axis, alpha, value", [
+    ("counts", "d", 2.0, -0.25), ("gd", "d", 3.0, -1 / 3), ("threshold", "d", 1.5, -0.5), ("threshold", "d", 3.0, -2.0),
+    ("seen", "n", 2.0, -0.5), ("counts", "n", 1.5, -1 / 3), ("adam", "n", 3.0, -2 / 3),
+    ("seen", "d", 2.0, None), ("sgd", "d", 2.0, None), ("adam", "d", 2.0, None), ("counts", "n", 1.0, None),
+    ("threshold", "d", 0.8, None)])
+def test_the_talk_s_exponents(scheme, axis, alpha, value):
+    law, text = fits.theory(scheme, axis, alpha)
+    assert law == (pytest.approx(value) if value is not None else None)
+    if alpha <= 1:
+        assert text == "none drawn: the laws need α > 1"
+
+
+def test_a_fixed_threshold_has_no_d_law_and_seen_once_none_but_faster_than_any_power():
+    assert fits.theory("threshold", "d", 2.0, auto_threshold=False) == (None, "none: the law chooses s with n and d")
+    assert fits.theory("seen", "d", 2.0)[1] == "faster than any power of d once d >> N"
+
+
+def test_the_infinite_memory_error_is_the_expected_unseen_mass_with_hutter_s_slope():
+    p = zipf_law(2.0, 5).numpy()
+    assert fits.infinite_memory_error(p, [0, 3]) == pytest.approx([1.0, float((p * (1 - p) ** 3).sum())])
+    big = zipf_law(2.0, 10 ** 5).numpy()
+    n = np.array([100.0, 1000.0, 10000.0])
+    assert fits.seed_slope(n, fits.infinite_memory_error(big, n)) == pytest.approx(-0.5, abs=0.02)
+
+
+# ------------------------------------------------------------------ gradient descent over steps
+def test_descent_is_gradient_descent_on_the_population_loss_recorded_before_each_step():
+    E, U, p, answers = dynamics.circle_tokens(6, 1.0, [0, 1])
+    loss, error = dynamics.descent(E, U, p, answers, [0.5, 2.0], 3)
+    assert loss.shape == error.shape == (2, 2, 3)
+    assert torch.allclose(loss[..., 0], torch.full((2, 2), math.log(2), dtype=torch.float64))  # W = 0
+    assert torch.allclose(error[..., 0], torch.ones(2, 2, dtype=torch.float64))  # every answer tied: nothing recalled
+    for k in range(2):
+        for i, lr in enumerate([0.5, 2.0]):
+            W = torch.zeros(2, 2, dtype=torch.float64)
+            for t in range(3):
+                W.requires_grad_()
+                population = (p * F.cross_entropy(matrix_scores(W[None, None], E[k:k + 1], U[k:k + 1])[0, 0],
+                                                   answers[k], reduction="none")).sum()
+                assert float(loss[k, i, t]) == pytest.approx(population.item(), abs=1e-12)
+                (grad,) = torch.autograd.grad(population, W)
+                W = (W - lr * grad).detach()
+
+
+def test_orthogonal_tokens_are_recalled_after_one_step_and_a_large_step_wins_on_correlated_ones():
+    loss, error = dynamics.descent(*dynamics.two_tokens(0.0, 0.75), [0.1, 10.0], 30)
+    assert (error[0, :, 1:] == 0).all() and (loss[0].diff(dim=-1) < 0).all()  # any step size, no oscillation
+    loss, error = dynamics.descent(*dynamics.two_tokens(0.95, 0.75), [1.0, 10.0], 60)
+    perfect = [int(np.flatnonzero(e.numpy() == 0)[0]) for e in error[0]]
+    assert perfect[1] < perfect[0]  # the large step reaches perfect accuracy sooner ...
+    assert (loss[0, 1].diff() > 0).sum() > 2 and (loss[0, 0].diff() > 0).sum() == 0  # ... oscillating on the way
+
+
+def test_the_problems_are_the_authors_and_refuse_bad_input():
+    E, U, p, answers = dynamics.two_tokens(0.6, 0.7)
+    assert float(E[0, 0] @ E[0, 1]) == pytest.approx(0.6) and torch.allclose(E[0].norm(dim=-1), torch.ones(2).double())
+    assert p.tolist() == pytest.approx([0.7, 0.3]) and answers.tolist() == [[0, 1]]
+    assert torch.equal(U[0], torch.eye(2).double())
+    E, U, p, answers = dynamics.circle_tokens(5, 2.0, [3, 4])
+    assert E.shape == (2, 5, 2) and torch.allclose(E.norm(dim=-1), torch.ones(2, 5).double())
+    assert answers.tolist() == [[0, 1, 0, 1, 0]] * 2 and torch.allclose(p, zipf_law(2.0, 5))
+    for bad in ((1.0, 0.5), (0.5, 0.0), (0.5, 1.0)):
+        with pytest.raises(ValueError, match="two tokens need"):
+            dynamics.two_tokens(*bad)
+    with pytest.raises(ValueError, match="N \\(tokens\\) must be >= 2"):
+        dynamics.circle_tokens(1, 1.0, [0])
+    with pytest.raises(ValueError, match="descent needs"):
+        dynamics.descent(E, U, p, answers, [0.0], 3)
+    with pytest.raises(ValueError, match="descent needs"):
+        dynamics.descent(E, U, p, answers, [1.0], 0)
+
+
+def test_the_best_error_is_the_smallest_over_every_direction_and_below_training():
+    E, U, p, answers = dynamics.circle_tokens(9, 1.0, [0, 1, 2])
+    best = dynamics.best_error(E, p, answers)
+    angles = torch.linspace(0, 2 * math.pi, 20001, dtype=torch.float64)
+    gamma = torch.stack([angles.cos(), angles.sin()], -1)  # [A, 2]
+    predicted_zero = (E @ gamma.T) > 0  # [K, N, A]
+    wrong = predicted_zero != (answers == 0)[..., None]
+    assert torch.allclose(best, (wrong.double() * p[None, :, None]).sum(1).amin(-1))
+    _, error = dynamics.descent(E, U, p, answers, [1.0], 200)
+    assert (best <= error[:, 0].amin(-1) + 1e-12).all()
+    with pytest.raises(ValueError, match="d = 2"):
+        dynamics.best_error(torch.zeros(1, 3, 3), p[:3], answers[:1, :3])
