@@ -167,20 +167,23 @@ def test_one_gradient_step_is_minus_the_gradient_at_zero_on_the_whole_sample():
             assert torch.allclose(data.U[k].T @ A[k, i], -W.grad, atol=1e-6)
 
 
-def test_sgd_with_batch_one_is_the_plain_loop_on_each_seed():
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sgd_is_the_plain_loop_on_each_seed(batch):
     data = mem.draw(1.5, 12, 3, 25, 8, [2, 3])
-    A = opt.sgd_memories(data, [5, 25], lr=3.0)
+    A = opt.sgd_memories(data, [5, 25], lr=3.0, batch=batch)
     for k in range(2):
-        W, snapshots = torch.zeros(8, 8, requires_grad=True), {}
-        for t in range(25):
-            loss = _cross_entropy_mean(W, data.E[k], data.U[k], data.samples[k, t:t + 1], data.answers[k])
-            (grad,) = torch.autograd.grad(loss, W)
+        W, snapshots = torch.zeros(8, 8, requires_grad=True), {0: torch.zeros(8, 8)}
+        for step in range(1, 25 // batch + 1):
+            z = data.samples[k, (step - 1) * batch:step * batch]
+            (grad,) = torch.autograd.grad(_cross_entropy_mean(W, data.E[k], data.U[k], z, data.answers[k]), W)
             W = (W - 3.0 * grad).detach().requires_grad_()
-            snapshots[t + 1] = W.detach()
-        for i, n in enumerate([5, 25]):
-            assert torch.allclose(data.U[k].T @ A[k, i], snapshots[n], atol=1e-5)
-    with pytest.raises(ValueError, match="step size must be > 0"):
+            snapshots[step] = W.detach()
+        for i, n in enumerate([5, 25]):  # after ⌊n / batch⌋ steps
+            assert torch.allclose(data.U[k].T @ A[k, i], snapshots[n // batch], atol=1e-5)
+    with pytest.raises(ValueError, match="SGD needs a step size > 0 and a batch >= 1, got 0.0 and 1"):
         opt.sgd_memories(data, [5], lr=0.0)
+    with pytest.raises(ValueError, match="SGD needs"):
+        opt.sgd_memories(data, [5], lr=1.0, batch=0)
 
 
 def test_adam_runs_each_seed_as_its_own_torch_adam_and_snapshots_whole_steps():

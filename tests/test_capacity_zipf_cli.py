@@ -105,6 +105,8 @@ def test_the_population_memories_and_their_d_laws(tmp_path):
     result = zipf_tables(rows, sweep, {})
     fits = result.fits.set_index("scheme")
     assert fits.loc["threshold", "theory"] == -1.0 and abs(fits.loc["threshold", "exponent"] + 1.0) < 0.25
+    assert fits.loc["threshold", "top_tokens"] == pytest.approx(fits.loc["threshold", "exponent"], abs=0.15)
+    assert pd.isna(fits.loc["counts", "top_tokens"])
     assert fits.loc["counts", "theory"] == -0.25 and abs(fits.loc["counts", "exponent"] + 0.25) < 0.15
     assert (result.errors["n"] == float("inf")).all() and set(fits["axis"]) == {"d"}
 

@@ -81,6 +81,14 @@ def test_the_infinite_memory_error_is_the_expected_unseen_mass_with_hutter_s_slo
     assert fits.seed_slope(n, fits.infinite_memory_error(big, n)) == pytest.approx(-0.5, abs=0.02)
 
 
+def test_the_top_tokens_error_is_the_mass_beyond_the_budget_with_the_threshold_d_law():
+    p = zipf_law(1.0, 4).numpy()  # 12/25, 6/25, 4/25, 3/25
+    assert fits.top_tokens_error(p, [0, 1, 3, 4, 9]) == pytest.approx([1.0, 13 / 25, 3 / 25, 0.0, 0.0])
+    big = zipf_law(2.0, 10 ** 6).numpy()
+    d = np.array([64.0, 256.0, 1024.0])
+    assert fits.seed_slope(d, fits.top_tokens_error(big, d // 8)) == pytest.approx(-1.0, abs=0.03)
+
+
 # ------------------------------------------------------------------ gradient descent over steps
 def test_descent_is_gradient_descent_on_the_population_loss_recorded_before_each_step():
     E, U, p, answers = dynamics.circle_tokens(6, 1.0, [0, 1])

@@ -109,3 +109,11 @@ def infinite_memory_error(p: np.ndarray, n) -> np.ndarray:
     seen once and nothing else (Hutter's estimator), whose slope is the n-law at this N."""
     p = np.asarray(p, float)
     return np.array([float((p * np.exp(k * np.log1p(-p))).sum()) for k in np.atleast_1d(n)])
+
+
+def top_tokens_error(p: np.ndarray, stored) -> np.ndarray:
+    """Σ_{z > P} p(z) for each P of `stored`: the error of a memory that recalls the P most
+    frequent tokens and nothing else (the threshold scheme at its budget), whose slope against d
+    is the d-law at this N."""
+    tail = np.concatenate([np.cumsum(np.asarray(p, float)[::-1])[::-1], [0.0]])  # tail[P] = Σ_{z > P} p(z)
+    return tail[np.minimum(np.atleast_1d(stored).astype(int), len(p))]

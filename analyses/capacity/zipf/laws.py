@@ -47,12 +47,13 @@ class ZipfSweep:
                                   "authors: 1/8)")
     seeds: tuple[int, ...] = setting(tuple(range(10)), "seeds: each its map f*, sample and embeddings")
     sgd_lr: float = setting(10.0, "sgd: the step size (the talk's large step)")
+    sgd_batch: int = setting(1, "sgd: samples per step (the talk's: 1; one pass over the sample)")
     adam_lr: float = setting(5.0, "adam: the step size times d (the authors take lr/d)")
     adam_batch: int = setting(100, "adam: samples per step (one pass over the sample)")
     adam_betas: tuple[float, ...] = setting((0.0, 0.0), "adam: β1,β2 (the authors: 0,0)")
 
     def __post_init__(self):
-        cli.at_least(self, tokens=1, outputs=2, samples=1, d=1, threshold=1, adam_batch=1)
+        cli.at_least(self, tokens=1, outputs=2, samples=1, d=1, threshold=1, sgd_batch=1, adam_batch=1)
         cli.require(self, "alpha", all(a >= 0 for a in self.alpha), ">= 0")
         cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
         cli.require(self, "samples", max(self.samples) <= 2 ** 24, "at most 2^24 (counts kept exact in float32)")
@@ -124,7 +125,7 @@ def build_memory(sweep: ZipfSweep, scheme: str, data: mem.Draw, counts: torch.Te
     if scheme == "gd":
         return Memory(opt.gd_memory(counts, data.answers, data.E, sweep.outputs))
     if scheme == "sgd":
-        return Memory(opt.sgd_memories(data, sweep.sizes(), sweep.sgd_lr))
+        return Memory(opt.sgd_memories(data, sweep.sizes(), sweep.sgd_lr, sweep.sgd_batch))
     return Memory(opt.adam_memories(data, sweep.sizes(), sweep.adam_lr, sweep.adam_batch, tuple(sweep.adam_betas)),
                   square=True)
 
@@ -167,7 +168,7 @@ def cell_cost(sweep: ZipfSweep, scheme: str, d: int) -> int:
     K, S, N, M, n = len(sweep.seeds), len(sweep.sizes()), sweep.tokens, sweep.outputs, sweep.sizes()[-1]
     cost = 2 * K * S * N * d * M + K * n
     if scheme == "sgd":
-        cost += 3 * K * n * M * d + n * STEP_COST
+        cost += 3 * K * n * M * d + n // sweep.sgd_batch * STEP_COST
     if scheme == "adam":
         cost += 3 * K * n * (d * d + d * M) + K * S * N * d * d + n // sweep.adam_batch * STEP_COST
     if d >= N:

@@ -3,7 +3,7 @@ W = 0 on the cross-entropy of softmax_y(u_y^T W e_z), each a snapshot after the 
 for every n of `sizes` (one pass over one sample per seed, the K seeds at once):
 
   gd    one gradient step over the whole sample as one batch: the talk's q(z) ≈ p(z);
-  sgd   SGD with batch one and a large step: the talk's q(z) ≈ 1 once d >> N;
+  sgd   SGD, by default with batch one and a large step: the talk's q(z) ≈ 1 once d >> N;
   adam  Adam over batches, step size lr/d (the authors' scaling), by default with the authors'
         β1 = β2 = 0 (a normalised sign step).
 
@@ -31,26 +31,28 @@ def gd_memory(counts: torch.Tensor, answers: torch.Tensor, E: torch.Tensor, outp
     return A - A.mean(2, keepdim=True)
 
 
-def sgd_memories(data: Draw, sizes: list[int], lr: float) -> torch.Tensor:
-    """SGD with batch one and step size `lr` from W = 0, one pass over the samples in order:
-    after sample t, a_y -= lr (softmax_y - 1{y = f*(z_t)}) e_z_t. A [K, S, M, d]."""
-    if not lr > 0:
-        raise ValueError(f"the SGD step size must be > 0, got {lr}.")
+def sgd_memories(data: Draw, sizes: list[int], lr: float, batch: int = 1) -> torch.Tensor:
+    """SGD with step size `lr` from W = 0 over consecutive batches of `batch` samples, one pass
+    (the talk's: batch one): after each batch, a_y -= lr · mean over it of (softmax_y - 1{y = f*(z)}) e_z.
+    The snapshot for n samples is after ⌊n / batch⌋ steps. A [K, S, M, d]."""
+    if not lr > 0 or batch < 1:
+        raise ValueError(f"SGD needs a step size > 0 and a batch >= 1, got {lr} and {batch}.")
     K, _, d = data.E.shape
     outputs = data.U.shape[1]
-    seeds = torch.arange(K, device=data.E.device)
+    seeds = torch.arange(K, device=data.E.device)[:, None]
     gram_u = data.U @ data.U.transpose(1, 2)  # [K, M, M]
     A = torch.zeros(K, outputs, d, dtype=data.E.dtype, device=data.E.device)
-    snapshots = {}
-    for t in range(max(sizes)):
-        z = data.samples[:, t]  # [K]
-        e = data.E[seeds, z]  # [K, d]
-        logits = (gram_u @ (A @ e[:, :, None]))[:, :, 0]  # [K, M]: u_y^T W e_z
-        residual = logits.softmax(-1) - F.one_hot(data.answers[seeds, z], outputs).to(logits.dtype)  # [K, M]
-        A = A - lr * residual[:, :, None] * e[:, None, :]
-        if t + 1 in sizes:
-            snapshots[t + 1] = A
-    return torch.stack([snapshots[n] for n in sizes], 1)
+    wanted = {n // batch for n in sizes}
+    snapshots = {0: A}
+    for step in range(1, max(sizes) // batch + 1):
+        z = data.samples[:, (step - 1) * batch: step * batch]  # [K, B]
+        e = data.E[seeds, z]  # [K, B, d]
+        logits = e @ A.transpose(1, 2) @ gram_u  # [K, B, M]: u_y^T W e_z
+        residual = logits.softmax(-1) - F.one_hot(data.answers[seeds, z], outputs).to(logits.dtype)  # [K, B, M]
+        A = A - lr / batch * residual.transpose(1, 2) @ e
+        if step in wanted:
+            snapshots[step] = A
+    return torch.stack([snapshots[n // batch] for n in sizes], 1)
 
 
 def adam_memories(data: Draw, sizes: list[int], lr: float, batch: int,

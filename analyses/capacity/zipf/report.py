@@ -11,7 +11,15 @@ import numpy as np
 import pandas as pd
 
 from analyses.capacity.zipf.figures import error_figure, profile_figure
-from analyses.capacity.zipf.fits import MIN_POINTS, exponent, infinite_memory_error, interval, local_exponents, theory
+from analyses.capacity.zipf.fits import (
+    MIN_POINTS,
+    exponent,
+    infinite_memory_error,
+    interval,
+    local_exponents,
+    theory,
+    top_tokens_error,
+)
 from analyses.capacity.zipf.laws import ZipfSweep
 from analyses.capacity.zipf.memory import zipf_law
 from analyses.output import write_csv, write_summary
@@ -41,7 +49,8 @@ def error_table(rows: list[dict]) -> pd.DataFrame:
 def fit_table(errors: pd.DataFrame, sweep: ZipfSweep) -> pd.DataFrame:
     """The exponent of the error against n (at each d) and against d (at each n), per α and
     scheme, beside the talk's; against n also the slope of the infinite-memory error over the
-    same n (Hutter's rate at this N and range)."""
+    same n (Hutter's rate at this N and range), and for the threshold scheme against d the slope
+    of the error of a memory recalling exactly its budget's most frequent tokens."""
     fits = []
     for (alpha, scheme), group in errors.groupby(["alpha", "scheme"], sort=False):
         for axis, other in (("n", "d"), ("d", "n")):
@@ -52,12 +61,14 @@ def fit_table(errors: pd.DataFrame, sweep: ZipfSweep) -> pd.DataFrame:
                 x = table.columns.to_numpy(float)
                 measured = exponent(x, table.to_numpy())
                 law, law_text = theory(scheme, axis, alpha, sweep.threshold is None)
-                ideal = (exponent(x, infinite_memory_error(zipf_law(alpha, sweep.tokens).numpy(), x)).value
-                         if axis == "n" else None)
+                p = zipf_law(alpha, sweep.tokens).numpy()
+                ideal = exponent(x, infinite_memory_error(p, x)).value if axis == "n" else None
+                top = (exponent(x, top_tokens_error(p, [sweep.budget(int(d)) for d in x])).value
+                       if axis == "d" and scheme == "threshold" and sweep.threshold is None else None)
                 fits.append({"alpha": alpha, "scheme": scheme, "axis": axis, "at": f"{other}={at:g}",
                              "exponent": measured.value, "half_width": measured.half_width,
                              "seeds_fitted": measured.seeds, "note": measured.note, "theory": law, "law": law_text,
-                             "infinite_memory": ideal,
+                             "infinite_memory": ideal, "top_tokens": top,
                              "local_exponents": json.dumps(local_exponents(x, table.to_numpy())),
                              "zero_error_seeds": json.dumps((table.to_numpy() == 0).sum(0).tolist()),
                              "text": measured.text()})
@@ -114,7 +125,9 @@ def zipf_text(result: ZipfResult) -> str:
                      f"[theory]")
         for f in fits[fits["at"] == f"{other}={largest:g}"].itertuples():
             law = f"{f.theory:.2f}" if f.theory is not None and f.theory == f.theory else f.law
-            ideal = f", infinite memory {f.infinite_memory:.2f}" if axis == "n" else ""
+            ideal = (f", infinite memory {f.infinite_memory:.2f}" if axis == "n" else
+                     f", top d/8 tokens {f.top_tokens:.2f}" if f.top_tokens == f.top_tokens and f.top_tokens is not None
+                     else "")
             lines.append(f"  α={f.alpha:g} {f.scheme:<9} {f.text:<24} [{law}{ideal}]")
     for q in result.summary["q_exponents"]:
         lines.append(f"  q(z) ∝ z^γ held by {q['scheme']} (α={q['alpha']:g}, d={q['d']}): γ = "
