@@ -36,8 +36,23 @@ def test_embeddings_are_nested_in_d_with_variance_one_over_d():
     assert float(small.var()) == pytest.approx(1 / 24, rel=0.05)
     assert not torch.allclose(small, mem.nested_embeddings(400, 24, seed=3, stream=2))  # another stream
     assert not torch.allclose(small, mem.nested_embeddings(400, 24, seed=4, stream=1))  # another seed
+    assert mem.nested_embeddings(4, 1, seed=0, stream=1).shape == (4, 1)
     with pytest.raises(ValueError, match="d must be >= 1"):
         mem.nested_embeddings(4, 0, seed=0, stream=1)
+
+
+def test_the_draw_is_the_one_recorded_sweeps_used():
+    """The recorded cells depend on the seeding: block j of stream t of seed s comes from
+    random_directions with a generator seeded (3 s + t) * 100003 + j, E from stream 1, U from 2."""
+    from models.weights import random_directions
+
+    blocks = [random_directions(6, mem.BLOCK, "gaussian", torch.Generator().manual_seed((3 * 7 + 2) * 100_003 + j))
+              for j in range(3)]
+    U = torch.cat(blocks, 1)[:, :40] * math.sqrt(mem.BLOCK / 40)
+    data = mem.draw(2.0, 9, 6, 5, 40, [7])
+    assert torch.equal(data.U[0], U)
+    assert torch.equal(data.E[0], mem.nested_embeddings(9, 40, 7, 1))
+    assert torch.equal(data.p, mem.zipf_law(2.0, 9))
 
 
 def test_a_draw_shares_map_and_samples_across_d_and_refuses_one_output():
@@ -49,6 +64,8 @@ def test_a_draw_shares_map_and_samples_across_d_and_refuses_one_output():
     # frequent tokens are sampled more: token 1 (index 0) most of all
     assert int(torch.bincount(a.samples.flatten(), minlength=30).argmax()) == 0
     assert mem.draw(2.0, 30, 4, 0, 8, [0]).samples.shape == (1, 0)
+    assert mem.draw(2.0, 30, 4, 0, 8, [0]).samples.dtype == torch.long  # the population: no samples
+    assert int(mem.draw(2.0, 30, 2, 10, 8, [0]).answers.max()) == 1  # two answers suffice
     with pytest.raises(ValueError, match="M \\(outputs\\) must be >= 2"):
         mem.draw(2.0, 30, 1, 10, 8, [0])
 
@@ -56,7 +73,7 @@ def test_a_draw_shares_map_and_samples_across_d_and_refuses_one_output():
 def test_prefix_counts_count_the_first_n_samples():
     samples = torch.randint(7, (3, 50), generator=torch.Generator().manual_seed(0))
     counts = mem.prefix_counts(samples, [1, 10, 50], 7)
-    assert counts.shape == (3, 3, 7)
+    assert counts.shape == (3, 3, 7) and counts.dtype == torch.long
     for k in range(3):
         for i, n in enumerate([1, 10, 50]):
             assert torch.equal(counts[k, i], torch.bincount(samples[k, :n], minlength=7))
@@ -74,9 +91,9 @@ def test_each_scheme_has_its_own_q():
     rows = torch.cat([COUNTS, COUNTS])
     assert torch.equal(mem.memory_q(rows, "threshold", torch.tensor([0, 4])),
                        torch.tensor([[0.0, 1, 1, 1, 0, 1], [0, 0, 0, 1, 0, 0]]))  # a cut per row
-    with pytest.raises(ValueError, match="s >= 1"):
+    with pytest.raises(ValueError, match=r"^the threshold scheme needs s >= 1 \(a cut >= 0\)\.$"):
         mem.memory_q(COUNTS, "threshold", -1)
-    with pytest.raises(ValueError, match="unknown memory scheme 'often'"):
+    with pytest.raises(ValueError, match="^unknown memory scheme 'often': choose counts, seen, threshold.$"):
         mem.memory_q(COUNTS, "often")
 
 
@@ -90,6 +107,10 @@ def test_the_threshold_cut_stores_at_most_the_budget_and_no_fewer_than_it_must()
         assert not (counts > cut[..., None])[counts == 0].any()  # an unseen token is never stored
     assert mem.threshold_cut(counts, 3).tolist() == [4]  # 9, 7 stored; 4, 4 tie and would make 4
     assert mem.threshold_cut(counts, 100).tolist() == [0]
+    assert mem.threshold_cut(counts, 100).dtype == counts.dtype
+    stacked = torch.stack([counts, counts.flip(-1), counts * 2])  # [K = 3, S = 1, N = 8]
+    assert mem.threshold_cut(stacked, 3).tolist() == [[4], [4], [8]]
+    assert mem.threshold_cut(stacked, 8).shape == (3, 1)
     p = mem.zipf_law(2.0, 10)[None]  # the population: the `budget` most frequent tokens
     assert (p > mem.threshold_cut(p, 3)[..., None]).tolist() == [[True] * 3 + [False] * 7]
     with pytest.raises(ValueError, match="at least 1 token"):
@@ -106,6 +127,7 @@ def _memory(K=2, S=3, N=12, M=3, d=6, seed=0):
 
 def test_the_outer_memory_is_the_sum_of_q_u_e_and_both_score_forms_agree():
     q, answers, E, U = _memory()
+    assert mem.outer_memory(q, answers.clamp(max=1), E, 3).shape == (2, 3, 3, 6)  # M rows, whichever answers occur
     A = mem.outer_memory(q, answers, E, 3)
     W = torch.stack([torch.stack([sum(q[k, s, z] * torch.outer(U[k, answers[k, z]], E[k, z]) for z in range(12))
                                   for s in range(3)]) for k in range(2)])  # [K, S, d, d] by the definition
@@ -140,7 +162,7 @@ def test_the_error_is_summed_over_every_token_not_sampled():
 
 
 def test_the_read_back_q_is_the_scheme_s_q_and_one_step_holds_counts_times_one_minus_one_over_m():
-    data = mem.draw(1.5, 20, 4, 300, 64, [0, 1])
+    data = mem.draw(1.5, 20, 4, 300, 64, [0, 1, 2])  # K = 3 seeds, S = 2 sizes
     counts = mem.prefix_counts(data.samples, [30, 300], 20)
     for scheme in ("counts", "seen", "threshold"):
         q = mem.memory_q(counts, scheme, 2)
