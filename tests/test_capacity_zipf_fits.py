@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from analyses.capacity.zipf import dynamics, fits
 from analyses.capacity.zipf.memory import matrix_scores, zipf_law
+from models.weights import random_directions
 
 
 @pytest.mark.parametrize("q, dof, value", [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 3, 3.1824),
@@ -115,15 +116,26 @@ def test_the_top_tokens_error_is_the_mass_beyond_the_budget_with_the_threshold_d
 
 
 # ------------------------------------------------------------------ gradient descent over steps
-def test_descent_is_gradient_descent_on_the_population_loss_recorded_before_each_step():
-    E, U, p, answers = dynamics.circle_tokens(6, 1.0, [0, 1])
-    loss, error = dynamics.descent(E, U, p, answers, [0.5, 2.0], 3)
-    assert loss.shape == error.shape == (2, 2, 3)
-    assert torch.allclose(loss[..., 0], torch.full((2, 2), math.log(2), dtype=torch.float64))  # W = 0
-    assert torch.allclose(error[..., 0], torch.ones(2, 2, dtype=torch.float64))  # every answer tied: nothing recalled
-    for k in range(2):
-        for i, lr in enumerate([0.5, 2.0]):
-            W = torch.zeros(2, 2, dtype=torch.float64)
+def _problems():
+    """The over-optimisation problem (d = M = 2), and one with d = 3, M = 4 answers of which the
+    last never occurs."""
+    g = torch.Generator().manual_seed(0)
+    E, U = (torch.randn(1, n, 3, generator=g, dtype=torch.float64) for n in (5, 4))
+    other = (E, U, zipf_law(1.0, 5), torch.tensor([[0, 2, 1, 0, 2]]))
+    return [dynamics.circle_tokens(6, 1.0, [0, 1]), other]
+
+
+@pytest.mark.parametrize("problem", [0, 1])
+def test_descent_is_gradient_descent_on_the_population_loss_recorded_before_each_step(problem):
+    E, U, p, answers = _problems()[problem]
+    loss, error = dynamics.descent(E, U, p, answers, [0.1, 2.0], 3)
+    B = E.shape[0]
+    assert loss.shape == error.shape == (B, 2, 3)
+    assert torch.allclose(loss[..., 0], torch.full((B, 2), math.log(U.shape[1]), dtype=torch.float64))  # W = 0
+    assert torch.allclose(error[..., 0], torch.ones(B, 2, dtype=torch.float64))  # every answer tied: nothing recalled
+    for k in range(B):
+        for i, lr in enumerate([0.1, 2.0]):
+            W = torch.zeros(E.shape[-1], E.shape[-1], dtype=torch.float64)
             for t in range(3):
                 W.requires_grad_()
                 population = (p * F.cross_entropy(matrix_scores(W[None, None], E[k:k + 1], U[k:k + 1])[0, 0],
@@ -131,6 +143,7 @@ def test_descent_is_gradient_descent_on_the_population_loss_recorded_before_each
                 assert float(loss[k, i, t]) == pytest.approx(population.item(), abs=1e-12)
                 (grad,) = torch.autograd.grad(population, W)
                 W = (W - lr * grad).detach()
+    assert dynamics.descent(E, U, p, answers, [1.0], 1)[0].shape == (B, 1, 1)  # one step is a run
 
 
 def test_orthogonal_tokens_are_recalled_after_one_step_and_a_large_step_wins_on_correlated_ones():
@@ -150,7 +163,9 @@ def test_the_problems_are_the_authors_and_refuse_bad_input():
     E, U, p, answers = dynamics.circle_tokens(5, 2.0, [3, 4])
     assert E.shape == (2, 5, 2) and torch.allclose(E.norm(dim=-1), torch.ones(2, 5).double())
     assert answers.tolist() == [[0, 1, 0, 1, 0]] * 2 and torch.allclose(p, zipf_law(2.0, 5))
-    for bad in ((1.0, 0.5), (0.5, 0.0), (0.5, 1.0)):
+    assert torch.equal(E[0], random_directions(5, 2, "sphere", torch.Generator().manual_seed(3)).double())
+    assert dynamics.circle_tokens(2, 1.0, [0])[0].shape == (1, 2, 2)
+    for bad in ((1.0, 0.5), (-1.0, 0.5), (0.5, 0.0), (0.5, 1.0)):
         with pytest.raises(ValueError, match="two tokens need"):
             dynamics.two_tokens(*bad)
     with pytest.raises(ValueError, match="N \\(tokens\\) must be >= 2"):
@@ -161,8 +176,9 @@ def test_the_problems_are_the_authors_and_refuse_bad_input():
         dynamics.descent(E, U, p, answers, [1.0], 0)
 
 
-def test_the_best_error_is_the_smallest_over_every_direction_and_below_training():
-    E, U, p, answers = dynamics.circle_tokens(9, 1.0, [0, 1, 2])
+@pytest.mark.parametrize("tokens", [3, 4, 9])
+def test_the_best_error_is_the_smallest_over_every_direction_and_below_training(tokens):
+    E, U, p, answers = dynamics.circle_tokens(tokens, 1.0, list(range(12)))
     best = dynamics.best_error(E, p, answers)
     angles = torch.linspace(0, 2 * math.pi, 20001, dtype=torch.float64)
     gamma = torch.stack([angles.cos(), angles.sin()], -1)  # [A, 2]
@@ -171,5 +187,5 @@ def test_the_best_error_is_the_smallest_over_every_direction_and_below_training(
     assert torch.allclose(best, (wrong.double() * p[None, :, None]).sum(1).amin(-1))
     _, error = dynamics.descent(E, U, p, answers, [1.0], 200)
     assert (best <= error[:, 0].amin(-1) + 1e-12).all()
-    with pytest.raises(ValueError, match="d = 2"):
+    with pytest.raises(ValueError, match="^best_error is for d = 2.$"):
         dynamics.best_error(torch.zeros(1, 3, 3), p[:3], answers[:1, :3])
