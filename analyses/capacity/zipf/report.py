@@ -76,7 +76,8 @@ def fit_table(errors: pd.DataFrame, sweep: ZipfSweep) -> pd.DataFrame:
 
 
 def profile_table(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{"alpha": r["alpha"], "scheme": r["scheme"], "d": r["d"], "z": z + 1, "q": q}
+    """q(z) / max q per α, scheme and d where it was read back (6 significant digits)."""
+    return pd.DataFrame([{"alpha": r["alpha"], "scheme": r["scheme"], "d": r["d"], "z": z + 1, "q": float(f"{q:.6g}")}
                          for r in rows if r["q_profile"] for z, q in enumerate(r["q_profile"])],
                         columns=["alpha", "scheme", "d", "z", "q"])
 
