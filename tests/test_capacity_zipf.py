@@ -169,6 +169,7 @@ def test_the_read_back_q_is_the_scheme_s_q_and_one_step_holds_counts_times_one_m
         A = mem.outer_memory(q, data.answers, data.E, 4)
         held = mem.effective_q(mem.span_scores(A, data.E, data.U), data.answers, data.E, data.U)
         assert torch.allclose(held, q.double(), atol=1e-4 * float(q.max()))
+    counts = mem.prefix_counts(data.samples, [1, 30, 300], 20)  # from one sample on
     A = opt.gd_memory(counts, data.answers, data.E, 4)
     held = mem.effective_q(mem.span_scores(A, data.E, data.U), data.answers, data.E, data.U)
     assert torch.allclose(held, counts.double() / counts.sum(-1, keepdim=True) * (1 - 1 / 4), atol=1e-5)
@@ -189,18 +190,18 @@ def test_one_gradient_step_is_minus_the_gradient_at_zero_on_the_whole_sample():
             assert torch.allclose(data.U[k].T @ A[k, i], -W.grad, atol=1e-6)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_sgd_is_the_plain_loop_on_each_seed(batch):
+@pytest.mark.parametrize("batch, sizes", [(1, [5, 25]), (3, [2, 5, 25])])
+def test_sgd_is_the_plain_loop_on_each_seed(batch, sizes):
     data = mem.draw(1.5, 12, 3, 25, 8, [2, 3])
-    A = opt.sgd_memories(data, [5, 25], lr=3.0, batch=batch)
+    A = opt.sgd_memories(data, sizes, lr=0.5, batch=batch)
     for k in range(2):
         W, snapshots = torch.zeros(8, 8, requires_grad=True), {0: torch.zeros(8, 8)}
         for step in range(1, 25 // batch + 1):
             z = data.samples[k, (step - 1) * batch:step * batch]
             (grad,) = torch.autograd.grad(_cross_entropy_mean(W, data.E[k], data.U[k], z, data.answers[k]), W)
-            W = (W - 3.0 * grad).detach().requires_grad_()
+            W = (W - 0.5 * grad).detach().requires_grad_()
             snapshots[step] = W.detach()
-        for i, n in enumerate([5, 25]):  # after ⌊n / batch⌋ steps
+        for i, n in enumerate(sizes):  # after ⌊n / batch⌋ steps (none for n < batch)
             assert torch.allclose(data.U[k].T @ A[k, i], snapshots[n // batch], atol=1e-5)
     with pytest.raises(ValueError, match="SGD needs a step size > 0 and a batch >= 1, got 0.0 and 1"):
         opt.sgd_memories(data, [5], lr=0.0)
@@ -224,8 +225,10 @@ def test_adam_runs_each_seed_as_its_own_torch_adam_and_snapshots_whole_steps():
         for i, n in enumerate([4, 10, 30]):  # after ⌊n / 4⌋ steps
             assert torch.allclose(W[k, i], snapshots[n // 4], atol=1e-6)
     assert torch.equal(opt.adam_memories(data, [3], lr=0.6, batch=4)[:, 0], torch.zeros(2, 6, 6))  # no whole step
-    with pytest.raises(ValueError, match="Adam needs"):
-        opt.adam_memories(data, [4], lr=0.6, batch=0)
+    assert not torch.equal(opt.adam_memories(data, [3], lr=0.6, batch=1)[:, 0], torch.zeros(2, 6, 6))  # batch one
+    for lr, batch in ((0.6, 0), (0.0, 4), (-1.0, 4)):
+        with pytest.raises(ValueError, match="Adam needs a step size > 0 and a batch >= 1"):
+            opt.adam_memories(data, [4], lr=lr, batch=batch)
 
 
 def test_sgd_with_a_large_step_holds_about_one_and_one_step_holds_about_p_when_d_is_large():
