@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analyses.capacity.zipf.laws import ZipfSweep, cell_cost, zipf_row
-from analyses.capacity.zipf.report import fit_table, zipf_tables
+from analyses.capacity.zipf.report import ZipfResult, fit_table, zipf_tables, zipf_text
 
 SMALL = ["--alpha", "0.8,2", "--tokens", "40", "--samples", "10,100,1000", "--d", "16,32,64",
          "--seeds", "0,1,2", "--device", "cpu", "--quiet"]
@@ -122,6 +122,8 @@ def test_fits_beside_the_talk_s_laws_and_none_drawn_for_alpha_at_most_one():
     assert fits.loc[(0.8, "seen"), "law"] == "none drawn: the laws need α > 1"
     two = errors[errors["n"] < 1000]  # two points: undetermined, no number
     fits = fit_table(two, ZipfSweep())
+    text = zipf_text(ZipfResult(two, fits, pd.DataFrame(), {"q_exponents": []}))
+    assert "α=2 seen      undetermined: no seed has 3 points with an error > 0 [-0.50]" in text
     assert fits["exponent"].isna().all()
     assert (fits["text"] == "undetermined: no seed has 3 points with an error > 0").all()
 

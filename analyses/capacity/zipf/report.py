@@ -125,12 +125,16 @@ def zipf_text(result: ZipfResult) -> str:
         lines.append(f"error against {axis} (at {other} = {largest:g}): measured exponent ± 95% interval over seeds "
                      f"[theory]")
         for f in fits[fits["at"] == f"{other}={largest:g}"].itertuples():
-            law = f"{f.theory:.2f}" if f.theory is not None and f.theory == f.theory else f.law
-            ideal = (f", infinite memory {f.infinite_memory:.2f}" if axis == "n" else
-                     f", top d/8 tokens {f.top_tokens:.2f}" if f.top_tokens == f.top_tokens and f.top_tokens is not None
-                     else "")
+            law = f"{f.theory:.2f}" if _number(f.theory) else f.law
+            ideal = (f", infinite memory {f.infinite_memory:.2f}" if _number(f.infinite_memory) else
+                     f", top d/8 tokens {f.top_tokens:.2f}" if _number(f.top_tokens) else "")
             lines.append(f"  α={f.alpha:g} {f.scheme:<9} {f.text:<24} [{law}{ideal}]")
     for q in result.summary["q_exponents"]:
         lines.append(f"  q(z) ∝ z^γ held by {q['scheme']} (α={q['alpha']:g}, d={q['d']}): γ = "
                      + (f"{q['exponent']:.2f}" if q["exponent"] is not None else q["note"]))
     return "\n".join(lines)
+
+
+def _number(value) -> bool:
+    """A value to print: neither None nor NaN."""
+    return value is not None and value == value
