@@ -7,20 +7,10 @@ import pytest
 
 from analyses.capacity.zipf.laws import ZipfSweep, cell_cost, zipf_row
 from analyses.capacity.zipf.report import ZipfResult, fit_table, zipf_tables, zipf_text
+from tests.test_capacity_memory import _cli  # `python -m analyses.capacity ARGV` in this process
 
 SMALL = ["--alpha", "0.8,2", "--tokens", "40", "--samples", "10,100,1000", "--d", "16,32,64",
          "--seeds", "0,1,2", "--device", "cpu", "--quiet"]
-
-
-def _cli(argv, capsys):
-    """Run `python -m analyses.capacity ARGV` in-process: (exit code, stdout, stderr)."""
-    from analyses.capacity import main
-    from models.cli import run_cli
-
-    with pytest.raises(SystemExit) as exit_:
-        run_cli(lambda: main(argv))
-    captured = capsys.readouterr()
-    return exit_.value.code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("flags, message", [
