@@ -62,9 +62,10 @@ def profile_figure(profiles, path=None):
             ax.plot(g["z"], g["q"].where(g["q"] > 0), ".-", color=f"C{k}", ms=2, lw=0.8, label=scheme)
         z = np.arange(1, shown["z"].max() + 1)
         ax.plot(z, z ** -alpha, "k--", lw=0.8, label="p(z)/p(1)")
-        ax.set(xscale="log", yscale="log", xlabel="token z (by frequency)", ylabel="q(z) / max q",
-               title=f"the q(z) each memory holds, α = {alpha:g}, d = {shown['d'].max()}")
+        ax.set(xscale="log", yscale="log", xlabel="token z (by frequency)",
+               title=f"α = {alpha:g}, d = {shown['d'].max()}")
         ax.legend(fontsize=6)
+    axes[0, 0].set_ylabel("q(z) the memory holds / max q (mean over seeds)")
     return save_figure(fig, path)
 
 
