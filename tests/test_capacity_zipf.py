@@ -44,7 +44,7 @@ def test_embeddings_are_nested_in_d_with_variance_one_over_d():
 def test_the_draw_is_the_one_recorded_sweeps_used():
     """The recorded cells depend on the seeding: block j of stream t of seed s comes from
     random_directions with a generator seeded (3 s + t) * 100003 + j, E from stream 1, U from 2."""
-    from models.weights import random_directions
+    from models.recall.weights import random_directions
 
     blocks = [random_directions(6, mem.BLOCK, "gaussian", torch.Generator().manual_seed((3 * 7 + 2) * 100_003 + j))
               for j in range(3)]

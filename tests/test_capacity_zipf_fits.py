@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from analyses.capacity.zipf import dynamics, fits
 from analyses.capacity.zipf.memory import matrix_scores, zipf_law
-from models.weights import random_directions
+from models.recall.weights import random_directions
 
 
 @pytest.mark.parametrize("q, dof, value", [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 3, 3.1824),

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pandas as pd
 
-from analyses import cli
 from analyses.capacity.zipf import steps
 from analyses.capacity.zipf.laws import ZipfSweep, cell_cost, cell_key, zipf_row
 from analyses.capacity.zipf.report import write_zipf, zipf_tables, zipf_text
-from analyses.executors import open_executor
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import open_executor
 from models.bridge import resolve_device
 
 COMMANDS = ("zipf", "oscillation", "overoptimisation")

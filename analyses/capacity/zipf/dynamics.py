@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from analyses.capacity.zipf.memory import matrix_scores, recall_error, recall_wrong, zipf_law
-from models.weights import random_directions
+from models.recall.weights import random_directions
 
 
 def two_tokens(correlation: float, first: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -37,7 +37,7 @@ def two_tokens(correlation: float, first: float) -> tuple[torch.Tensor, torch.Te
 
 def circle_tokens(tokens: int, alpha: float, seeds: list[int]) -> tuple[torch.Tensor, ...]:
     """The over-optimisation problem, one per seed: unit embeddings in d = 2 E [K, N, 2]
-    (models.weights.random_directions), U = I [K, 2, 2], Zipf p [N], f(z) = z mod 2 [K, N]."""
+    (models.recall.weights.random_directions), U = I [K, 2, 2], Zipf p [N], f(z) = z mod 2 [K, N]."""
     if tokens < 2:
         raise ValueError(f"N (tokens) must be >= 2, got {tokens}.")
     E = torch.stack([random_directions(tokens, 2, "sphere", torch.Generator().manual_seed(s)) for s in seeds]).double()

@@ -6,7 +6,7 @@ import numpy as np
 
 from analyses.capacity.zipf.fits import infinite_memory_error
 from analyses.capacity.zipf.memory import zipf_law
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 
 
 def error_figure(errors, fits, axis: str, tokens: int, path=None):

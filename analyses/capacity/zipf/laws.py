@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from analyses import cli
 from analyses.capacity.zipf import memory as mem
 from analyses.capacity.zipf import optimisers as opt
 from analyses.capacity.zipf.fits import seed_slope
+from analyses.sweeps import cli
 from models.bridge import resolve_device
-from models.config import setting
+from models.cli import setting
 
 KINDS = mem.SCHEMES + opt.OPTIMISERS
 CHUNK_BYTES = 2 ** 28  # the seeds of a cell are computed in chunks holding about this much

@@ -3,7 +3,7 @@
 
 Tokens z = 1..N (index z - 1) are drawn from p(z) ∝ z^(-α); each has the answer y = f*(z), a
 random map to M answers; n samples z_1..z_n. Input and output embeddings e_z, u_y have
-N(0, 1/d) entries (models.weights.random_directions). A memory W = Σ_z q(z) u_f*(z) e_z^T
+N(0, 1/d) entries (models.recall.weights.random_directions). A memory W = Σ_z q(z) u_f*(z) e_z^T
 recalls f̂(z) = argmax_y u_y^T W e_z, and its error is L = Σ_z p(z) 1{f̂(z) ≠ f*(z)}, summed
 over the N tokens, never sampled. A tie for the argmax counts as an error: a memory that
 stores nothing recalls nothing.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.weights import random_directions
+from models.recall.weights import random_directions
 
 SCHEMES = ("counts", "seen", "threshold")
 BLOCK = 16  # embedding coordinates drawn per generator: nested in d whatever the largest d

@@ -22,7 +22,7 @@ from analyses.capacity.zipf.fits import (
 )
 from analyses.capacity.zipf.laws import ZipfSweep
 from analyses.capacity.zipf.memory import zipf_law
-from analyses.output import write_csv, write_summary
+from analyses.sweeps.output import write_csv, write_summary
 
 
 @dataclass

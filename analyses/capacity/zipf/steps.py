@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli
 from analyses.capacity.zipf import dynamics
 from analyses.capacity.zipf.figures import overoptimisation_figure, steps_figure
 from analyses.capacity.zipf.fits import interval
-from analyses.output import write_csv, write_summary
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import resolve_device
-from models.config import setting
+from models.cli import setting
 
 SHOWN = 6  # seeds whose error rose, kept as curves for the figure
 
