@@ -135,3 +135,21 @@ def test_the_step_studies_write_their_curves(tmp_path, capsys):
     assert (table["best_over_training"] <= table["final_error"] + 1e-12).all()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["analysis"] == "capacity overoptimisation" and (out / "overoptimisation.png").is_file()
+
+
+def test_at_large_d_seen_once_recalls_every_token_seen_and_counts_does_not():
+    """At d >> N the seen-once memory recalls every token the sample holds, and its error is
+    the probability of the others it guesses wrong (right about 1 time in M); the counts
+    memory, asked for where seen-once was, loses rare seen tokens under the frequent ones."""
+    from analyses.capacity.zipf import memory as mem
+    from analyses.capacity.zipf.laws import build_memory
+
+    sweep = ZipfSweep(alpha=(1.5,), tokens=20, samples=(5, 40), d=(1024,), seeds=(0, 1), schemes=("seen", "counts"))
+    data = mem.draw(1.5, 20, 5, 40, 1024, [0, 1])
+    counts = mem.prefix_counts(data.samples, [5, 40], 20)
+    wrong = {s: mem.recall_wrong(build_memory(sweep, s, data, counts, 1024).scores(data.E, data.U), data.answers)
+             for s in ("seen", "counts")}
+    assert not wrong["seen"][counts > 0].any() and wrong["counts"][counts > 0].any()
+    row = zipf_row(sweep, 1.5, "seen", 1024, "cpu")
+    assert row["errors"] == (wrong["seen"].double() * data.p).sum(-1).tolist()
+    assert row["errors"][0][0] < float(((counts == 0).double() * data.p).sum(-1)[0, 0])  # some unseen guessed right
