@@ -7,9 +7,9 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from analyses.cli import run_cli
 from analyses.induction import studies
 from analyses.induction.cli import main
+from analyses.sweeps.cli import run_cli
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
 from models.induction.trainer import train
 

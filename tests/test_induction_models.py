@@ -11,7 +11,7 @@ from models.checkpoint import CheckpointError, load_checkpoint
 from models.induction.config import InductionModelConfig, InductionTaskConfig
 from models.induction.forward import sequence_logits
 from models.induction.weights import init_weights, trainable_keys
-from models.trainer import TrainResult
+from models.training.result import TrainResult
 from tests.conftest import TEST_DEVICE
 
 TASK = InductionTaskConfig(n_triggers=3, seq_len=12).build()

@@ -12,7 +12,7 @@ from models.cli import run_cli
 from models.induction import train as train_cli
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
 from models.induction.trainer import train
-from models.optimizer import Optimizer
+from models.training.optimizer import Optimizer
 
 TASK = InductionTaskConfig(n_triggers=2, seq_len=16)
 MODEL = InductionModelConfig(d_model=16)

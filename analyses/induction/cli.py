@@ -25,11 +25,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from analyses import cli
 from analyses.induction import studies
 from analyses.induction.figures import layers_figure, location_figure, probes_figure
 from analyses.induction.report import circuit_page
-from analyses.output import write_csv, write_summary
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_csv, write_summary
 from models import load
 from models.checkpoint import write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 
 PROBE_NAMES = {"wk0": "W_KQ^1 (wk0)", "wk1": "W_KQ^2 (wk1)", "wo1": "W_OV^2 (wo1)"}
 

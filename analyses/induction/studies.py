@@ -13,7 +13,7 @@ from models.induction.config import InductionModelConfig, InductionTaskConfig, I
 from models.induction.construction import TARGETS, memory_targets
 from models.induction.trainer import train
 from models.induction.weights import init_weights
-from models.trainer import TrainResult
+from models.training.result import TrainResult
 from probe.induction import memory_recall
 
 PROBES = {"wk0": TARGETS[0], "wk1": TARGETS[1], "wo1": TARGETS[2]}  # the probe of each trained memory

@@ -8,8 +8,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from models.config import setting
-from models.induction.section import InductionSection
+from models.cli import setting
+from models.section import InductionSection
 from tasks.induction import OUTPUTS, TRIGGERS, InductionTask
 
 LOSSES = ("in_context", "all")

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from models.induction.section import InductionSection
+from models.section import InductionSection
 from tasks.induction import InductionTask
 
 TARGETS = ("blocks.0.attn.W_K", "blocks.1.attn.W_K", "blocks.1.attn.W_O")  # W_KQ^1, W_KQ^2, W_OV^2 (with W_V^2)

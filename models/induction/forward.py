@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.induction.section import EPS, InductionSection
+from models.section import EPS, InductionSection
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from models import cli
-from models.config import override
+from models.cli import override
 from models.induction.config import (
     PRESETS,
     InductionModelConfig,
@@ -25,7 +25,8 @@ from models.induction.config import (
     preset,
 )
 from models.induction.trainer import train
-from models.trainer import TrainResult
+from models.out_folder import FORCE_HELP, prepare_out
+from models.training.result import TrainResult
 
 RUN_FILE = "run.json"  # what a resumable run was asked to do
 
@@ -36,7 +37,7 @@ def parser() -> cli.Parser:
                    "2-core CPU; paper: the authors' d = 256, T = 256, batch 512)")
     p.add_argument("--out", type=Path, default=None,
                    help="checkpoint directory to write (default ckpt/induction_PRESET)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--resume", type=Path, default=None, metavar="OUT",
                    help="continue the interrupted run at OUT (its settings are read from OUT/run.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
         task = task_cfg.build()  # bad settings are refused before --out is touched
         model.section(task)
         cfg.validate()
-        out = cli.prepare_out(args.out or Path("ckpt") / f"induction_{args.preset}", args.force)
+        out = prepare_out(args.out or Path("ckpt") / f"induction_{args.preset}", args.force)
         (out / RUN_FILE).write_text(json.dumps({"preset": args.preset, "task": asdict(task_cfg),
                                                 "model": asdict(model), "training": asdict(cfg)}, indent=1))
     try:

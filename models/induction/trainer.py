@@ -24,12 +24,12 @@ import torch
 from models.bridge import resolve_device
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
 from models.induction.forward import sequence_logits
-from models.induction.section import InductionSection
 from models.induction.weights import init_weights, trainable_keys
-from models.optimizer import Optimizer
-from models.progress import progress_bar
-from models.train_state import complete_steps, load_state, remove_partial, restore, save_state
-from models.trainer import DATA_SEED_OFFSET, TrainResult
+from models.section import InductionSection
+from models.training.optimizer import Optimizer
+from models.training.progress import progress_bar
+from models.training.result import DATA_SEED_OFFSET, TrainResult
+from models.training.train_state import complete_steps, load_state, remove_partial, restore, save_state
 from tasks.induction import InductionBatch, InductionTask
 
 EVAL_SEED = 999  # the held-out set's counter seed (training data use seed + DATA_SEED_OFFSET)

@@ -1,4 +1,4 @@
-"""Initial weights of the induction family, in HookedTransformer keys (models.induction.section),
+"""Initial weights of the induction family, in HookedTransformer keys (models.section.InductionSection),
 with the authors' initialisations (albietz/transformer-birth, PyTorch defaults):
 
 - token embeddings N(0, 1) (nn.Embedding), positional embeddings N(0, 1) (the simplified model's
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from models.induction.section import InductionSection
+from models.section import InductionSection
 
 
 def init_weights(section: InductionSection, seed: int) -> dict[str, torch.Tensor]:
