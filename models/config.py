@@ -169,6 +169,13 @@ class TrainConfig:
     def validate(self) -> None:
         if not self.lr or any(not lr > 0 for lr in self.lr):
             raise ValueError(f"learning rates must be > 0, got {self.lr}.")
+        if not self.seed or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seed):
+            raise ValueError(f"seeds must be integers >= 0, got {','.join(map(str, self.seed))}.")
+        for name in ("lr", "seed"):  # a value twice would train the same model twice
+            values = getattr(self, name)
+            if len(set(values)) < len(values):
+                raise ValueError(f"{name} lists a value twice ({','.join(f'{v:g}' for v in values)}): "
+                                 "list each once.")
         for name in ("batch_size", "steps", "eval_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

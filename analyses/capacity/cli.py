@@ -25,7 +25,7 @@ from models.bridge import resolve_device
 
 
 def _shape(text: str) -> tuple:
-    values = cli.comma_list(float)(text)
+    values = cli.comma_list(float, distinct=False)(text)  # 1,1,8: a shape's values may repeat
     if len(values) not in (3, 4):
         raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H or ALPHA,BETA,H,LARGEST_D, got {text!r}")
     return values
