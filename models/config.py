@@ -19,8 +19,11 @@ from tasks.factual_recall import FactualRecallTask
 SAMPLERS = ("generator", "counter")
 GIVE_UP = ("never", "milestones")
 # (fraction of the steps, held-out accuracy a run that reaches 99% has reached by then): validated
-# on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md)
+# on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md), all
+# of them runs of 16,384 steps at d <= 64; a shorter run is still learning at its milestones
 MILESTONES = ((0.25, 0.80), (0.5, 0.90), (0.75, 0.95))
+MILESTONES_STEPS = (16384,)  # the step budgets of the recorded curves
+MILESTONES_MAX_D = 64  # the largest d with recorded curves
 
 
 def setting(default, help: str, **kw):
@@ -158,8 +161,26 @@ class TrainConfig:
         """Whether the milestone rule (give_up = milestones) stops a run at `step`: the best
         held-out accuracy so far, over its models and evaluations, is below a milestone's
         accuracy at or after its fraction of the steps."""
-        return self.give_up == "milestones" and any(step >= fraction * self.steps and best_accuracy < accuracy
-                                                    for fraction, accuracy in MILESTONES)
+        return self.missed_milestone(step, best_accuracy) is not None
+
+    def missed_milestone(self, step: int, best_accuracy: float) -> tuple[float, float] | None:
+        """The first milestone (fraction of the steps, accuracy) the best held-out accuracy so
+        far is below at `step`, when the milestone rule is on; else None."""
+        if self.give_up != "milestones":
+            return None
+        return next(((fraction, accuracy) for fraction, accuracy in MILESTONES
+                     if step >= fraction * self.steps and best_accuracy < accuracy), None)
+
+    def milestones_warning(self, d_model: int) -> str | None:
+        """One line when the milestone rule is on outside the runs it was validated on (16,384
+        steps, d <= 64): there it may stop a run that would reach its target. None otherwise."""
+        outside = ([f"{self.steps:,} steps"] if self.steps not in MILESTONES_STEPS else []) + \
+                  ([f"d = {d_model}"] if d_model > MILESTONES_MAX_D else [])
+        if self.give_up != "milestones" or not outside:
+            return None
+        return (f"warning: --give-up milestones was validated on runs of {MILESTONES_STEPS[0]:,} steps at d <= "
+                f"{MILESTONES_MAX_D} only (docs/capacity.md); at {' and '.join(outside)} it may stop a run that "
+                "would reach its target")
 
     @property
     def runs(self) -> list[tuple[float, int]]:

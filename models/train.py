@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, overr
 from models.graphed import use_cuda_graph
 from models.presets import PRESETS, preset
 from models.train_state import state_dir
-from models.trainer import train
+from models.trainer import best_so_far, train
 from models.weights import parameter_count
 
 DEFAULT_PRESET = "tiny"
@@ -67,8 +68,14 @@ def summary(result, out: Path) -> str:
                   for r in t["runs"]]
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
               f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
-                                             f"  (target {t['target_accuracy']} not reached)"),
-              f"wrote     {out}/"]
+                                             f"  (target {t['target_accuracy']} not reached)")]
+    if t["stopped_by"].startswith("milestones"):
+        best = best_so_far(result.metrics)
+        fraction, accuracy = TrainConfig(steps=t["steps"], give_up="milestones").missed_milestone(t["steps_run"], best)
+        lines.append(f"stopped   by the milestone rule (--give-up milestones) at step {t['steps_run']} of "
+                     f"{t['steps']}: best held-out accuracy {best:.4f}, below {accuracy:g} at {fraction:g} of the "
+                     "steps")
+    lines.append(f"wrote     {out}/")
     return "\n".join(lines)
 
 
@@ -108,7 +115,10 @@ def main(argv=None) -> int:
     else:
         run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()
-        run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
+        section = run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before --out
+        warning = run.train.milestones_warning(section.d_model)
+        if warning:
+            print(warning, file=sys.stderr)
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
         out = cli.prepare_out(args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_"), args.force)
         write_json(out / "run.json", {"preset": preset_name, **asdict(run)})

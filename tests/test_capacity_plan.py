@@ -82,7 +82,9 @@ def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     assert planned["recorded"].all()
     for rules, flags in (("today", []), ("new", ["--give-up", "milestones", "--fill-rounds"])):
         out = tmp_path / rules
-        assert _cli(["transformer", *TINY, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)[0] == 0
+        code, _, err = _cli(["transformer", *TINY, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)
+        warned = "warning: --give-up milestones was validated on runs of 16,384 steps" in err  # 64 steps here
+        assert code == 0 and warned == bool(flags)
         assert planned.loc[planned["rules"] == rules, "model_steps"].sum() == _spent(out)
     assert _spent(tmp_path / "new") < _spent(tmp_path / "today")  # the rule stopped failing probes early
     settings = json.loads((tmp_path / "new" / "settings.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +23,7 @@ from analyses.capacity.transformer import (
 from analyses.output import write_csv
 from analyses.sweep import Cells
 from models.bridge import resolve_device
+from models.config import TrainConfig
 
 
 def _shape(text: str) -> tuple:
@@ -104,6 +106,9 @@ def main(argv=None) -> int:
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = _transformer_sweep(args)
+        warning = TrainConfig(steps=sweep.steps, give_up=sweep.give_up).milestones_warning(min(sweep.d))
+        if warning:
+            print(warning, file=sys.stderr)
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
                       keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
