@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -125,12 +126,27 @@ def _transformer_sweep(args) -> TransformerSweep:
                         **resumed_sampler(args))
 
 
+def _recorded_analysis(folder: Path) -> str | None:
+    """The kind of sweep recorded in FOLDER/settings.json (its `analysis`), None where unreadable."""
+    try:
+        recorded = json.loads((folder / "settings.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return recorded.get("analysis") if isinstance(recorded, dict) else None
+
+
 def plan(args) -> int:
     """The milestone rule's validation, then the sweep's plan under today's rules and the new ones."""
     sweep = _transformer_sweep(args)
     for folder in args.oracle or ():
         if not (folder / "settings.json").is_file():
             raise ValueError(f"--oracle {folder}: no recorded sweep there (settings.json missing).")
+        kind = _recorded_analysis(folder)
+        if kind != "capacity transformer":
+            held = f"a {kind!r} sweep" if kind else "no sweep it names"
+            raise ValueError(f"--oracle {folder}: holds {held} (its settings.json), not a transformer capacity sweep; "
+                             "--oracle takes the --out of "
+                             "`python -m analyses.capacity transformer`.")
     oracle = Oracle(tuple(args.oracle)) if args.oracle else default_oracle(sweep)
     print(validate().text())
     text, table = plan_text(sweep, oracle, recorded_rate(oracle) if args.oracle else None)
