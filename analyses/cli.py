@@ -13,7 +13,7 @@ from pathlib import Path
 
 from analyses.executors import ExecutorSettings
 from models.bridge import resolve_device
-from models.cli import Parser, add_config_flags, comma_list, given, list_items, parser, run_cli, seed
+from models.cli import Parser, add_config_flags, comma_list, given, list_items, parser, run_cli, seed, whole_number
 
 __all__ = ["Parser", "parser", "directory", "device", "seed", "step", "comma_list", "list_items", "run_cli",
            "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
@@ -74,15 +74,7 @@ def device(text: str) -> str:
     return text
 
 
-def step(text: str) -> int:
-    """--step: a training step, an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a step is an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a step is an integer >= 0, got {value}")
-    return value
+step = whole_number("step")  # --step: a training step
 
 
 def add_checkpoint(p: argparse.ArgumentParser, with_snapshots: bool = False) -> None:

@@ -75,15 +75,22 @@ def given(args: argparse.Namespace, config_cls) -> dict:
     return {f.name: getattr(args, f.name) for f in fields(config_cls) if getattr(args, f.name, None) is not None}
 
 
-def seed(text: str) -> int:
-    """An argparse type: a seed, an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {value}")
-    return value
+def whole_number(what: str):
+    """An argparse type: an integer >= 0, refused as 'a WHAT is an integer >= 0, got -1'."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 0:
+            shown = repr(text) if value is None else value
+            raise argparse.ArgumentTypeError(f"a {what} is an integer >= 0, got {shown}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+seed = whole_number("seed")  # --seed: torch and the counter sampler take seeds >= 0
 
 
 def list_items(text: str, parse=str, distinct: bool = True, what: str = "value") -> tuple:
