@@ -171,11 +171,12 @@ class TrainConfig:
         return next(((fraction, accuracy) for fraction, accuracy in MILESTONES
                      if step >= fraction * self.steps and best_accuracy < accuracy), None)
 
-    def milestones_warning(self, d_model: int) -> str | None:
+    def milestones_warning(self, d_model: int | None = None) -> str | None:
         """One line when the milestone rule is on outside the runs it was validated on (16,384
-        steps, d <= 64): there it may stop a run that would reach its target. None otherwise."""
+        steps, d <= 64; d unchecked when None: a capacity sweep turns the rule off above it):
+        there it may stop a run that would reach its target. None otherwise."""
         outside = ([f"{self.steps:,} steps"] if self.steps not in MILESTONES_STEPS else []) + \
-                  ([f"d = {d_model}"] if d_model > MILESTONES_MAX_D else [])
+                  ([f"d = {d_model}"] if d_model is not None and d_model > MILESTONES_MAX_D else [])
         if self.give_up != "milestones" or not outside:
             return None
         return (f"warning: --give-up milestones was validated on runs of {MILESTONES_STEPS[0]:,} steps at d <= "

@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = _transformer_sweep(args)
-        warning = TrainConfig(steps=sweep.steps, give_up=sweep.give_up).milestones_warning(min(sweep.d))
+        warning = TrainConfig(steps=sweep.steps, give_up=sweep.give_up).milestones_warning()  # off above d = 64
         if warning:
             print(warning, file=sys.stderr)
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
