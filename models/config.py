@@ -171,6 +171,15 @@ class TrainConfig:
         return next(((fraction, accuracy) for fraction, accuracy in MILESTONES
                      if step >= fraction * self.steps and best_accuracy < accuracy), None)
 
+    def stopped_by(self, steps_run: int, accuracy: float) -> str:
+        """Why a run ended (config.json's `stopped_by`): its best model's accuracy reached the
+        target, the milestone rule gave up (the only other stop before the budget), or the budget ran out."""
+        if accuracy >= self.target_accuracy:
+            return f"target accuracy at step {steps_run}"
+        if steps_run < self.steps:
+            return f"milestones at step {steps_run}"
+        return f"step budget at step {steps_run}"
+
     def milestones_warning(self, d_model: int | None = None) -> str | None:
         """One line when the milestone rule is on outside the runs it was validated on (16,384
         steps, d <= 64; d unchecked when None: a capacity sweep turns the rule off above it):

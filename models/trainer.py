@@ -246,7 +246,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "lr": runs[kept][0], "seed": runs[kept][1], "preset": preset_name,
         "steps_run": steps_run, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
-        "stopped_by": stopped_by(cfg, steps_run, final[kept]["accuracy"]),
+        "stopped_by": cfg.stopped_by(steps_run, final[kept]["accuracy"]),
         "kept_model": kept, "runs": final, "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
         "trainer": "models.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
@@ -254,16 +254,6 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()}
     return TrainResult(task, run.model.checkpoint_section(task), kept_weights, training, metrics, snapshots, stacked)
-
-
-def stopped_by(cfg, steps_run: int, accuracy: float) -> str:
-    """Why a run ended, for config.json: its best model reached the target accuracy, the
-    milestone rule gave up (the only other stop before the step budget), or the budget ran out."""
-    if accuracy >= cfg.target_accuracy:
-        return f"target accuracy at step {steps_run}"
-    if steps_run < cfg.steps:
-        return f"milestones at step {steps_run}"
-    return f"step budget at step {steps_run}"
 
 
 def check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
