@@ -389,7 +389,7 @@ def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
                              "--steps", "4000", "--executor", "processes", "--jobs", "2", "--quiet", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
     deadline = time.monotonic() + 120
-    while sum("multiprocessing" in c for c in _group(proc.pid)) < 2 and time.monotonic() < deadline:
+    while sum("spawn_main" in c for c in _group(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # the two workers started (spawned: importing, then computing)
     time.sleep(2)
     os.killpg(proc.pid, signal.SIGINT)
@@ -398,7 +398,9 @@ def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
     recorded = len(list((out / "cells").glob("*.json"))) if (out / "cells").is_dir() else 0
     assert err == (f"interrupted: {recorded} cell(s) recorded in {out / 'cells'}/ ({recorded} by this run); rerun "
                    "the same command to resume from them\n")
-    time.sleep(1)
+    deadline = time.monotonic() + 20
+    while _group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert _group(proc.pid) == []  # the workers were stopped with it
 
 
