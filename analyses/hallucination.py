@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli, plots, recorded
-from analyses.output import write_csv, write_summary
+from analyses import plots, recorded
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import (
     CheckpointError,
@@ -33,7 +34,7 @@ from models.checkpoint import (
     snapshot_steps,
     snapshots_sha256,
 )
-from models.progress import progress_bar
+from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
 from probe.accuracy import per_fact_accuracy

@@ -12,7 +12,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from analyses.sweep import setting_changes
+from analyses.sweeps.cells import setting_changes
 from models.checkpoint import weights_sha256
 
 HASH = "weights_sha256"

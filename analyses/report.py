@@ -30,9 +30,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli, hallucination, locate_facts
+from analyses import hallucination, locate_facts
 from analyses.locate_facts import LocateSettings
 from analyses.recorded import HASH, read_summary, recorded_results, refuse_other_results, source
+from analyses.sweeps import cli
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, snapshots_sha256, weights_sha256, write_text

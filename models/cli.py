@@ -1,17 +1,28 @@
-"""Command-line plumbing shared by every entry point: flags generated from the frozen
-config dataclasses, comma lists (one rule for every list flag: `list_items`), and bad input
-turned into one line on stderr and exit code 2 (a ValueError from main, or a flag argparse
-refuses)."""
+"""Command-line plumbing shared by every entry point: config fields with their help text
+(`setting`) and overrides by name (`override`), flags generated from the frozen config
+dataclasses, comma lists (one rule for every list flag: `list_items`), and bad input turned
+into one line on stderr and exit code 2 (a ValueError from main, or a flag argparse refuses)."""
 from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import sys
 import types
 import typing
-from dataclasses import MISSING, fields
-from pathlib import Path
+from dataclasses import MISSING, field, fields, replace
+
+
+def setting(default, help: str, **kw):
+    """A config field with its --help text (and argparse `choices`, ...): one flag per field."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def override(config, values: dict):
+    """`config` with the given fields replaced; a name that is not one of its fields is refused."""
+    unknown = sorted(set(values) - {f.name for f in fields(config)})
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
+    return replace(config, **values)
 
 
 class Parser(argparse.ArgumentParser):
@@ -146,16 +157,3 @@ def run_cli(main) -> None:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)
-
-
-def prepare_out(out: Path, force: bool) -> Path:
-    """An empty directory to write into: refuse one that holds files unless `force`, which
-    clears it (the user asked to replace it)."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out

@@ -11,12 +11,15 @@ from tests.test_analysis_cli import COMMANDS
 
 def _programs() -> list[tuple[str, argparse.ArgumentParser]]:
     from models.aot.train import parser as aot_parser
-    from models.train import parser as train_parser
+    from models.recall.train import parser as train_parser
 
     return [(" ".join([name, *argv]), p) for name, argv, p in COMMANDS] + [
         ("models.train", train_parser()), ("models.aot.train", aot_parser())]
 
 
+# flags whose items are the coordinates of one thing (a shape ALPHA,BETA,H; Adam's β1,β2): values may repeat
+COORDINATES = {("capacity departures", "--shape"): ("2,2,8", (2.0, 2.0, 8.0)),
+               ("capacity zipf", "--adam-betas"): ("0,0", (0.0, 0.0))}
 LIST_FLAGS = [(program, action.option_strings[0], action.type) for program, p in _programs() for action in p._actions
               if getattr(action.type, "__name__", "").endswith(" list")]
 
@@ -26,7 +29,9 @@ def test_every_comma_list_flag_is_found():
     assert {("models.train", "--seed"), ("models.train", "--lr"), ("capacity transformer", "--seeds"),
             ("capacity plan", "--d"), ("capacity memory", "--m-per-d"), ("tradeoff grid", "--heads"),
             ("aot_capacity", "--seeds"), ("aot_capacity", "--head-layout"), ("capacity departures", "--shape"),
-            ("tradeoff compare", "--labels")} <= flags
+            ("tradeoff compare", "--labels"), ("capacity zipf", "--seeds"), ("capacity zipf", "--d"),
+            ("capacity oscillation", "--step-sizes"), ("capacity overoptimisation", "--tokens"),
+            *COORDINATES} <= flags
 
 
 @pytest.mark.parametrize("program, flag, parse", LIST_FLAGS, ids=[f"{p} {f}" for p, f, _ in LIST_FLAGS])
@@ -39,8 +44,9 @@ def test_every_list_flag_refuses_empty_items_and_repeats(program, flag, parse):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse(text)
     assert parse(f"{value}, {other}") == tuple(type(parse(value)[0])(x) for x in (value, other))
-    if (program, flag) == ("capacity departures", "--shape"):  # a shape's values may repeat: 2,2,8
-        assert parse("2,2,8") == (2.0, 2.0, 8.0)
+    if (program, flag) in COORDINATES:  # one thing's coordinates may repeat: a shape 2,2,8, Adam's betas 0,0
+        text, values = COORDINATES[program, flag]
+        assert parse(text) == values
         return
     with pytest.raises(argparse.ArgumentTypeError, match=f"{value} given twice in '{value},{other},{value}': "
                                                          "list each value once"):

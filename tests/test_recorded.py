@@ -112,9 +112,9 @@ def test_results_of_other_settings_get_a_folder_named_after_them():
 def two_checkpoints(tmp_path_factory):
     """Two small checkpoints of the tiny preset, trained a few steps from seeds 0 and 1 (no
     snapshots, so the report runs locate_facts only)."""
-    from models.config import override
-    from models.presets import preset
-    from models.trainer import train
+    from models.cli import override
+    from models.recall.presets import preset
+    from models.recall.trainer import train
     from tests.conftest import quick
 
     base = preset("tiny")
@@ -203,8 +203,8 @@ def test_locate_facts_never_writes_over_other_results(two_checkpoints, tmp_path,
     refusals = {sweep: f"error: {sweep} holds a sweep (settings.json), which locate_facts does not write over",
                 own: f"error: {own} holds other locate_facts results (settings.contexts: recorded 4, now 8; "
                      "settings.seed: recorded 1, now 0)",
-                ckpt: f"error: argument --out: {ckpt} is a checkpoint's own folder (config.json): results go to a "
-                      f"folder of their own, by default {ckpt / 'analysis'}/NAME"}
+                ckpt: f"error: argument --out: {ckpt} is a checkpoint's own folder: results go to a folder of "
+                      f"their own, by default {ckpt / 'analysis'}/NAME"}
     for out, message in refusals.items():
         before = _files(tmp_path)
         code, _, err = _run(locate_facts.main, [ckpt, *quiet, "--out", out], capsys)

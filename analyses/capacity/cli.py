@@ -1,5 +1,5 @@
-"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out, and
-`plan`, a transformer sweep's model-steps before it runs."""
+"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out,
+`plan`, a transformer sweep's model-steps before it runs, and the Zipf studies (zipf/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import capacity, cli
+from analyses import capacity
 from analyses.capacity.departures import DepartureStudy, compare_departures, study_text
 from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
 from analyses.capacity.plan import Oracle, default_oracle, plan_text, recorded_rate
@@ -21,10 +21,12 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
-from analyses.output import write_csv
-from analyses.sweep import Cells
+from analyses.capacity.zipf import cli as zipf_cli
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.output import write_csv
 from models.bridge import resolve_device
-from models.config import TrainConfig
+from models.recall.config import TrainConfig
 
 
 def _shape(text: str) -> tuple:
@@ -65,6 +67,7 @@ def parser():
     cli.add_seed(v, "initialisation and data")
     cli.add_settings(v, DepartureStudy, "the study")
     cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=(*UNTRAINED, "seed"))
+    zipf_cli.add_parsers(sub)
     for q in (t, v):
         cli.add_keep_checkpoints(q)
     for q in (m, t, v):
@@ -86,6 +89,8 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "plan":
         return plan(args)
+    if args.command in zipf_cli.COMMANDS:
+        return zipf_cli.run(args)
     executor = cli.executor(args)
     progress = not args.quiet
     if args.command == "memory":
