@@ -258,6 +258,10 @@ def main() -> None:
                         help="the device's memory bytes/s (default: a known GPU's datasheet peak, else the "
                              "measured copy rate)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="record each attention core's median steps/s (graphed with --graphed) as the line "
+                             "--line of this measured record (results/gpu/measured.json: analyses.gpu_records)")
+    parser.add_argument("--line", default=None, help="the bench line's name in --record")
     parser.add_argument("--counter", action="store_true",
                         help="also time ours with the counter sampler (variant ours-counter)")
     parser.add_argument("--graphed", action="store_true",
@@ -275,6 +279,8 @@ def main() -> None:
                              "(default: PRESET-STEPS-DEVICE in the temporary folder)")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    if (args.record is None) != (args.line is None):
+        parser.error("--record and --line go together")
     if args.graphed and device.type != "cuda":
         parser.error(f"--graphed needs a CUDA device, got {device}")
     args.counter = args.counter or args.graphed
@@ -399,6 +405,23 @@ def main() -> None:
     per_round, median = median_ratio(rates["ours"], rates["tl"], args.k, digits=1)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + per_round)
     print(f"speedup_vs_transformerlens {median:.1f}")
+    if args.record is not None:
+        record_line(args.record, args.line, rates, core_name(core, device), args.compare_core, args.graphed, sizes,
+                    device)
+
+
+def record_line(path: Path, line: str, rates: dict, core: str, compare: str | None, graphed: bool,
+                sizes: StepShape, device: torch.device) -> None:
+    """Each attention core's median steps/s (the graphed step's with --graphed) as `line` of the
+    measured record, with the code it measured (analyses.gpu_records) and the step's [K, H, B, V]
+    elements, by which models.forward.choose_core finds the line nearest a step."""
+    from analyses.gpu_records import CODE, code_hash, record
+
+    timed = {core: "ours-graphed" if graphed else "ours"} | ({compare: f"ours-{compare}"} if compare else {})
+    record(path, line, {"code": code_hash(CODE["bench"]), "steps_per_second": {
+        name: round(statistics.median(rates[variant]), 2) for name, variant in timed.items()},
+        "graphed": graphed, "models": sizes.K, "buffer_elements": sizes.K * sizes.H * sizes.B * sizes.V,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"})
 
 
 if __name__ == "__main__":
