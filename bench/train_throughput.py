@@ -177,9 +177,10 @@ def subnormal_shares(preset_name: str, trained: dict, batch: int) -> tuple[float
     return ((p > 0) & (p < tiny)).float().mean().item(), (p == 0).float().mean().item()
 
 
-def core_name(core: str, device: torch.device) -> str:
-    """The attention core `core` resolves to on `device`: vocab or fused."""
-    return "fused" if choose_core(core, device) is fused_attention.FusedAttention else "vocab"
+def core_name(core: str, device: torch.device, sizes: StepShape | None = None) -> str:
+    """The attention core `core` resolves to on `device` for a step of `sizes`: vocab or fused."""
+    elements = sizes.K * sizes.H * sizes.B * sizes.V if sizes else None
+    return "fused" if choose_core(core, device, elements) is fused_attention.FusedAttention else "vocab"
 
 
 def median_ratio(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> tuple[str, float]:
@@ -289,7 +290,7 @@ def main() -> None:
     model = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp)) if value is not None}
     if model and args.trained_steps:
         parser.error("--n-heads and --d-mlp time fresh weights only: add --trained-steps 0")
-    core = core_name(args.attention_core, device)
+    core = core_name(args.attention_core, device, StepShape.of(bench_run(args.preset, model=model), args.batch, args.k))
     if args.compare_core is not None:
         FLUSHED[f"ours-{args.compare_core}"] = True
         if args.compare_core == "fused" and not fused_attention.runs_on(device):
