@@ -32,6 +32,7 @@ STEP = ("models/forward.py", "models/fused_attention.py", "models/fused_kernels.
         "models/weights.py", "models/config.py", "models/presets.py", "tasks/factual_recall.py", "tasks/counter.py",
         "tasks/counter_kernel.py", "tasks/triton_kernels.py", "bench/train_throughput.py", "bench/step_profile.py",
         "bench/step_cost.py")
+BENCH_LINES = ("stack-169", "config-a", "tiny-k64", "tiny-k1")  # scripts/gpu_run.sh's, in its order
 CODE = {"tests": ("models", "tasks", "probe", "analyses/locate_facts.py", "bench/gpu_checks.py", "tests/conftest.py",
                   "tests/test_graphed.py", "tests/test_parity.py", "tests/test_trainer.py", "tests/test_shape_stack.py",
                   "tests/test_stack_resume.py", "tests/test_grid_stack.py", "tests/test_stack_buckets.py",

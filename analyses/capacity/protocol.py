@@ -21,6 +21,7 @@ A dry run (--dry-run) has the same pieces at tiny sizes, under results/dry_run/.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,9 +85,20 @@ def pieces(dry: bool = False) -> list[Piece]:
         return Piece(name, name, (lead,), flags)
 
     found = [bracket(name, *b) for name, b in brackets.items()]
-    found += [Piece(f"alpha{a}{part}", f"alpha{a}", shapes, (*common, *row_flags, "--d", ",".join(map(str, d))))
-              for a, shapes in rows.items() for part, d in parts.items()]
+    for a, shapes in rows.items():
+        for part, d in parts.items():  # each shape with a size among d (alpha = 0.25 has none below d = 32)
+            fitting = tuple(s for s in shapes if any(fits(s, size) for size in d))
+            if fitting:
+                found.append(Piece(f"alpha{a}{part}", f"alpha{a}", fitting,
+                                   (*common, *row_flags, "--d", ",".join(map(str, d)))))
     return found + [bracket(LADDER + name, *b, extra=ladder) for name, b in brackets.items()]
+
+
+def fits(shape: str, d: int) -> bool:
+    """Whether the shape "alpha,beta,H[,largest d]" has a model at size d: d_h = floor(alpha d / H)
+    and m = floor(beta d) at least 1, d at most its largest (models.config.shape_model's rule)."""
+    alpha, beta, heads, *largest = map(float, shape.split(","))
+    return int(alpha * d / heads) >= 1 and int(beta * d) >= 1 and d <= (largest[0] if largest else math.inf)
 
 
 def piece(name: str, dry: bool = False) -> Piece:
