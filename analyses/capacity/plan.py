@@ -34,7 +34,7 @@ from analyses.capacity.transformer import (
 from analyses.sweep import Cell, Cells, run_jobs
 from models.weights import parameter_count
 
-# The H100 record (../shared/gpu/runs/2026-11-26-h100): a round of 15 models at d = 128 ran
+# The H100 record (results/gpu/2026-11-26-h100/README.md): a round of 15 models at d = 128 ran
 # 16,384 steps in 23 to 36 s; the slowest round sets the rate.
 H100_RATE = 15 * 16384 / 36  # model-steps per second
 DEFAULT_ORACLE = {"authors": ("paper_fig4_left_authors", "paper_fig4_left_authors_seed1"),
