@@ -89,7 +89,7 @@ def record(path: Path, entry: str, fields: dict) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     if argv[:1] == ["hash"] and len(argv) == 2 and argv[1] in CODE:
         print(code_hash(CODE[argv[1]]))
     elif argv[:1] == ["get"] and len(argv) == 4:
@@ -105,4 +105,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -28,13 +28,14 @@
 #              bench/step_profile.py's table (bench.txt); each line recorded in measured.json
 #   checks     bench/gpu_checks.py (main job CUDA against CPU, host syncs, determinism), where
 #              the code changed since it last passed
-#   grid       Figure 4 right, the stacks in GPU_RUN_JOBS worker processes sharing the GPU
+#   grid       Figure 4 right, the stacks in GPU_RUN_JOBS worker processes sharing the GPU, each
+#              stack resumable; started where 240 s are left, else after the pieces
 #   fig4_left_*  the pieces of Figure 4 left, largest sizes first, GPU_RUN_JOBS searches at once
 # OUT then holds at most 6 plain files: report.txt, tests_cuda.txt, bench.txt, gpu_checks.json,
 # results.tar.gz (the results above, packed again every GPU_RUN_PACK_SECONDS and after every
 # step, atomically) and state.tar.gz (what is not a result: the report, the logs and profiles,
-# and the states of the stacks in flight, which a call given it resumes mid-training; left
-# out where they would make it larger than GPU_RUN_ARCHIVE_BYTES, default 15 MiB).
+# and the states of the stacks in flight, which a call given it resumes mid-training: the
+# smallest first, as many as keep it within GPU_RUN_ARCHIVE_BYTES, default 15 MiB).
 set -uo pipefail
 start=$(date +%s)  # the budget counts from here: the checks and the unpacking below are in it
 cd "$(dirname "$0")/.."
@@ -84,13 +85,20 @@ pack() {  # the results and the archive, each atomically: a whole file or the pr
   for p in "$grid_dir" "$fig4_dir" "$done_dir" "$passed" "$measured"; do [ -e "$p" ] && kept+=("$p"); done
   tar -czf "$out/results.tar.gz$tmp" --exclude='*.tmp' --exclude='*/state' -C "$root" "${kept[@]}" 2>/dev/null \
     && mv "$out/results.tar.gz$tmp" "$out/results.tar.gz"
-  tar -czf "$out/state.tar.gz$tmp" --exclude='*.tmp' -C "$work" . 2>/dev/null || return 0
-  if [ "$(stat -c %s "$out/state.tar.gz$tmp")" -gt "$archive_bytes" ]; then  # the logs still come back
-    [ -f "$work/inflight.left_out" ] || log "state.tar.gz: the in-flight stacks' states left out (over $archive_bytes bytes)"
-    touch "$work/inflight.left_out"
-    tar -czf "$out/state.tar.gz$tmp" --exclude='*.tmp' --exclude=./inflight -C "$work" . 2>/dev/null || return 0
+  # the in-flight stacks' states, smallest first, as many as keep the archive within archive_bytes
+  # (their floats barely compress): those left out start over in the next call
+  local size total=$(( $(du -sb --exclude=inflight "$work" | cut -f1) )) left_out=() kept_states=0
+  while read -r size p; do
+    if [ $(( total + size )) -le "$archive_bytes" ]; then total=$(( total + size )); kept_states=$(( kept_states + 1 ))
+    else left_out+=("--exclude=./${p#"$work"/}"); fi
+  done < <(du -sb "$work"/inflight/*/* 2>/dev/null | sort -n)
+  if [ ${#left_out[@]} != "$(cat "$work/inflight.left_out" 2>/dev/null || echo 0)" ]; then
+    echo ${#left_out[@]} > "$work/inflight.left_out"
+    [ ${#left_out[@]} = 0 ] || log "state.tar.gz: ${#left_out[@]} in-flight stacks' states left out, $kept_states kept \
+(the archive's limit: $archive_bytes bytes)"
   fi
-  mv "$out/state.tar.gz$tmp" "$out/state.tar.gz"
+  tar -czf "$out/state.tar.gz$tmp" --exclude='*.tmp' "${left_out[@]}" -C "$work" . 2>/dev/null \
+    && mv "$out/state.tar.gz$tmp" "$out/state.tar.gz"
   put report.txt report.txt
 }
 inflight() {  # inflight DIR: DIR/state, where a sweep's stacks keep their states, is in the archive
@@ -207,10 +215,18 @@ if [ $dry = 0 ]; then
   fi
 fi
 
-t0=$(date +%s)
-inflight "$grid_dir"
-science=1 step grid 600 "$python" -m analyses.tradeoff grid "${grid[@]}" "${device[@]}" --sampler counter --quiet \
-  --out "$grid_dir" && log "grid: $(( $(date +%s) - t0 )) s for every cell not recorded before this call"
+# Figure 4 right: its stacks take minutes each, so it starts where grid_least seconds are left
+# (else the pieces go first, their probes recorded one by one, and it waits for a longer call)
+grid_least=$([ $dry = 1 ] && echo 0 || echo 240)
+grid_step() {
+  local t0=$(date +%s)
+  inflight "$grid_dir"
+  science=1 step grid 600 "$python" -m analyses.tradeoff grid "${grid[@]}" "${device[@]}" --sampler counter \
+    --quiet --out "$grid_dir" && log "grid: $(( $(date +%s) - t0 )) s for every cell not recorded before this call"
+}
+grid_later=0
+if [ -f "$done_dir/grid" ] || [ "$(room)" -ge "$grid_least" ]; then grid_step
+else log "grid: less than $grid_least s left: the pieces of Figure 4 left first"; grid_later=1; fi
 
 # one search per shape, GPU_RUN_JOBS at a time, their cells shared in the piece's folder; the
 # flags reach them through a file (an array does not cross bash -c)
@@ -258,6 +274,7 @@ for line in "${pieces[@]}"; do
   fi
   piece "$name" "$folder" "$shapes" "$flags"
 done
+if [ $grid_later = 1 ] && [ "$(room)" -ge "$grid_least" ]; then grid_step; fi
 left_over=$(( ${#pieces[@]} - $(ls "$done_dir" | grep -c '^fig4_left_') ))
 [ "$left_over" = 0 ] || log "fig4_left: $left_over of ${#pieces[@]} pieces left for the next call"
 log "gpu_run: $(( $(date +%s) - start )) s in all; done so far: $(ls "$done_dir" | tr '\n' ' ')"

@@ -126,14 +126,17 @@ def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_
     (tree / DRY / "gpu" / "done").mkdir()
     (tree / DRY / "gpu" / "done" / "grid").write_text("finished earlier\n")
     earlier = tmp_path / "earlier"
-    earlier.mkdir()
+    for key, size in (("small", 1000), ("large", 200_000)):  # two stacks' states in flight
+        (earlier / "inflight" / "sweep" / key).mkdir(parents=True)
+        (earlier / "inflight" / "sweep" / key / "step_00000001.safetensors").write_bytes(os.urandom(size))
     (earlier / "report.txt").write_text("an earlier call\n")
     with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
         tar.add(earlier, arcname=".")
     out, budget = tmp_path / "out", 12
     t0 = time.monotonic()
     done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(out), str(tmp_path / "state.tar.gz")],
-                          cwd=tree, env={**ENV, "GPU_RUN_SECONDS": str(budget), "PYTHONPATH": str(tree)},
+                          cwd=tree, env={**ENV, "GPU_RUN_SECONDS": str(budget), "PYTHONPATH": str(tree),
+                                         "GPU_RUN_ARCHIVE_BYTES": "100000"},
                           capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - t0
     assert done.returncode == 0, done.stdout + done.stderr
@@ -146,6 +149,9 @@ def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_
     assert not [name for name in _archive(out / "results.tar.gz") if name.startswith(FIG4)]  # no search, no table
     with tarfile.open(out / "state.tar.gz") as tar:  # the last pack holds the whole report
         assert tar.extractfile("./report.txt").read().decode().splitlines() == report
+    kept = _archive(out / "state.tar.gz")  # the in-flight states that fit the archive's limit, smallest first
+    assert "inflight/sweep/small/step_00000001.safetensors" in kept and not [n for n in kept if "large" in n]
+    assert "state.tar.gz: 1 in-flight stacks' states left out, 1 kept (the archive's limit: 100000 bytes)" in report
     assert {p.name for p in out.iterdir()} <= ALLOWED
 
 
@@ -195,3 +201,13 @@ def test_offline_setup_builds_a_venv_from_wheels_and_a_python_with_torch(tmp_pat
                              capture_output=True, text=True)
     assert refused.returncode == 2
     assert refused.stderr.strip() == f"setup --offline: no wheels in {empty} (scripts/wheelhouse.sh DIR makes them)"
+
+
+def test_code_is_named_by_its_files_without_git(tmp_path):
+    """A copied tree names its code as the checkout does; a changed file changes the name."""
+    tree = _tree(tmp_path / "tree")
+    assert code_hash(CODE["tests"], tree) == code_hash(CODE["tests"], ROOT)
+    before = code_hash(CODE["bench"], tree)
+    path = tree / "models" / "optimizer.py"
+    path.write_text(path.read_text() + "\n# changed\n")
+    assert code_hash(CODE["bench"], tree) != before and code_hash(CODE["tests"], tree) != code_hash(CODE["tests"], ROOT)

@@ -26,6 +26,7 @@ GRID_CELLS = 13 * 13 * 3  # the grid scripts/gpu_run.sh runs: 13 H x 13 m x seed
 GRID_STEPS = 16384  # each cell's step budget (paper-tradeoff)
 # a call's steps before the science, in seconds (the H100's second run: results/gpu/2026-11-26-h100-b/report.txt)
 CALL_SECONDS, SETUP, TESTS_FULL, TESTS_SUBSET, BENCH_LINE, CHECKS, PACK = 540, 10, 125, 60, 50, 61, 20
+GRID_LEAST = 240  # gpu_run.sh starts the grid with at least this many seconds left, else the pieces first
 
 
 class _Own(Oracle):
@@ -148,8 +149,10 @@ def next_call(results: Path, done: list[Progress]) -> list[str]:
     left = CALL_SECONDS - SETUP - PACK - (TESTS_FULL if full else TESTS_SUBSET) - BENCH_LINE * len(changed) \
         - CHECKS * checks
     lines.append(f"science: ~{max(0, left)} s")
-    for p in done:
-        if p.finished or left <= 0:
+    grid, pieces_left = done[0], done[1:]
+    order = [grid, *pieces_left] if left >= GRID_LEAST else [*pieces_left, grid]
+    for p in order:
+        if p.finished or left <= 0 or (p is grid and left < GRID_LEAST):
             continue
         seconds = 60 * p.minutes_left
         lines.append(f"  {p.name}: {'all of it' if seconds <= left else 'cut, to go on in the next call'} "
