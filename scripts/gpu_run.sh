@@ -65,7 +65,7 @@ fig4_dir=$res/capacity/paper_fig4_left_full
 done_dir=$res/gpu/done
 passed=$res/gpu/passed.json
 measured=$res/gpu/measured.json
-records() { "$python" -m analyses.gpu_records "$@"; }
+records() { "$python" -m analyses.sweeps.gpu_records "$@"; }
 # the links through which the sweeps keep their in-flight stacks' states in the archive (inflight)
 trap 'find "$res" -name state -type l -lname "$work/*" -delete 2>/dev/null; rm -rf "$work"' EXIT
 if [ -n "$state" ]; then tar -xzf "$state" -C "$work"; fi
@@ -240,7 +240,8 @@ packer() {  # pack every pack_every seconds until sent TERM, which waits for an 
 }
 # piece NAME FOLDER "SHAPES" "FLAGS": every shape searched with FLAGS into FOLDER (a step
 # fig4_left_NAME: done once it finished, resumed from its cells by the next call when cut),
-# then its tables and the combined ones in the `after_piece` seconds kept for them. False, with
+# then its tables (the transformer CLI's, --recorded-only) and the combined ones in the
+# `after_piece` seconds kept for them. False, with
 # nothing started, when an earlier call finished it or too little time is left.
 after_piece=$([ $dry = 1 ] && echo 10 || echo 30)
 dry_flag=$([ $dry = 1 ] && echo --dry-run)
@@ -249,12 +250,16 @@ piece() {
   earlier "fig4_left_$name" && return 1
   [ "$(room "$after_piece")" -gt 0 ] || return 1
   inflight "$dir"
+  local shape_flags=() shape
+  for shape in $shapes; do shape_flags+=(--shape "$shape"); done
   printf '%s\n' $flags --out "$dir" "${device[@]}" > "$work/fig4_left_$name.flags"
   packer & local packer=$! rc=0
   after=$after_piece step "fig4_left_$name" 100000 \
     bash -c "printf '%s\n' $shapes | xargs -P $jobs -I{} bash -c 'fig4_search $work/fig4_left_$name.flags {}'" || rc=$?
   kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
-  within "$python" -m analyses.capacity.protocol tables "$name" $dry_flag >"$work/fig4_left_$name.tables.txt" 2>&1 \
+  within "$python" -m analyses.capacity transformer "${shape_flags[@]}" $flags --out "$dir" "${device[@]}" \
+    --recorded-only >"$work/fig4_left_$name.tables.txt" 2>&1 \
+    && within "$python" -m analyses.capacity.protocol combine $dry_flag >>"$work/fig4_left_$name.tables.txt" 2>&1 \
     && log "fig4_left_$name: $(ls "$dir/cells" 2>/dev/null | wc -l) probes recorded in $dir;\
 $(grep '^  shape' "$work/fig4_left_$name.tables.txt" | tr -s ' ' | tr '\n' ';')" \
     && [ $rc = 0 ] && finished "fig4_left_$name"  # done with its tables

@@ -1,5 +1,5 @@
-"""Adam's update as one Triton kernel (models/adam_kernel.py, run by Triton's interpreter on the
-CPU) equals the torch form of models.optimizer bit for bit where the square root is correctly
+"""Adam's update as one Triton kernel (models/training/adam_kernel.py, run by Triton's interpreter on the
+CPU) equals the torch form of models.training.optimizer bit for bit where the square root is correctly
 rounded (torch's own on the CPU is not: one ulp off on about 0.7% of inputs, so there the two
 agree to that ulp): weights and both moments, several parameters of odd sizes, a learning rate
 per model (one of them zero), and steps past the end of the bias-correction table; the weights
@@ -7,9 +7,9 @@ keep their tensors; the capture check sees the kernel."""
 import pytest
 import torch
 
-from models import optimizer as optim
-from models.capture_check import CaptureHazard, check_capturable
-from models.optimizer import Optimizer
+from models.training import optimizer as optim
+from models.training.capture_check import CaptureHazard, check_capturable
+from models.training.optimizer import Optimizer
 from tasks import triton_kernels
 from tests.conftest import TEST_DEVICE
 

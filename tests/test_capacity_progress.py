@@ -9,15 +9,26 @@ from pathlib import Path
 import pytest
 
 from analyses.capacity.plan import default_oracle, plan
-from analyses.capacity.progress import GRID_CELLS, _Own, piece_sweep, progress
-from analyses.capacity.protocol import IMPORTED, fits, piece, pieces, protocol_folder
-from analyses.gpu_records import BENCH_LINES, CODE, code_hash, record
-from models.config import shape_model
+from analyses.capacity.progress import GRID_CELLS, _Own, progress
+from analyses.capacity.protocol import IMPORTED, fits, pieces, protocol_folder
+from analyses.sweeps.gpu_records import BENCH_LINES, CODE, code_hash, record
+from models.recall.config import shape_model
 from tests.test_capacity_memory import _cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RATES = {"capacity-d128": {"model_steps_per_second": 6000},
          "stack-169": {"steps_per_second": {"vocab": 40.0, "fused": 10.0}, "models": 169, "device": "a test GPU"}}
+
+
+def piece(name):
+    return {p.name: p for p in pieces()}[name]
+
+
+def piece_sweep(piece, results):
+    """The piece's TransformerSweep, its flags read by the CLI (as `plan --done` reads them)."""
+    from analyses.capacity.cli import _transformer_sweep, parser
+
+    return _transformer_sweep(parser().parse_args(piece.argv(results, "cpu")))
 
 
 @pytest.fixture
@@ -48,7 +59,7 @@ def test_plan_done_counts_the_recorded_probes_and_says_what_the_next_call_does(r
         (grid / f"H32_m{i}_seed0.json").write_text(json.dumps({"steps_run": 512}))
     record(results / "gpu" / "passed.json", "tests", {"code": code_hash(CODE["tests"])})
 
-    done = {p.name: p for p in progress(results)}
+    done = {p.name: p for p in progress(results, lambda piece: piece_sweep(piece, results))}
     assert (done["grid"].done, done["grid"].probes, done["grid"].model_steps_left) == (2, GRID_CELLS,
                                                                                       (GRID_CELLS - 2) * 512)
     assert done["grid"].rate == 40.0 * 169  # the stack line's faster core

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.gpu_records import CODE, code_hash, record
+from analyses.sweeps.gpu_records import CODE, code_hash, record
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1",

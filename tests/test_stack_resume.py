@@ -13,11 +13,11 @@ from unittest import mock
 import pytest
 import torch
 
-from models import shape_trainer
 from models.checkpoint import complete_steps
-from models.config import ModelConfig, RunConfig, TrainConfig
-from models.graphed import Step
-from models.shape_trainer import train_shapes, train_stacks
+from models.recall import shape_trainer
+from models.recall.config import ModelConfig, RunConfig, TrainConfig
+from models.recall.shape_trainer import train_shapes, train_stacks
+from models.training.graphed import Step
 from tests.conftest import TEST_DEVICE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,8 +86,8 @@ def test_a_state_of_another_stack_is_set_aside(tmp_path, uncut):
 
 KILLED = """
 import sys, time, torch
-from models import stack_state
-from models.shape_trainer import train_stacks
+from models.recall import stack_state
+from models.recall.shape_trainer import train_stacks
 from tests.test_stack_resume import runs
 torch.set_num_threads({threads})
 save = stack_state.save

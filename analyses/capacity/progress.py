@@ -11,15 +11,16 @@ probe it plans is recorded."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from analyses import gpu_records
 from analyses.capacity.plan import Oracle, default_oracle, plan
 from analyses.capacity.protocol import IMPORTED, Piece, fits, pieces, protocol_folder
-from analyses.sweep import Cells
+from analyses.sweeps import gpu_records
+from analyses.sweeps.cells import Cells
 
 GRID = "tradeoff/paper_grid_gpu"  # under the results folder
 GRID_CELLS = 13 * 13 * 3  # the grid scripts/gpu_run.sh runs: 13 H x 13 m x seeds 0, 1, 2
@@ -49,13 +50,6 @@ class _Own(Oracle):
         return row if row is not None else super().recorded(sweep, key)
 
 
-def piece_sweep(piece: Piece, results: Path):
-    """The TransformerSweep a piece runs (its flags, as the CLI reads them)."""
-    from analyses.capacity.cli import _transformer_sweep, parser
-
-    return _transformer_sweep(parser().parse_args(piece.argv(results, "cpu")))
-
-
 @dataclass
 class Progress:
     """A piece's (or the grid's) probes planned and recorded, and its model-steps done and left."""
@@ -74,10 +68,11 @@ class Progress:
         return 0.0 if self.finished else self.model_steps_left / self.rate / 60
 
 
-def piece_progress(piece: Piece, results: Path, rate: float, oracle: _Own, earlier: tuple[int, ...] = ()) -> Progress:
-    """A piece's plan, its recorded probes counted as done; the sizes `earlier` are an earlier
-    piece's (the parts of a row share its folder, each going on from the last)."""
-    sweep = piece_sweep(piece, results)
+def piece_progress(piece: Piece, sweep, results: Path, rate: float, oracle: _Own,
+                   earlier: tuple[int, ...] = ()) -> Progress:
+    """The plan of a piece, whose TransformerSweep is `sweep`, its recorded probes counted as
+    done; the sizes `earlier` are an earlier piece's (the parts of a row share its folder,
+    each going on from the last)."""
     oracle.own = protocol_folder(results) / piece.folder
     probes, _ = plan(sweep, oracle)
     probes = probes[~probes["d"].isin(earlier)]
@@ -121,17 +116,19 @@ def rates(results: Path) -> tuple[float, float, str]:
                                          f"{grid:,.0f} a grid stack"
 
 
-def progress(results: Path) -> list[Progress]:
-    """The grid's, then every Figure 4 left piece's progress, in the order a GPU runs them."""
+def progress(results: Path, sweep_of: Callable) -> list[Progress]:
+    """The grid's, then every Figure 4 left piece's progress, in the order a GPU runs them;
+    `sweep_of(piece)` is the piece's TransformerSweep (its flags as the CLI reads them)."""
     capacity, grid, _ = rates(results)
     imported = tuple(sorted(protocol_folder(results).glob(IMPORTED + "*")))
-    oracle = _Own(default_oracle(piece_sweep(pieces()[0], results)).folders + imported)
+    oracle = _Own(default_oracle(sweep_of(pieces()[0])).folders + imported)
     oracle.imported = {(str(r["shape"]), int(r["d"])) for f in imported if (f / "capacity.csv").is_file()
                        for _, r in pd.read_csv(f / "capacity.csv").iterrows()}
     done, sizes = [grid_progress(results, grid)], {}
     for p in pieces():
-        done.append(piece_progress(p, results, capacity, oracle, sizes.get(p.folder, ())))
-        sizes[p.folder] = tuple(piece_sweep(p, results).d)
+        sweep = sweep_of(p)
+        done.append(piece_progress(p, sweep, results, capacity, oracle, sizes.get(p.folder, ())))
+        sizes[p.folder] = tuple(sweep.d)
     return done
 
 
@@ -161,9 +158,9 @@ def next_call(results: Path, done: list[Progress]) -> list[str]:
     return lines
 
 
-def progress_text(results: Path) -> str:
-    """The report of `plan --done`."""
-    done = progress(results)
+def progress_text(results: Path, sweep_of: Callable) -> str:
+    """The report of `plan --done` (`sweep_of`: as for progress)."""
+    done = progress(results, sweep_of)
     _, _, source = rates(results)
     width = max(len(p.name) for p in done)
     lines = [f"GPU science from the committed results in {results}/ (rates measured on {source}):",

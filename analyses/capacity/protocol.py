@@ -16,7 +16,10 @@ The pieces, in the order a GPU runs them (largest sizes first):
 A dry run (--dry-run) has the same pieces at tiny sizes, under results/dry_run/.
 
     python -m analyses.capacity.protocol pieces [--dry-run]      one line per piece, for gpu_run.sh
-    python -m analyses.capacity.protocol tables NAME [--dry-run] [--results DIR] [--device D]
+    python -m analyses.capacity.protocol combine [--dry-run] [--results DIR]   fig4_left.csv and .png
+
+A piece's own tables are the transformer CLI's: `python -m analyses.capacity transformer` with
+its shapes and flags, --out its folder and --recorded-only.
 """
 from __future__ import annotations
 
@@ -96,17 +99,9 @@ def pieces(dry: bool = False) -> list[Piece]:
 
 def fits(shape: str, d: int) -> bool:
     """Whether the shape "alpha,beta,H[,largest d]" has a model at size d: d_h = floor(alpha d / H)
-    and m = floor(beta d) at least 1, d at most its largest (models.config.shape_model's rule)."""
+    and m = floor(beta d) at least 1, d at most its largest (models.recall.config.shape_model's rule)."""
     alpha, beta, heads, *largest = map(float, shape.split(","))
     return int(alpha * d / heads) >= 1 and int(beta * d) >= 1 and d <= (largest[0] if largest else math.inf)
-
-
-def piece(name: str, dry: bool = False) -> Piece:
-    """The piece named `name` (ValueError naming the pieces where there is none)."""
-    named = {p.name: p for p in pieces(dry)}
-    if name not in named:
-        raise ValueError(f"no piece {name!r}; the pieces: {', '.join(named)}.")
-    return named[name]
 
 
 def combined(results: Path):
@@ -146,37 +141,19 @@ def write_combined(results: Path):
     return table
 
 
-def tables(name: str, dry: bool, results: Path, device: str) -> int:
-    """The piece's tables from its recorded cells (probes.csv, capacity.csv, ... in its
-    folder), then the combined table and figure."""
-    from analyses.capacity.cli import main
-
-    code = main([*piece(name, dry).argv(results, device), "--recorded-only"])
-    write_combined(results)
-    return code
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser("python -m analyses.capacity.protocol", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("pieces", "tables"))
-    p.add_argument("name", nargs="?", help="the piece (tables)")
+    p.add_argument("command", choices=("pieces", "combine"))
     p.add_argument("--dry-run", action="store_true", help="the dry run's pieces (tiny sizes, results/dry_run/)")
     p.add_argument("--results", type=Path, default=None, help="the results folder (default results/, or "
                                                                 "results/dry_run/ with --dry-run)")
-    p.add_argument("--device", default="cpu", help="where the tables' replay runs (it trains nothing)")
     args = p.parse_args(argv)
-    results = args.results or results_root(args.dry_run)
     if args.command == "pieces":
         for q in pieces(args.dry_run):
             print("\t".join((q.name, q.folder, " ".join(q.shapes), " ".join(q.flags))))
-        return 0
-    if args.name is None:
-        p.error("tables needs the piece's NAME")
-    try:
-        return tables(args.name, args.dry_run, results, args.device)
-    except ValueError as e:  # bad input: one line
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    else:
+        write_combined(args.results or results_root(args.dry_run))
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,16 +4,16 @@ call spends its minutes on what is new:
   passed.json    what passed on a GPU at which code: the CUDA tests in full (`tests`) or their
                  subset (`tests_subset`), and bench/gpu_checks.py (`checks`)
   measured.json  each bench line's steps per second by attention core, at which code (the
-                 `auto` attention core reads it: models.forward.choose_core)
+                 `auto` attention core reads it: models.cores.forward.choose_core)
   done/NAME      each sweep piece a GPU run finished
 
 Code is named by a hash of its files' paths and bytes (`code_hash`), so a copy of the tree
 without its git history (a lent GPU machine's) names it as the checkout does; the commit,
 where git knows it, is recorded beside it for a reader.
 
-    python -m analyses.gpu_records hash tests|bench               the code hash of a set of paths
-    python -m analyses.gpu_records get FILE ENTRY FIELD           a recorded field ('' when absent)
-    python -m analyses.gpu_records set FILE ENTRY FIELD=VALUE...  record an entry (date and commit added)
+    python -m analyses.sweeps.gpu_records hash tests|bench               the code hash of a set of paths
+    python -m analyses.sweeps.gpu_records get FILE ENTRY FIELD           a recorded field ('' when absent)
+    python -m analyses.sweeps.gpu_records set FILE ENTRY FIELD=VALUE...  record an entry (date and commit added)
 """
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the code a GPU runs (the CUDA tests' subject and the tests themselves), and the code a training step runs
-STEP = ("models/forward.py", "models/fused_attention.py", "models/fused_kernels.py", "models/optimizer.py",
-        "models/adam_kernel.py", "models/graphed.py", "models/trainer.py", "models/shape_stack.py",
-        "models/weights.py", "models/config.py", "models/presets.py", "tasks/factual_recall.py", "tasks/counter.py",
-        "tasks/counter_kernel.py", "tasks/triton_kernels.py", "bench/train_throughput.py", "bench/step_profile.py",
-        "bench/step_cost.py")
+STEP = ("models/cores/forward.py", "models/cores/fused_attention.py", "models/cores/fused_kernels.py",
+        "models/training/optimizer.py", "models/training/adam_kernel.py", "models/training/graphed.py",
+        "models/recall/trainer.py", "models/recall/shape_stack.py", "models/recall/weights.py",
+        "models/recall/config.py", "models/recall/presets.py", "models/section.py", "tasks/factual_recall.py",
+        "tasks/counter_sampler.py", "tasks/counter.py", "tasks/counter_kernel.py", "tasks/triton_kernels.py",
+        "tasks/batch.py", "bench/train_throughput.py", "bench/step_profile.py", "bench/step_cost.py")
 BENCH_LINES = ("stack-169", "config-a", "tiny-k64", "tiny-k1")  # scripts/gpu_run.sh's, in its order
 CODE = {"tests": ("models", "tasks", "probe", "analyses/locate_facts.py", "bench/gpu_checks.py", "tests/conftest.py",
                   "tests/test_graphed.py", "tests/test_parity.py", "tests/test_trainer.py", "tests/test_shape_stack.py",
@@ -98,7 +99,7 @@ def run(argv: list[str]) -> int:
     elif argv[:1] == ["set"] and len(argv) >= 3 and all("=" in f for f in argv[3:]):
         record(Path(argv[1]), argv[2], dict(f.split("=", 1) for f in argv[3:]))
     else:
-        print("usage: python -m analyses.gpu_records hash tests|bench | get FILE ENTRY FIELD | "
+        print("usage: python -m analyses.sweeps.gpu_records hash tests|bench | get FILE ENTRY FIELD | "
               "set FILE ENTRY FIELD=VALUE...", file=sys.stderr)
         return 2
     return 0

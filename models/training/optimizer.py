@@ -17,11 +17,11 @@ ADAM_BLOCK = 1024  # elements per program of the Adam kernel
 def adam_step(params: torch.Tensor, grads: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: torch.Tensor,
               step: torch.Tensor, corrections: torch.Tensor, blocks: torch.Tensor) -> None:
     """Adam's update of the flat buffers `params`, `m`, `v` from `grads` [N] (float32) as one
-    launch of models/adam_kernel.py: `blocks` [n, 4] int64 maps each program to its block
+    launch of models/training/adam_kernel.py: `blocks` [n, 4] int64 maps each program to its block
     (Optimizer), `lr` [K], `step` [1] the step count, `corrections` Adam's table. A torch
     operator, so that the capture check and the kernel count see it (as one operation)."""
     b1, b2 = ADAM_BETAS
-    triton_kernels.load("models.adam_kernel").adam[(len(blocks),)](
+    triton_kernels.load("models.training.adam_kernel").adam[(len(blocks),)](
         params, grads, m, v, lr, step, corrections, len(corrections), blocks, 1 - b1, b2, 1 - b2, ADAM_EPS,
         BLOCK=ADAM_BLOCK, enable_fp_fusion=False)
 

@@ -1,6 +1,6 @@
 """Runs of different shapes and tasks trained as one zero-padded stack (the padding and the
-buckets: models.shape_stack), on the factual-recall trainer's step, evaluation and results
-(models.trainer)."""
+buckets: models.recall.shape_stack), on the factual-recall trainer's step, evaluation and results
+(models.recall.trainer)."""
 from __future__ import annotations
 
 import functools
@@ -10,15 +10,11 @@ from pathlib import Path
 
 import torch
 
-from models import stack_state
 from models.bridge import resolve_device
-from models.config import RunConfig
-from models.forward import has_positions
-from models.graphed import Step, use_cuda_graph
-from models.optimizer import Optimizer
-from models.progress import progress_bar
-from models.section import ModelSection
-from models.shape_stack import (
+from models.cores.forward import has_positions
+from models.recall import stack_state
+from models.recall.config import RunConfig
+from models.recall.shape_stack import (
     buckets,
     check_stackable,
     default_budget,
@@ -29,19 +25,22 @@ from models.shape_stack import (
     sizes,
     unpad,
 )
-from models.subnormals import flushed, flushing
-from models.trainer import (
+from models.recall.trainer import (
     EVAL_SEED,
     TrainingData,
-    TrainResult,
     best_so_far,
     check_finite,
     evaluate,
     kept_result,
-    snapshot_schedule,
     training_step,
 )
-from models.weights import init_weights, model_weights, stack, trainable_keys
+from models.recall.weights import init_weights, model_weights, stack, trainable_keys
+from models.section import ModelSection
+from models.training.graphed import Step, use_cuda_graph
+from models.training.optimizer import Optimizer
+from models.training.progress import progress_bar
+from models.training.result import TrainResult, snapshot_schedule
+from models.training.subnormals import flushed, flushing
 from tasks.factual_recall import Batch, FactualRecallTask
 
 SAVE_EVERY = 60.0  # seconds of training between a resumable stack's saved states
@@ -50,7 +49,7 @@ SAVE_EVERY = 60.0  # seconds of training between a resumable stack's saved state
 def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True,
                  state_folder: Path | None = None, save_every: float = SAVE_EVERY) -> list[TrainResult]:
     """Train runs that differ in d, H, d_h, m or the task (S, R, D, N, facts; one seq_len) as
-    one zero-padded stack (models.shape_stack), one TrainResult per run: what train(run)
+    one zero-padded stack (models.recall.shape_stack), one TrainResult per run: what train(run)
     gives alone, up to the summation order of the padded products. Each run keeps its models
     at their own shapes and task, its data stream, curve and early stop: a run that stops
     (its best model reached its target accuracy, it gave up, or its steps are spent) is frozen, its
@@ -59,7 +58,7 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
     tasks need the counter sampler (shape_stack.check_stackable). The stack is trained as
     given, whatever its size: train_stacks splits runs into stacks that fit a memory budget.
     A non-finite model stops the whole stack. With `state_folder`, the stack saves its state
-    there every `save_every` seconds of training and when it ends (models.stack_state), and
+    there every `save_every` seconds of training and when it ends (models.recall.stack_state), and
     a stack started on a folder holding its state goes on from it, bit-identical to an uncut
     stack on the same device."""
     for run in runs:

@@ -1,10 +1,10 @@
-"""Adam's update of every trainable weight as one Triton kernel (models.optimizer launches it on
+"""Adam's update of every trainable weight as one Triton kernel (models.training.optimizer launches it on
 CUDA): the weights, gradients and moments of all parameters lie in flat buffers, and each
 program updates one block of one parameter, whose models' learning rates it reads from the
 [K] tensor (each parameter is [K, ...]: element i belongs to model i // (its elements / K)).
 The step count is read from the device, so a replayed CUDA graph takes the next correction.
 
-The arithmetic is models.optimizer's torch form, operation by operation in float32 and with
+The arithmetic is models.training.optimizer's torch form, operation by operation in float32 and with
 its roundings: torch.lerp rounds m + w (g - m) once (an fma), addcmul rounds v + (c g) g once,
 divisions and the square root are correctly rounded (`div_rn`, `sqrt_rn`: Triton's `/` is an
 approximation on CUDA), and nothing else is fused (the launch turns fp fusion off). In

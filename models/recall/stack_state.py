@@ -1,4 +1,4 @@
-"""A shape stack's resumable training state (models.shape_trainer), in models.train_state's
+"""A shape stack's resumable training state (models.recall.shape_trainer), in models.training.train_state's
 format: saved in the stack's folder every `save_every` seconds of training, at an evaluation
 (where the loop already waits for the device: no sync is added, and never inside a captured
 step), and once more when every run has stopped; only the latest state is kept.
@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from models.config import RunConfig
-from models.train_state import complete_steps, keep_latest, load_state, remove_partial, restore, save_state
+from models.recall.config import RunConfig
+from models.training.train_state import complete_steps, keep_latest, load_state, remove_partial, restore, save_state
 
 
 def fingerprint(runs: list[RunConfig]) -> str:
@@ -35,7 +35,7 @@ def fingerprint(runs: list[RunConfig]) -> str:
 
 
 def save(folder: Path, state) -> None:
-    """The stack `state` (models.shape_trainer._ShapeTraining) at its step, evaluated."""
+    """The stack `state` (models.recall.shape_trainer._ShapeTraining) at its step, evaluated."""
     cells = [{"metrics": c.metrics, "stopped": c.stopped, "seconds": c.seconds, "snapshots": sorted(c.snapshots)}
              for c in state.cells]
     snapshots = {f"snapshot.{i}.{step}.{k}": t for i, c in enumerate(state.cells)
