@@ -110,7 +110,8 @@ def _meta_step(table_on_host: bool):
 
 def test_the_kernel_s_step_passes_the_capture_check_and_a_table_left_on_the_host_is_refused():
     check_capturable(_meta_step(table_on_host=False))
-    with pytest.raises(CaptureHazard, match=r"factual_recall\.adam_step.* at models/optimizer\.py:\d+: a CPU tensor"):
+    hazard = r"factual_recall\.adam_step.* at models/training/optimizer\.py:\d+: a CPU tensor"
+    with pytest.raises(CaptureHazard, match=hazard):
         check_capturable(_meta_step(table_on_host=True))
 
 

@@ -115,3 +115,20 @@ def test_the_progress_knows_the_bench_lines_and_the_grid_gpu_run_runs():
     assert f"bench_lines=({' '.join(BENCH_LINES)})" in script
     heads, widths, seeds = re.search(r"grid=\(--heads ([\d,]+) --widths ([\d,]+) --seeds ([\d,]+)", script).groups()
     assert len(heads.split(",")) * len(widths.split(",")) * len(seeds.split(",")) == GRID_CELLS
+
+
+def test_the_combined_table_takes_an_imported_size_only_where_no_piece_searched_it(results):
+    from analyses.capacity.protocol import write_combined
+
+    folder = protocol_folder(results)
+    (folder / "d90").mkdir()
+    (folder / "d90" / "capacity.csv").write_text('shape,d,S_star,facts,parameters,facts_per_parameter\n'
+                                                 '"1,1,8",90,60,3600,48600,0.074\n')
+    table = write_combined(results)
+    assert sorted(zip(table["piece"], table["d"])) == [("d90", 90), (f"{IMPORTED}h100_d128", 128)]
+    assert (folder / "fig4_left.csv").is_file() and (folder / "fig4_left.png").is_file()
+    (folder / "d128").mkdir()
+    (folder / "d128" / "capacity.csv").write_text('shape,d,S_star,facts,parameters,facts_per_parameter\n'
+                                                  '"1,1,8",128,77,5929,98304,0.060\n')
+    assert sorted(zip(write_combined(results)["piece"], write_combined(results)["S_star"])) == [("d128", 77),
+                                                                                                ("d90", 60)]

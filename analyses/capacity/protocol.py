@@ -128,7 +128,7 @@ def write_combined(results: Path):
     from analyses.capacity.common import fitted_slope
     from analyses.capacity.figures import facts_figure
     from analyses.capacity.transformer import TransformerSweep
-    from analyses.output import write_csv
+    from analyses.sweeps.output import write_csv
 
     table = combined(results)
     if len(table):
