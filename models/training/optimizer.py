@@ -70,6 +70,7 @@ class Optimizer:
     def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str, kernel: bool | None = None):
         self.params, self.kind = params, kind
         self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
+        self.rates = lr  # [K] every model's learning rate; self.lr holds views of it
         self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
         if kernel is None:
             kernel = uses_kernel(lr.device)
@@ -99,6 +100,15 @@ class Optimizer:
             blocks += [[b, start + n, start, n // len(lr)] for b in range(start, start + n, ADAM_BLOCK)]
             start += n
         self.blocks = torch.tensor(blocks, dtype=torch.long).to(lr.device)  # [blocks, 4]
+
+    @torch.no_grad()
+    def stop(self, k: int) -> None:
+        """Model k moves no more: its learning rate and Adam moments zero, in place (a captured
+        step reads these tensors)."""
+        self.rates[k] = 0.0
+        for moments in (getattr(self, "m", {}), getattr(self, "v", {})):
+            for t in moments.values():
+                t[k].zero_()
 
     @torch.no_grad()
     def step(self) -> None:

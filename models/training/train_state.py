@@ -4,9 +4,10 @@ sampler, whose stream is a function of the step) and the metrics so far.
 
 CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>,
                                              and a caller's own: a shape stack's snapshots)
-CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics (and a caller's own
-                                             fields); written last, so a state is complete exactly
-                                             when its JSON exists
+CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics, dropped (the models
+                                             dropped as diverged: models.training.divergence), and a
+                                             caller's own fields; written last, so a state is complete
+                                             exactly when its JSON exists
 The tensors are read back onto any device: a counter-sampler run resumes on another device
 (CPU -> CUDA and back) with the same batches; a generator-sampler run only on its own kind of
 device, whose random streams its saved generator states are.
@@ -27,11 +28,13 @@ __all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "keep_
 
 
 def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics,
-               sampler: str, extra: dict | None = None, tensors: dict[str, torch.Tensor] | None = None) -> None:
+               sampler: str, dropped: list[dict] = (), extra: dict | None = None,
+               tensors: dict[str, torch.Tensor] | None = None) -> None:
     """The state at `step` in `folder`: `params`' weights, Adam's moments and step count, the
-    generators' RNG states, the `metrics` so far (any JSON), the JSON fields of `extra` and the
-    tensors of `tensors` (names other than weights.*, adam.*, rng.*). Reads the device's step
-    count (a host sync): call it between steps, never inside a captured one."""
+    generators' RNG states, the `metrics` so far (any JSON), the models `dropped` as diverged,
+    the JSON fields of `extra` and the tensors of `tensors` (names other than weights.*, adam.*,
+    rng.*). Reads the device's step count (a host sync): call it between steps, never inside a
+    captured one."""
     saved = {f"weights.{k}": p.detach() for k, p in params.items()}
     if optimizer.kind == "adam":
         saved.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
@@ -41,7 +44,8 @@ def save_state(folder: Path, step: int, params: dict, optimizer, generators: dic
     write_weights(folder / f"step_{step:08d}.safetensors", saved, cast=False)
     device = str(next(iter(params.values())).device)
     write_json(folder / f"step_{step:08d}.json", {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler,
-                                                  "device": device, "metrics": metrics, **(extra or {})})
+                                                  "device": device, "metrics": metrics, "dropped": list(dropped),
+                                                  **(extra or {})})
 
 
 def remove_partial(folder: Path) -> None:
