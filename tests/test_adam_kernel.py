@@ -54,8 +54,11 @@ def test_the_kernel_equals_the_torch_form_with_a_rounded_square_root_bit_for_bit
         _step(made, g)
     for opt in (torch_opt, kernel_opt):  # on past the table's last row (t = 38,105): it stays there
         opt.t.fill_(len(opt.corrections) - 2)
+        opt.stop(1)  # model 1 dropped (models.training.divergence): frozen from here
+    stopped = {k: p[1].clone() for k, p in kernel_params.items()}
     for _ in range(3):
         _step(made, g)
+    assert all(torch.equal(kernel_params[k][1], w) for k, w in stopped.items())
     assert torch_opt.kernel is False and kernel_opt.kernel is True
     for k in SHAPES:
         for a, b in ((torch_params[k], kernel_params[k]), (torch_opt.m[k], kernel_opt.m[k]),

@@ -87,7 +87,6 @@ class Optimizer:
     def _flatten(self, lr: torch.Tensor) -> None:
         """The weights, moments and gradients of every parameter as flat buffers [N], each
         parameter a view (its values kept), and the kernel's block table."""
-        self.rates = lr
         sizes = [p.numel() for p in self.params.values()]
         self.flat = lr.new_empty(sum(sizes))  # [N]
         self.flat_m, self.flat_v, self.flat_grad = (lr.new_zeros(sum(sizes)) for _ in range(3))
