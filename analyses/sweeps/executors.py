@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -180,7 +182,8 @@ class ProcessExecutor:
         return min(self.jobs, len(self.in_flight))
 
     def submit(self, cell: Cell) -> None:
-        self.in_flight[self.pool.submit(_run_cell, cell.fn, cell.args, self.threads)] = cell
+        with _ctrl_c_held():  # a worker started here never sees Ctrl-C: the sweep stops, and stops the workers
+            self.in_flight[self.pool.submit(_run_cell, cell.fn, cell.args, self.threads)] = cell
 
     def finished(self) -> tuple[Cell, dict]:
         done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
@@ -201,6 +204,22 @@ class ProcessExecutor:
             for process in list(self.pool._processes.values()):  # no public way before Python 3.14
                 process.kill()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _ctrl_c_held():
+    """SIGINT blocked inside, in this thread and in every process started here (a spawned
+    worker inherits the mask); one that arrived meanwhile is raised on leaving. A Ctrl-C then
+    interrupts this process alone, which kills the workers (open_executor): no worker prints
+    its own traceback or leaves a semaphore behind."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class RayExecutor:
