@@ -5,8 +5,9 @@ an InductionTask, reading the model through its weights and hooks, returning Dat
   its second occurrence, counter >= 2), first output (counter 1), bigram (counter 0); and the
   out-of-distribution test (outputs never used in training).
 - `memory_recall`: the authors' memory recall probes, read from the weights: W_KQ^1 (`wk0`: does
-  position t's query rank position t-1's key first), W_KQ^2 (`wk1`: does a trigger's query rank its
-  own remapped key W_OV^1 e_k first among the triggers), W_OV^2 (`wo1`: does u_k^T W_OV^2 e_k rank
+  position t's query rank position t-1's key first; `wk0_64` the same over the first 64 positions),
+  W_KQ^2 (`wk1`: does a trigger's query rank its own remapped key W_OV^1 e_k first among the
+  triggers), W_OV^2 (`wo1`: does u_k^T W_OV^2 e_k rank
   k first), the final MLP (`ff1`: KL(pi_b(.|k) || softmax(W_U MLP(e_k))), nats).
 - `head_scores`: each head's previous-token score (share of a query's attention on the position
   before it) and induction score (share on the positions after an earlier occurrence of the
@@ -24,6 +25,7 @@ import torch
 from tasks.induction import InductionBatch, InductionTask
 
 EVAL_SEED = 4321  # the instruments' held-out sequences (the trainer's are another seed)
+EARLY = 64  # wk0_64 reads the previous-token memory of the first EARLY positions (the authors' cutoff)
 
 
 def model_device(model) -> torch.device:
@@ -67,8 +69,9 @@ def _recall(queries: torch.Tensor, keys: torch.Tensor) -> float:
 
 
 def memory_recall(model, task: InductionTask) -> pd.DataFrame:
-    """The authors' memory recall probes (wk0, wk1 per head; wo1 per head of the last layer; ff1 of
-    the last layer's MLP), read from the weights (layer norms are not applied, as in their code):
+    """The authors' memory recall probes (wk0, wk1 per head, and wk0_64, wk0 over the first 64
+    positions, when n_ctx > 64; wo1 per head of the last layer; ff1 of the last layer's MLP), read
+    from the weights (layer norms are not applied, as in their code):
     one row per (probe, layer, head) with its `value` (a recall in [0, 1]; ff1 a KL in nats) and
     what it measures."""
     if model.cfg.n_layers != 2:
@@ -86,6 +89,9 @@ def memory_recall(model, task: InductionTask) -> pd.DataFrame:
             q = W_pos[1:] @ W_Q[0, h] + b_Q[0, h]  # [T-1, dh] queries of positions 1..T-1
             k = W_pos[:-1] @ W_K[0, h] + b_K[0, h]  # keys of positions 0..T-2: t's target is t-1
             rows.append(("wk0", 0, h, _recall(q, k), "W_KQ^1: position t's query ranks position t-1 first"))
+            if len(W_pos) > EARLY:  # the authors' wk0_64: the first 64 positions only
+                rows.append(("wk0_64", 0, h, _recall(q[:EARLY - 1], k[:EARLY - 1]),
+                             f"W_KQ^1 on the first {EARLY} positions (t < {EARLY}) only"))
         for h in range(H):
             q = W_E[triggers] @ W_Q[1, h] + b_Q[1, h]  # [M, dh]
             k = remapped @ W_K[1, h] + b_K[1, h]

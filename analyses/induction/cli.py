@@ -19,6 +19,7 @@ summary.json under --out and prints its table.
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,9 @@ from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
 from probe.induction import knowledge_location, memory_recall
 
+ALONE_TEXT = {"target": "frozen at the construction's memories",
+              "init": "frozen at their random initial values until step {until}, then trained",
+              "none": ""}
 TALK = {"one_layer": 0.55, "two_layers": 0.99}  # in-context accuracy: the talk's "Transformers on the bigram task"
 
 
@@ -67,19 +71,35 @@ def run_layers(args, out: Path) -> dict:
 
 def run_probes(args, out: Path) -> dict:
     task, model, cfg, _, _ = recipes(args)
-    curves = studies.joint_against_alone(task, model, cfg, not args.quiet)
-    write_csv(out / "probes.csv", curves)
-    probes_figure(curves, out / "probes.png")
-    order = studies.learning_order(curves[curves["mode"] == "joint"])
-    learned = studies.steps_to_learn(curves)
+    every = args.probe_every or cfg.eval_every
+    cfg = replace(cfg, eval_every=every, snapshot_every=every)
+    until = args.until if args.until is not None else round(0.3 * cfg.steps / every) * every
+    state = out / "train_state"  # the joint run's, so an interrupted study continues; removed when done
+    probes, curves, joint = studies.joint_against_alone(task, model, cfg, not args.quiet, alone=args.alone,
+                                                        until=until, state=state)
+    replace(joint, snapshots={}).save(out / "probes_model")  # the joint run's final weights (circuit, location)
+    shutil.rmtree(state, ignore_errors=True)
+    write_csv(out / "probes.csv", probes)
+    write_csv(out / "probes_curves.csv", curves)
+    probes_figure(probes, curves, out / "probes.png")
+    order = studies.learning_order(probes[probes["mode"] == "joint"])
+    learned = studies.steps_to_learn(probes)
+    accuracy = studies.accuracy_to_learn(curves)
     write_csv(out / "order.csv", order)
-    write_csv(out / "joint_alone.csv", learned)
     print("learning order (first step with recall >= 0.9, joint training):\n" + order.to_string(index=False))
-    print("steps to recall >= 0.9, joint against alone (others at their target):\n" + learned.to_string(index=False))
-    return {"sizes": {"K": task.n_triggers, "T": task.seq_len, "d": model.d_model, "batch": cfg.batch_size,
-                      "lr": cfg.lr[0], "steps": cfg.steps},
-            "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
-            "talk_order": ["wo1", "wk1", "wk0"], "joint_alone": learned.to_dict("records")}
+    summary = {"sizes": {"K": task.n_triggers, "T": task.seq_len, "d": model.d_model, "batch": cfg.batch_size,
+                         "lr": cfg.lr[0], "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
+                         "steps": cfg.steps, "probe_every": every},
+               "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
+               "talk_order": ["wo1", "wk1", "wk0"], "alone": args.alone, "in_context_accuracy_0.9": accuracy}
+    if args.alone != "none":
+        write_csv(out / "joint_alone.csv", learned)
+        print(f"steps to recall >= 0.9, joint against alone (others {ALONE_TEXT[args.alone].format(until=until)}):"
+              f"\n{learned.to_string(index=False)}")
+        summary.update(joint_alone=learned.to_dict("records"), until=until if args.alone == "init" else None)
+    joint = curves[curves["mode"] == "joint"]
+    summary["joint_final"] = joint.iloc[-1].drop(["mode", "trained_alone"]).to_dict()
+    return summary
 
 
 def run_circuit(model, task, out: Path, title: str) -> dict:
@@ -117,6 +137,17 @@ def parser() -> cli.Parser:
         s.add_argument("--lr", type=float, default=None,
                        help="the simplified model's SGD learning rate (default: the preset's; layers: AdamW 1e-3)")
         s.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
+        if name != "layers":
+            s.add_argument("--probe-every", type=int, default=None,
+                           help="probes: steps between snapshots and evaluations (default: the preset's eval_every; "
+                                "the authors probe every 5)")
+            s.add_argument("--alone", default="target", choices=studies.ALONE,
+                           help="probes: how the other two memories are held while one trains alone: target (frozen "
+                                "at the construction's), init (the authors' freeze_until: frozen at their random init "
+                                "until --until, then trained), none (the joint run only); default target")
+            s.add_argument("--until", type=int, default=None,
+                           help="probes with --alone init: the step the others join training (default 30%% of the "
+                                "steps, the authors' 300 of 1000)")
         cli.add_out(s, f"induction_{name}")
         cli.add_device(s)
         s.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
@@ -136,7 +167,7 @@ def parser() -> cli.Parser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    for flag in ("steps", "n_triggers", "seq_len", "d_model", "batch_size"):
+    for flag in ("steps", "n_triggers", "seq_len", "d_model", "batch_size", "probe_every"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}.")
     if getattr(args, "threads", None):

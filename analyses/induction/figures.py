@@ -8,7 +8,9 @@ import pandas as pd
 
 from analyses.sweeps.output import save_figure, subplots
 
-PROBE_NAMES = {"wk0": "W_KQ^1 (wk0)", "wk1": "W_KQ^2 (wk1)", "wo1": "W_OV^2 (wo1)"}
+PROBE_NAMES = {"wk0": "W_KQ^1 (wk0)", "wk0_64": "W_KQ^1, t < 64 (wk0_64)", "wk1": "W_KQ^2 (wk1)",
+               "wo1": "W_OV^2 (wo1)"}
+COLORS = {"wk0": "C0", "wk0_64": "C0", "wk1": "C1", "wo1": "C2"}
 
 
 def layers_figure(curves: pd.DataFrame, path: Path | None = None):
@@ -26,15 +28,25 @@ def layers_figure(curves: pd.DataFrame, path: Path | None = None):
     return save_figure(fig, path)
 
 
-def probes_figure(curves: pd.DataFrame, path: Path | None = None):
-    """The memory recall probes over training: joint (solid) and each memory alone, the others at
-    their target (dashed)."""
-    fig, ax = subplots(figsize=(6, 3.6))
-    for (probe, mode), group in curves.groupby(["probe", "mode"]):
-        ax.plot(group.step, group.value, ls="-" if mode == "joint" else "--", label=f"{PROBE_NAMES[probe]}, {mode}",
-                color={"wk0": "C0", "wk1": "C1", "wo1": "C2"}[probe])
+def probes_figure(probes: pd.DataFrame, curves: pd.DataFrame, path: Path | None = None):
+    """Left: the memory recall probes over training, joint (solid; wk0_64 dotted) and each memory in
+    the run that trained it alone (dashed). Right: every run's held-out in-context accuracy."""
+    fig, (ax, acc) = subplots(1, 2, figsize=(11, 3.8))
+    joint = probes[probes["mode"] == "joint"]
+    for probe, group in joint[joint.probe.isin(list(COLORS))].groupby("probe"):
+        ax.plot(group.step, group.value, ls=":" if probe == "wk0_64" else "-", color=COLORS[probe],
+                label=f"{PROBE_NAMES[probe]}, joint")
+    alone = probes[(probes["mode"] == "alone") & (probes.probe == probes.get("trained_alone"))]
+    for probe, group in alone.groupby("probe"):
+        ax.plot(group.step, group.value, ls="--", color=COLORS[probe], label=f"{PROBE_NAMES[probe]}, alone")
     ax.set(xlabel="step", ylabel="memory recall", ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
+    for (mode, trained), group in curves.groupby(["mode", "trained_alone"], sort=False):
+        label = "joint" if mode == "joint" else f"{PROBE_NAMES[trained]} alone"
+        acc.plot(group.step, group.in_context_accuracy, ls="-" if mode == "joint" else "--",
+                 color="k" if mode == "joint" else COLORS[trained], label=label)
+    acc.set(xlabel="step", ylabel="held-out in-context accuracy", ylim=(-0.02, 1.02))
+    acc.legend(fontsize=7)
     return save_figure(fig, path)
 
 

@@ -5,6 +5,7 @@ instrument of probe/induction.py on the TransformerLens model; training is model
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -60,34 +61,73 @@ def learning_order(probes: pd.DataFrame, threshold: float = LEARNED) -> pd.DataF
     return pd.DataFrame(rows).sort_values("first_step", na_position="last").reset_index(drop=True)
 
 
+ALONE = ("target", "init", "none")  # how the other two memories are held while one trains alone
+
+
 def joint_against_alone(task: InductionTaskConfig, model: InductionModelConfig, cfg: InductionTrainConfig,
-                        progress: bool = True, strength: float = 10.0) -> pd.DataFrame:
-    """Each memory's recall probe over training when all three train together (`joint`, from the
-    initialisation) and when it trains alone with the other two frozen at their target, the
-    construction's (`alone`): step, probe, value, mode. The talk: joint learning is faster."""
+                        progress: bool = True, strength: float = 10.0, alone: str = "target", until: int = 0,
+                        state: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, TrainResult]:
+    """Each memory's recall probe over training when all three train together (mode `joint`, from
+    the initialisation) and when one trains alone (mode `alone`): with `alone="target"` the other
+    two are frozen at the construction's values for the whole run; with `alone="init"` (the
+    authors' freeze_until) they stay at their random initial values until step `until`, then all
+    three train; `alone="none"`: the joint run only. The talk: joint learning is faster.
+
+    Returns (probes: step, probe, value, mode, trained_alone — every probe of every run, the memory
+    a run trained alone in `trained_alone`, "" for the joint run; curves: the held-out in-context
+    accuracy and losses at each evaluation, with mode and trained_alone; the joint run's result).
+    `state`: a folder where the joint run keeps its training state, so an interrupted study
+    continues there."""
+    if alone not in ALONE:
+        raise ValueError(f"alone must be one of {', '.join(ALONE)}, got {alone!r}.")
+    if alone == "init" and not 0 < until < cfg.steps:
+        raise ValueError(f"--until must be a step in 1..{cfg.steps - 1} (the others join training then), got {until}.")
     cfg = replace(cfg, snapshot_every=cfg.snapshot_every or cfg.eval_every)
     built = task.build()
     section = model.section(built)
     seed = cfg.seed[0]
     start = init_weights(section, seed)
     targets = memory_targets(section, start, built, strength)
-    frames = []
-    joint = train(task, model, replace(cfg, seed=(seed,)), progress, task=built)[0]
-    frames.append(probes_over_snapshots(joint).assign(mode="joint"))
-    for probe, key in PROBES.items():
-        others = {k: v for k, v in targets.items() if k != key}
-        alone = train(task, model, replace(cfg, seed=(seed,), frozen=tuple(others)), progress, task=built,
-                      initial={**start, **others})[0]
-        curve = probes_over_snapshots(alone)
-        frames.append(curve[curve.probe == probe].assign(mode="alone"))
-    frame = pd.concat(frames, ignore_index=True)
-    return frame[frame.probe.isin(list(PROBES))].reset_index(drop=True)
+    runs = [("", train(task, model, replace(cfg, seed=(seed,)), progress, state, built)[0])]
+    for probe, key in PROBES.items() if alone != "none" else ():
+        others = tuple(k for k in targets if k != key)
+        if alone == "target":
+            result = train(task, model, replace(cfg, seed=(seed,), frozen=others), progress, task=built,
+                           initial={**start, **{k: targets[k] for k in others}})[0]
+        else:
+            result = train(task, model, replace(cfg, seed=(seed,), frozen=others, frozen_until=until), progress,
+                           task=built)[0]
+        runs.append((probe, result))
+    probes, curves = [], []
+    for trained_alone, result in runs:
+        mode = {"mode": "alone" if trained_alone else "joint", "trained_alone": trained_alone}
+        probes.append(probes_over_snapshots(result).assign(**mode))
+        curves.append(curve_table(result, **mode))
+    return pd.concat(probes, ignore_index=True), pd.concat(curves, ignore_index=True), runs[0][1]
+
+
+def own_probe(probes: pd.DataFrame) -> pd.DataFrame:
+    """The joint run's rows of the three memories, and of each alone run its own memory's rows."""
+    joint = (probes["mode"] == "joint") & probes.probe.isin(list(PROBES))
+    return probes[joint | (probes.probe == probes.trained_alone)].reset_index(drop=True)
 
 
 def steps_to_learn(curves: pd.DataFrame, threshold: float = LEARNED) -> pd.DataFrame:
-    """Per probe and mode, the first step at which the probe reaches `threshold` (NaN if never)."""
+    """Per probe and mode, the first step at which the probe reaches `threshold` (NaN if never):
+    of the joint run and of the run that trained that memory alone (own_probe's rows)."""
+    curves = own_probe(curves) if "trained_alone" in curves else curves
     reached = curves[curves.value >= threshold].groupby(["probe", "mode"]).step.min()
     return reached.unstack("mode").reindex(index=list(PROBES), columns=["joint", "alone"]).reset_index()
+
+
+def accuracy_to_learn(curves: pd.DataFrame, threshold: float = LEARNED) -> dict[str, float | None]:
+    """Per run (`joint`, or `alone_<memory>`), the first evaluated step with in-context accuracy >=
+    `threshold` (None if never)."""
+    found = {}
+    for (mode, alone), group in curves.groupby(["mode", "trained_alone"], sort=False):
+        reached = group[group.in_context_accuracy >= threshold].step
+        found[mode if mode == "joint" else f"alone_{alone}"] = int(reached.min()) if len(reached) else None
+    return found
 
 
 def ff1_over_training(result: TrainResult) -> pd.DataFrame:

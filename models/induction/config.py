@@ -91,6 +91,8 @@ class InductionTrainConfig:
     snapshot_every: int = setting(0, "keep the weights every this many steps, for the probes over training (0: none)")
     frozen: tuple[str, ...] = setting((), "weights kept at their initial value (e.g. blocks.0.attn.W_K), for "
                                       "`joint learning is faster`")
+    frozen_until: int = setting(0, "the frozen weights join training at this step (the authors' freeze_until; "
+                                "0: they never do; SGD only)")
     device: str = setting("auto", "auto (CUDA when present) | cpu | cuda | cuda:N")
 
     @property
@@ -108,6 +110,11 @@ class InductionTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
         if self.snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every!r}.")
+        if self.frozen_until < 0:
+            raise ValueError(f"frozen_until must be >= 0, got {self.frozen_until!r}.")
+        if self.frozen_until and (not self.frozen or self.optimizer != "sgd"):
+            raise ValueError("frozen_until needs frozen weights and SGD (a weight joining Adam later would need "
+                             "its own step count).")
         if not 0 <= self.momentum < 1 or self.weight_decay < 0:
             raise ValueError(f"momentum must be in [0, 1) and weight_decay >= 0, got {self.momentum}, "
                              f"{self.weight_decay}.")

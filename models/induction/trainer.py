@@ -23,7 +23,7 @@ import torch
 
 from models.bridge import resolve_device
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
-from models.induction.forward import sequence_logits
+from models.induction.forward import forward_for, sequence_logits
 from models.induction.weights import init_weights, trainable_keys
 from models.section import InductionSection
 from models.training.optimizer import Optimizer
@@ -46,13 +46,15 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum((-1, -2)) / mask.sum((-1, -2))
 
 
-def scores(w: dict, section: InductionSection, batch: InductionBatch, prefix: str = "") -> dict[str, torch.Tensor]:
+def scores(w: dict, section: InductionSection, batch: InductionBatch, prefix: str = "",
+           forward=sequence_logits) -> dict[str, torch.Tensor]:
     """Each stacked model's scores [K] on a batch every model reads ([B, T]): `in_context_accuracy`
     (targets at counter >= 2), `first_output_accuracy` (counter 1: not yet seen in the sequence),
-    `in_context_loss` and `bigram_loss` (counter 0, nats)."""
+    `in_context_loss` and `bigram_loss` (counter 0, nats); `forward`: a fast forward of
+    models.induction.forward."""
     K = next(iter(w.values())).shape[0]
     with torch.no_grad():
-        logits = sequence_logits(w, batch.tokens.expand(K, -1, -1), section)  # [K, B, T, N]
+        logits = forward(w, batch.tokens.expand(K, -1, -1), section)  # [K, B, T, N]
         targets, counts = batch.targets.expand(K, -1, -1), batch.counts.expand(K, -1, -1)
         correct = (logits.argmax(-1) == targets).float()  # [K, B, T]
         losses = position_losses(logits, targets)
@@ -73,7 +75,10 @@ class Training:
         self.section = model.section(task)
         initial = [initial or init_weights(self.section, seed) for _, seed in self.runs]
         self.weights = {k: torch.stack([w[k] for w in initial]).to(self.device) for k in initial[0]}  # [K, ...]
+        self.forward = forward_for(self.weights, self.section)  # training keeps the form it starts in
         self.trainable = trainable_keys(self.section, cfg.frozen)
+        self.joining = list(cfg.frozen) if cfg.frozen_until else []  # frozen until step cfg.frozen_until
+        self.snapshot_keys = self.trainable + self.joining  # what a snapshot keeps: every weight that moves
         self.params = {k: self.weights[k].requires_grad_() for k in self.trainable}
         lr = torch.tensor([lr for lr, _ in self.runs], device=self.device)
         self.optimizer = Optimizer(self.params, lr, cfg.optimizer, cfg.momentum if cfg.optimizer == "sgd" else 0.0,
@@ -90,7 +95,7 @@ class Training:
         """One update of every model on its seed's batch of this step; the summed loss."""
         batch = self.task.sample_counter(self.cfg.batch_size, self.data_seeds, self.optimizer.t)
         tokens, targets, counts = (getattr(batch, f)[self.rows] for f in ("tokens", "targets", "counts"))  # [K, B, T]
-        losses = position_losses(sequence_logits(self.weights, tokens, self.section), targets)  # [K, B, T]
+        losses = position_losses(self.forward(self.weights, tokens, self.section), targets)  # [K, B, T]
         mask = counts >= 2 if self.cfg.loss == "in_context" else torch.ones_like(counts, dtype=torch.bool)
         loss = ((losses * mask).sum((-1, -2)) / mask.sum((-1, -2)).clamp(min=1)).sum()
         loss.backward()
@@ -99,9 +104,9 @@ class Training:
 
     def evaluate(self) -> dict:
         """Score every model at this step and record it; the row."""
-        found = scores(self.weights, self.section, self.held_out)
+        found = scores(self.weights, self.section, self.held_out, forward=self.forward)
         if self.ood is not None:
-            found.update(scores(self.weights, self.section, self.ood, "ood_"))
+            found.update(scores(self.weights, self.section, self.ood, "ood_", self.forward))
         values = {k: v.tolist() for k, v in found.items()}
         row = {"step": self.step, "seconds": round(time.perf_counter() - self.start, 2),
                "models": [{"lr": lr, "seed": seed, **{k: v[i] for k, v in values.items()}}
@@ -113,11 +118,17 @@ class Training:
         self.metrics.append(row)
         return row
 
+    def join(self) -> None:
+        """The frozen-until weights join training (at step cfg.frozen_until, the authors' freeze_until)."""
+        joining, self.joining = self.joining, []
+        self.optimizer.add({k: self.weights[k].requires_grad_() for k in joining})
+
     def keep_snapshot(self) -> None:
-        self.snapshots[self.step] = {k: p.detach().to("cpu", copy=True) for k, p in self.params.items()}
+        self.snapshots[self.step] = {k: self.weights[k].detach().to("cpu", copy=True) for k in self.snapshot_keys}
 
     def save(self, folder: Path) -> None:
-        save_state(folder, self.step, self.params, self.optimizer, {}, self.metrics, "counter")
+        moving = {k: self.weights[k] for k in self.snapshot_keys}  # the frozen-until weights too (snapshots)
+        save_state(folder, self.step, moving, self.optimizer, {}, self.metrics, "counter")
 
     def resume(self, folder: Path) -> None:
         """Continue from the last complete state in `folder`, if any (snapshots of earlier steps included)."""
@@ -125,11 +136,14 @@ class Training:
         saved = complete_steps(folder)
         if not saved:
             return
-        self.step, self.metrics = restore(*load_state(folder, saved[-1]), self.params, self.optimizer, {}, "counter")
+        tensors, info = load_state(folder, saved[-1])
+        if self.joining and f"sgd.momentum.{self.joining[0]}" in tensors:  # saved after they joined
+            self.join()
+        self.step, self.metrics = restore(tensors, info, self.params, self.optimizer, {}, "counter")
         for step in saved:
             if self.snapshot_due(step):
                 tensors = load_state(folder, step)[0]
-                self.snapshots[step] = {k: tensors[f"weights.{k}"] for k in self.params}
+                self.snapshots[step] = {k: tensors[f"weights.{k}"] for k in self.snapshot_keys}
         self.start = time.perf_counter() - (self.metrics[-1]["seconds"] if self.metrics else 0.0)
 
     def snapshot_due(self, step: int) -> bool:
@@ -180,6 +194,8 @@ def train(task_cfg: InductionTaskConfig, model: InductionModelConfig, cfg: Induc
                     run.save(state_folder)
             if run.step == cfg.steps:
                 break
+        if run.joining and run.step >= cfg.frozen_until:
+            run.join()
         run.train_step()
         run.step += 1
         bar.update(1)

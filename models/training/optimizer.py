@@ -117,6 +117,18 @@ class Optimizer:
             start += n
         self.blocks = torch.tensor(blocks, dtype=torch.long).to(lr.device)  # [blocks, 4]
 
+    def add(self, params: dict[str, torch.Tensor]) -> None:
+        """Weights that join training now (SGD only), with zero momentum: torch.optim.SGD's
+        treatment of a parameter that starts to receive gradients (its buffer starts at its
+        first gradient)."""
+        if self.kind != "sgd":
+            raise ValueError("only SGD takes weights that join training later.")
+        for k, p in params.items():
+            self.params[k] = p
+            self.lr[k] = self.rates.view(-1, *([1] * (p.dim() - 1)))
+            if self.momentum:
+                self.buffers[k] = torch.zeros_like(p)
+
     @torch.no_grad()
     def stop(self, k: int) -> None:
         """Model k moves no more: its learning rate and Adam moments zero, in place (a captured
