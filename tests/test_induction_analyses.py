@@ -1,5 +1,7 @@
 """python -m analyses.induction: the studies on tiny models, the circuit page offline, the location
 table, --help on every command and bad input refused in one line."""
+import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,6 +12,7 @@ import pytest
 from analyses.induction import studies
 from analyses.induction.cli import main
 from analyses.sweeps.cli import run_cli
+from models.checkpoint import snapshot_path, weights_sha256
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
 from models.induction.trainer import train
 
@@ -25,17 +28,45 @@ def ckpt(tmp_path_factory):
     return result.save(tmp_path_factory.mktemp("induction") / "model")
 
 
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """Another checkpoint of the same shape: other weights (seed 1)."""
+    result = train(TASK, replace(MODEL, d_mlp=32), replace(TRAIN, loss="all", seed=(1,)), progress=False)[0]
+    return result.save(tmp_path_factory.mktemp("induction") / "other")
+
+
 def test_one_against_two_layers_trains_the_generic_model_with_each_depth():
     curves, results = studies.one_against_two_layers(TASK, MODEL, TRAIN, progress=False)
     assert sorted(curves.layers.unique()) == [1, 2] and list(curves[curves.layers == 1].step) == [0, 2, 4]
     assert results[1].section.n_layers == 1 and results[2].section.architecture == "generic"
 
 
-def test_joint_against_alone_trains_each_memory_alone_from_the_others_targets():
-    curves = studies.joint_against_alone(TASK, MODEL, TRAIN, progress=False)
-    alone = curves[curves["mode"] == "alone"]
-    assert set(alone.probe) == {"wk0", "wk1", "wo1"} and set(curves["mode"]) == {"joint", "alone"}
-    assert sorted(alone.step.unique()) == [0, 2, 4]
+@pytest.mark.parametrize("alone", ["target", "init"])
+def test_joint_against_alone_holds_the_other_two_memories_as_asked(alone):
+    """target: the other two frozen at the construction's memories (their recall constant, W_KQ^2's 1); init
+    (the authors' freeze_until): at their random initial values until --until, then trained."""
+    probes, curves, joint = studies.joint_against_alone(TASK, MODEL, replace(TRAIN, steps=6), progress=False,
+                                                        alone=alone, until=2)
+    assert set(probes["mode"]) == {"joint", "alone"} and set(probes.trained_alone) == {"", "wk0", "wk1", "wo1"}
+    assert sorted(probes.step.unique()) == [0, 2, 4, 6] and set(curves.trained_alone) == {"", "wk0", "wk1", "wo1"}
+    assert joint.training["frozen"] == () and sorted(joint.snapshots) == [0, 2, 4, 6]
+    run = probes[probes.trained_alone == "wo1"].pivot(index="step", columns="probe", values="value")
+    start = probes[(probes.trained_alone == "") & (probes.step == 0)].set_index("probe").value
+    others = run[["wk0", "wk1"]]
+    if alone == "target":
+        assert (others == others.iloc[0]).all().all() and (others.wk1 == 1.0).all() and start.wk1 < 1.0
+    else:
+        assert (others.loc[[0, 2]] == start[["wk0", "wk1"]]).all().all()
+    learned = studies.steps_to_learn(probes)
+    assert list(learned.columns) == ["probe", "joint", "alone"] and learned.probe.tolist() == ["wk0", "wk1", "wo1"]
+    assert set(studies.accuracy_to_learn(curves)) == {"joint", "alone_wk0", "alone_wk1", "alone_wo1"}
+
+
+def test_the_authors_freeze_until_is_refused_outside_the_run():
+    with pytest.raises(ValueError, match="--until must be a step in 1..3"):
+        studies.joint_against_alone(TASK, MODEL, TRAIN, progress=False, alone="init", until=4)
+    with pytest.raises(ValueError, match="alone must be one of target, init, none"):
+        studies.joint_against_alone(TASK, MODEL, TRAIN, progress=False, alone="frozen")
 
 
 def test_learning_order_and_steps_to_learn_read_the_first_step_over_the_threshold():
@@ -96,3 +127,36 @@ def test_the_module_refuses_in_one_line_as_a_process(tmp_path):
                            "tests/data/pre_aot_package/factual_recall", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_checkpoint_results_record_their_weights_and_refuse_others(ckpt, other, tmp_path, capsys):
+    """circuit and location record the checkpoint, step and weights_sha256 they read, and write only into a
+    folder of their own results of the same weights and settings (analyses.recorded)."""
+    out = tmp_path / "loc"
+    assert main(["location", str(ckpt), "--out", str(out), "--device", "cpu", "--ranks", "2", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary[k] for k in ("checkpoint", "step", "weights_sha256", "settings")} == {
+        "checkpoint": str(ckpt), "step": None, "weights_sha256": weights_sha256(ckpt), "settings": {"ranks": [2]}}
+    assert main(["location", str(ckpt), "--out", str(out), "--device", "cpu", "--ranks", "2", "--quiet"]) == 0  # same
+    for argv, message in (([str(other), "--ranks", "2"], "holds other induction_location results (weights_sha256"),
+                          ([str(ckpt), "--ranks", "4"], "holds other induction_location results (settings.ranks")):
+        code, _, err = run(["location", *argv, "--out", str(out), "--device", "cpu"], capsys)
+        assert code == 2 and message in err and err.count("\n") == 1, err
+    code, _, err = run(["circuit", str(ckpt), "--out", str(other / "analysis" / "mine"), "--device", "cpu"], capsys)
+    assert code == 2 and "is inside another checkpoint" in err, err
+    code, _, err = run(["probes", "--out", str(ckpt / "analysis" / "probes")], capsys)
+    assert code == 2 and "is inside a checkpoint" in err, err
+
+
+def test_a_checkpoints_own_results_follow_its_weights_and_snapshots(ckpt, tmp_path):
+    """In the checkpoint's own analysis/ folder, results of earlier weights (it was trained again) are
+    replaced; a snapshot's go to analysis/step_N/ with that snapshot's hash."""
+    copy = shutil.copytree(ckpt, tmp_path / "copy")
+    assert main(["circuit", str(copy), "--device", "cpu", "--quiet"]) == 0
+    own = copy / "analysis" / "induction_circuit"
+    shutil.copy(snapshot_path(ckpt, 2), copy / "model.safetensors")  # trained again
+    assert main(["circuit", str(copy), "--device", "cpu", "--quiet"]) == 0
+    assert json.loads((own / "summary.json").read_text())["weights_sha256"] == weights_sha256(copy)
+    assert main(["circuit", str(copy), "--step", "2", "--device", "cpu", "--quiet"]) == 0
+    step = json.loads((copy / "analysis" / "step_2" / "induction_circuit" / "summary.json").read_text())
+    assert step["step"] == 2 and step["weights_sha256"] == weights_sha256(copy, 2)

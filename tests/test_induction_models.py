@@ -9,7 +9,7 @@ from models import load
 from models.bridge import build_bridge
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.induction.config import InductionModelConfig, InductionTaskConfig
-from models.induction.forward import sequence_logits
+from models.induction.forward import forward_for, sequence_logits, simplified_logits
 from models.induction.weights import init_weights, trainable_keys
 from models.training.result import TrainResult
 from tests.conftest import TEST_DEVICE
@@ -42,6 +42,30 @@ def test_the_fast_forward_is_the_transformer_lens_model(name):
         expected = bridge(tokens)  # [B, T, N]
         ours = sequence_logits({k: v[None].to(TEST_DEVICE) for k, v in w.items()}, tokens[None], section)[0]
     assert torch.allclose(ours, expected, atol=2e-5), (ours - expected).abs().max()
+
+
+@pytest.mark.parametrize("name", ["simplified", "simplified_mlp"])
+def test_the_simplified_training_forward_is_the_transformer_lens_model(name):
+    """simplified_logits (no W_Q product, layer-1 tables, W_V W_O as one matrix) on weights in training form
+    (W_Q = I, zero biases; every weight training moves nudged), a stack of two models; forward_for picks it
+    there and the general forward for weights out of that form (a bias, a W_Q other than I)."""
+    section = MODELS[name].section(TASK)
+    ws = [init_weights(section, s) for s in (0, 1)]
+    for s, w in enumerate(ws):
+        g = torch.Generator().manual_seed(s + 7)
+        for key in trainable_keys(section):
+            w[key] = w[key] + 0.3 * torch.randn(w[key].shape, generator=g)
+    stacked = {k: torch.stack([w[k] for w in ws]).to(TEST_DEVICE) for k in ws[0]}
+    tokens = torch.stack([TASK.eval_set(5, seed=s).tokens for s in (0, 1)]).to(TEST_DEVICE)  # [K, B, T]
+    assert forward_for(stacked, section) is simplified_logits
+    with torch.no_grad():
+        ours = simplified_logits(stacked, tokens, section)
+        for k, w in enumerate(ws):
+            expected = build_bridge(section, w, TEST_DEVICE)(tokens[k])
+            assert torch.allclose(ours[k], expected, atol=2e-5), (ours[k] - expected).abs().max()
+    for key, change in (("blocks.1.attn.b_V", 0.1), ("blocks.0.attn.W_Q", 0.01)):
+        assert forward_for({**stacked, key: stacked[key] + change}, section) is sequence_logits, key
+    assert forward_for(stacked, MODELS["generic_one_layer"].section(TASK)) is sequence_logits
 
 
 def test_a_stack_of_models_computes_each_models_own_function():

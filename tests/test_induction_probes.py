@@ -119,3 +119,22 @@ def test_probe_imports_neither_models_nor_analyses():
             [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [n for n in names if n and n.split(".")[0] in ("models", "analyses")]
     assert torch  # (torch is what it reads with)
+
+
+def test_the_early_positions_probe_reads_the_first_64_positions_only():
+    """wk0_64 (the authors' test_wk0(cutoff=64)): a previous-token memory of positions 1..63 alone gives it
+    1 and wk0 (every position) far less; one of the positions from 64 on gives it about 0."""
+    task = InductionTaskConfig(n_triggers=3, seq_len=96).build()
+    section = InductionModelConfig(d_model=64).section(task)
+    w = init_weights(section, 0)
+    P = w["pos_embed.W_pos"]  # [T, d]
+    unit = P / P.pow(2).sum(-1, keepdim=True)
+
+    def previous_token(first, last):  # keys t-1 for queries t in first..last-1, as the construction's
+        return (80.0 * unit[first - 1:last - 1].T @ unit[first:last])[None]
+    for span, early, every in (((1, 64), 1.0, (0.55, 0.8)), ((64, 96), (0.0, 0.1), (0.25, 0.45))):
+        found = dict(zip(*memory_recall(build_bridge(section, {**w, TARGETS[0]: previous_token(*span)}, "cpu", task),
+                                        task)[["probe", "value"]].T.values))
+        assert (found["wk0_64"] == early if early == 1.0 else early[0] <= found["wk0_64"] <= early[1]), (span, found)
+        assert every[0] <= found["wk0"] <= every[1], (span, found)
+    assert "wk0_64" not in set(memory_recall(bridge(INITIAL), TASK).probe)  # T = 32: no early positions to single out

@@ -40,6 +40,60 @@ def test_the_optimizer_is_torchs(kind, reference):
     assert torch.allclose(ours, theirs, atol=1e-6)
 
 
+def test_a_weight_joining_sgd_later_moves_as_in_torchs():
+    """Optimizer.add: a weight that joins at step 2 with zero momentum, as torch.optim.SGD treats a
+    parameter that had no gradient before."""
+    torch.manual_seed(0)
+    start = {"a": torch.randn(3, 4), "b": torch.randn(3, 4)}
+    ours = {k: v.clone().requires_grad_(k == "a") for k, v in start.items()}
+    theirs = {k: v.clone().requires_grad_(k == "a") for k, v in start.items()}
+    opt = Optimizer({"a": ours["a"]}, torch.tensor([0.1]), "sgd", 0.9, 0.01)
+    ref = torch.optim.SGD(list(theirs.values()), lr=0.1, momentum=0.9, weight_decay=0.01)
+    for step in range(5):
+        if step == 2:
+            opt.add({"b": ours["b"].requires_grad_()})
+            theirs["b"].requires_grad_()
+        target = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+        for w in (ours, theirs):
+            (((w["a"] * w["b"]) - target) ** 2).sum().backward()
+        opt.step()
+        ref.step()
+        ref.zero_grad()
+    for k in start:
+        assert torch.allclose(ours[k], theirs[k], atol=1e-6), k
+    assert not torch.equal(ours["b"], start["b"])
+    with pytest.raises(ValueError, match="only SGD"):
+        Optimizer({"a": ours["a"]}, torch.tensor([0.1]), "adam").add({"b": ours["b"]})
+
+
+def test_frozen_until_keeps_weights_at_their_start_then_trains_them(tmp_path):
+    """The authors' freeze_until: W_O^2 at its initial value for the first 4 steps, trained after; a run
+    resumes bit-identically from a state saved before the join and from one saved after it."""
+    cfg = replace(TRAIN, steps=8, eval_every=2, snapshot_every=2, frozen=("blocks.1.attn.W_O",), frozen_until=4)
+    whole = train(TASK, MODEL, cfg, progress=False)[0]
+    key = "blocks.1.attn.W_O"
+    assert all(torch.equal(whole.snapshots[s][key], whole.snapshots[0][key]) for s in (2, 4))
+    assert not torch.equal(whole.snapshots[6][key], whole.snapshots[4][key])
+    assert not torch.equal(whole.snapshots[2]["blocks.1.attn.W_K"], whole.snapshots[0]["blocks.1.attn.W_K"])
+    for killed in (4, 6):  # the state at 4 is saved before the join, at 6 after it
+        folder = tmp_path / str(killed)
+        train(TASK, MODEL, replace(cfg, steps=killed), progress=False, state_folder=folder)
+        resumed = train(TASK, MODEL, cfg, progress=False, state_folder=folder)[0]
+        for k, value in whole.weights.items():
+            assert torch.equal(resumed.weights[k], value), (killed, k)
+        assert all(torch.equal(resumed.snapshots[s][key], whole.snapshots[s][key]) for s in (0, 2, 4, 6, 8))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"frozen_until": 3}, "frozen_until needs frozen weights and SGD"),
+    ({"frozen_until": 3, "frozen": ("blocks.1.attn.W_O",), "optimizer": "adam"}, "frozen_until needs frozen"),
+    ({"frozen_until": -1}, "frozen_until must be >= 0"),
+])
+def test_frozen_until_is_refused_where_it_cannot_work(changes, message):
+    with pytest.raises(ValueError, match=message):
+        replace(TRAIN, **changes).validate()
+
+
 def test_each_model_of_a_stack_trains_as_it_would_alone():
     together = train(TASK, MODEL, replace(TRAIN, lr=(0.1, 0.05), seed=(0, 1)), progress=False)
     alone = train(TASK, MODEL, replace(TRAIN, lr=(0.05,), seed=(1,)), progress=False)[0]

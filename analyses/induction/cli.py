@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from analyses import recorded
 from analyses.induction import studies
 from analyses.induction.figures import layers_figure, location_figure, probes_figure
 from analyses.induction.report import circuit_page
@@ -35,6 +36,7 @@ from models import load
 from models.checkpoint import write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
+from models.out_folder import is_checkpoint
 from probe.induction import knowledge_location, memory_recall
 
 ALONE_TEXT = {"target": "frozen at the construction's memories",
@@ -110,7 +112,7 @@ def run_circuit(model, task, out: Path, title: str) -> dict:
     return {"heads": scores.to_dict("records")}
 
 
-def run_location(model, task, out: Path, ranks: tuple[int, ...], ckpt: Path | None = None) -> dict:
+def run_location(model, task, out: Path, ranks: tuple[int, ...]) -> dict:
     table = knowledge_location(model, task, ranks=ranks)
     write_csv(out / "location.csv", table.reset_index())
     location_figure(table, out / "location.png")
@@ -158,6 +160,7 @@ def parser() -> cli.Parser:
         cli.add_checkpoint(s)
         cli.add_out(s, f"CKPT/analysis/induction_{name}")
         cli.add_device(s)
+        cli.add_step(s)
         cli.add_quiet(s)
         if name == "location":
             s.add_argument("--ranks", type=cli.comma_list(int), default=(1, 4, 16),
@@ -173,13 +176,13 @@ def main(argv=None) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command in ("circuit", "location"):
-        model, task = load(args.ckpt, args.device, kind="induction")
-        out = args.out or Path(args.ckpt) / "analysis" / f"induction_{args.command}"
-        out.mkdir(parents=True, exist_ok=True)
-        summary = (run_circuit(model, task, out, f"The induction circuit of {args.ckpt}") if args.command == "circuit"
-                   else run_location(model, task, out, args.ranks))
+        out, summary = checkpoint_analysis(args)
     else:
         out = args.out or Path(f"induction_{args.command}")
+        inside = next((p for p in out.resolve().parents if is_checkpoint(p)), None)
+        if inside is not None:
+            raise ValueError(f"--out {out} is inside a checkpoint ({inside}), whose results it would pass for; "
+                             "choose a folder outside it.")
         out.mkdir(parents=True, exist_ok=True)
         summary = {"preset": args.preset, "seed": args.seed}
         if args.command in ("layers", "reproduce"):
@@ -193,6 +196,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def checkpoint_analysis(args) -> tuple[Path, dict]:
+    """circuit or location on a checkpoint (its final weights or snapshot --step): (the folder, the
+    summary). The summary records its source (checkpoint, step, weights_sha256) and settings; a
+    folder holding other results, or inside another checkpoint, is refused (analyses.recorded)."""
+    name = f"induction_{args.command}"
+    model, task = load(args.ckpt, args.device, args.step, kind="induction")
+    out = cli.out_dir(args, f"CKPT/analysis/{name}")
+    origin = recorded.source(args.ckpt, args.step)
+    settings = {"ranks": list(args.ranks)} if args.command == "location" else {}
+    wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH], "settings": settings}
+    recorded.refuse_other_results(name, out, wanted, args.ckpt, f"the induction {args.command} analysis")
+    out.mkdir(parents=True, exist_ok=True)
+    what = f"{args.ckpt}" + (f" at step {args.step}" if args.step is not None else "")
+    found = (run_circuit(model, task, out, f"The induction circuit of {what}") if args.command == "circuit"
+             else run_location(model, task, out, args.ranks))
+    return out, {**origin, "settings": settings, **found}
+
+
 def reproduce_location(args, out: Path) -> dict:
     """The simplified model with a final MLP (width 4d), trained on every token: its circuit, where its
     knowledge lives, and its MLP's bigram KL over training."""
@@ -203,7 +224,8 @@ def reproduce_location(args, out: Path) -> dict:
     curve = studies.curve_table(result)
     write_csv(out / "mlp_model_curve.csv", pd.merge(curve, ff1, on="step", how="left"))
     loaded, built = load(out / "model", args.device, kind="induction")
-    return {"mlp_model": {"final": {k: v for k, v in result.metrics[-1].items() if isinstance(v, float)},
+    return {"mlp_model": {"source": recorded.source(out / "model"),
+                          "final": {k: v for k, v in result.metrics[-1].items() if isinstance(v, float)},
                           "ff1_kl_first_last": [float(ff1.ff1_kl.iloc[0]), float(ff1.ff1_kl.iloc[-1])]},
             **run_circuit(loaded, built, out, "The induction circuit of the simplified model with a final MLP"),
             **run_location(loaded, built, out, (1, 4, 16))}
