@@ -59,10 +59,21 @@ MODULES = {
                                        "not descent and not orthogonal and not problems and not best_error"],
     "analyses/capacity/zipf/dynamics.py": ["tests/test_capacity_zipf_fits.py", "-k",
                                            "descent or orthogonal or problems or best_error"],
-    # the induction family: not yet run (docs/testing.md: fourteen hand mutants of probe/induction.py instead)
+    # the induction family
     "probe/induction.py": ["tests/test_induction_probes.py"],
-    "tasks/induction.py": ["tests/test_induction_task.py"],
-    "models/induction/forward.py": ["tests/test_induction_models.py", "-k", "fast_forward or stack"],
+    "tasks/induction.py": ["tests/test_induction_task.py", "tests/test_induction_bench.py"],
+    "models/induction/forward.py": ["tests/test_induction_models.py", "-k", "fast_forward or stack or simplified"],
+    "models/induction/weights.py": ["tests/test_induction_models.py", "tests/test_induction_trainer.py", "-k",
+                                    "not process and not cli and not cpu_preset"],
+    "models/induction/config.py": ["tests/test_induction_models.py", "tests/test_induction_trainer.py", "-k",
+                                   "not process and not cpu_preset"],
+    "models/induction/construction.py": ["tests/test_induction_probes.py"],
+    "models/induction/trainer.py": ["tests/test_induction_trainer.py", "-k", "not process"],
+    "models/induction/train.py": ["tests/test_induction_trainer.py", "-k", "cli and not process"],
+    "analyses/induction/studies.py": ["tests/test_induction_analyses.py", "-k", "not process"],
+    "analyses/induction/cli.py": ["tests/test_induction_analyses.py", "-k", "not process"],
+    "analyses/induction/figures.py": ["tests/test_induction_analyses.py", "-k", "not process"],
+    "analyses/induction/report.py": ["tests/test_induction_analyses.py", "-k", "circuit or own_results"],
 }
 
 
