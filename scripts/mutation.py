@@ -60,7 +60,7 @@ MODULES = {
     "analyses/capacity/zipf/dynamics.py": ["tests/test_capacity_zipf_fits.py", "-k",
                                            "descent or orthogonal or problems or best_error"],
     # the induction family
-    "probe/induction.py": ["tests/test_induction_probes.py"],
+    "probe/induction.py": ["tests/test_induction_probes.py", "tests/test_induction_reference.py"],
     "tasks/induction.py": ["tests/test_induction_task.py", "tests/test_induction_bench.py"],
     "models/induction/forward.py": ["tests/test_induction_models.py", "-k", "fast_forward or stack or simplified"],
     "models/induction/weights.py": ["tests/test_induction_models.py", "tests/test_induction_trainer.py", "-k",

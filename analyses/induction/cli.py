@@ -19,8 +19,9 @@ summary.json under --out and prints its table.
 """
 from __future__ import annotations
 
+import json
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +34,7 @@ from analyses.induction.report import circuit_page
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models import load
-from models.checkpoint import write_text
+from models.checkpoint import write_json, write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
 from models.out_folder import is_checkpoint
@@ -43,6 +44,7 @@ ALONE_TEXT = {"target": "frozen at the construction's memories",
               "init": "frozen at their random initial values until step {until}, then trained",
               "none": ""}
 TALK = {"one_layer": 0.55, "two_layers": 0.99}  # in-context accuracy: the talk's "Transformers on the bigram task"
+RUN_FILE = "run.json"  # what the probes study's interrupted joint run was asked to do
 
 
 def recipes(args):
@@ -77,6 +79,11 @@ def run_probes(args, out: Path) -> dict:
     cfg = replace(cfg, eval_every=every, snapshot_every=every)
     until = args.until if args.until is not None else round(0.3 * cfg.steps / every) * every
     state = out / "train_state"  # the joint run's, so an interrupted study continues; removed when done
+    run = {"task": asdict(task), "model": asdict(model), "training": asdict(cfg)}
+    if (state / RUN_FILE).is_file() and json.loads((state / RUN_FILE).read_text()) != json.loads(json.dumps(run)):
+        raise ValueError(f"{state} holds the training state of another probes run; remove it, or choose another --out.")
+    state.mkdir(parents=True, exist_ok=True)
+    write_json(state / RUN_FILE, run)
     probes, curves, joint = studies.joint_against_alone(task, model, cfg, not args.quiet, alone=args.alone,
                                                         until=until, state=state)
     replace(joint, snapshots={}).save(out / "probes_model")  # the joint run's final weights (circuit, location)
@@ -93,7 +100,8 @@ def run_probes(args, out: Path) -> dict:
                          "lr": cfg.lr[0], "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
                          "steps": cfg.steps, "probe_every": every},
                "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
-               "talk_order": ["wo1", "wk1", "wk0"], "alone": args.alone, "in_context_accuracy_0.9": accuracy}
+               "talk_order": ["wo1", "wk1", "wk0"], "alone": args.alone, "in_context_accuracy_0.9": accuracy,
+               "run": run}
     if args.alone != "none":
         write_csv(out / "joint_alone.csv", learned)
         print(f"steps to recall >= 0.9, joint against alone (others {ALONE_TEXT[args.alone].format(until=until)}):"
