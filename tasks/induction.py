@@ -203,8 +203,9 @@ class InductionTask:
 
     def eval_set(self, n: int, seed: int = 1234, device: str | torch.device = "cpu",
                  ood: bool = False) -> InductionBatch:
-        """A held-out set of `n` sequences, the same for every call with this seed, on `device`
-        (drawn on the CPU: the same on every device); `ood`: the out-of-distribution test."""
+        """A held-out set of `n` sequences, the same for every call with this seed, on `device`: the
+        counter stream's batch of `seed` at step 0, drawn on the CPU (the same on every device);
+        `ood`: the out-of-distribution test."""
         batch = self.sample_counter(n, torch.tensor([seed]), 0, ood)
         return InductionBatch(*(getattr(batch, f)[0].to(device) for f in InductionBatch.__dataclass_fields__))
 

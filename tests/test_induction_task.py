@@ -4,8 +4,8 @@ on its seed and step alone, and bad settings refused in one line."""
 import pytest
 import torch
 
-from tasks import task_from_config
-from tasks.induction import InductionTask, text_counts
+from tasks import counter, task_from_config
+from tasks.induction import InductionBatch, InductionTask, _draw, text_counts
 
 
 def draw(task, n=512, seed=3, step=0, ood=False):
@@ -113,9 +113,13 @@ def test_the_config_round_trips_and_names_characters():
     ({"n_triggers": 66}, "n_triggers must be an integer in 1..65"),
     ({"n_triggers": 0}, "n_triggers must be an integer in 1..65"),
     ({"seq_len": 1}, "seq_len T must be an integer >= 2"),
+    ({"seq_len": True}, "seq_len T must be an integer >= 2, got True"),
+    ({"n_triggers": True}, "n_triggers must be an integer in 1..65 (the vocabulary of 'shakespeare'), got True"),
+    ({"outputs": "zipf"}, "outputs must be one of uniform, bigram, got 'zipf'"),
     ({"text": "hamlet"}, "unknown text 'hamlet'; the texts are shakespeare"),
     ({"triggers": "rare"}, "triggers must be one of fixed, random"),
-    ({"outputs": "bigram", "held_out_outputs": True}, "held_out_outputs needs uniform outputs"),
+    ({"outputs": "bigram", "held_out_outputs": True},
+     "held_out_outputs needs uniform outputs (bigram outputs range over every token)."),
 ])
 def test_bad_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(ValueError) as e:
@@ -127,3 +131,81 @@ def test_a_config_whose_vocabulary_differs_from_the_text_is_refused():
     cfg = {**InductionTask().to_config(), "n_tokens": 64}
     with pytest.raises(ValueError, match="n_tokens 64 differs"):
         InductionTask.from_config(cfg)
+
+
+def test_a_batch_is_the_counter_streams_values_read_in_the_authors_order():
+    """The whole batch rebuilt from counter.bits one sequence and one token at a time: values 0..K-1 of a
+    sequence draw its triggers (random triggers), K..2K-1 its outputs, 2K its first token from pi_u, 2K + t
+    its token t + 1 (pi_b, or the output after a trigger)."""
+    for triggers in ("fixed", "random"):
+        task = InductionTask(n_triggers=3, seq_len=12, triggers=triggers)
+        batch = task.sample_counter(6, torch.tensor([4]), 9)
+        K, T, N = 3, 12, task.n_tokens
+        values = counter.bits(torch.tensor([4]), 9, 6 * (2 * K + T + 1)).view(6, 2 * K + T + 1).tolist()
+        cdf = [int(c) for c in task.unigrams.cumsum(0)]
+        rows = [[int(c) for c in row] for row in task.bigrams.cumsum(-1)]
+
+        def pick(cumulative, value):  # the first i with cumulative[i] > floor(value * total / 2^32)
+            r = value * cumulative[-1] >> 32
+            return next(i for i, c in enumerate(cumulative) if c > r)
+        for s, v in enumerate(values):
+            if triggers == "fixed":
+                trig = task.fixed_triggers.tolist()
+            else:
+                left, trig = task.unigrams.tolist(), []
+                for j in range(K):
+                    trig.append(pick([sum(left[:i + 1]) for i in range(N)], v[j]))
+                    left[trig[-1]] = 0
+            outs = [v[K + j] * N >> 32 for j in range(K)]
+            seq = [pick(cdf, v[2 * K])]
+            for t in range(1, T + 1):
+                seq.append(outs[trig.index(seq[-1])] if seq[-1] in trig else pick(rows[seq[-1]], v[2 * K + t]))
+            assert batch.triggers[0, s].tolist() == trig and batch.outputs[0, s].tolist() == outs, (triggers, s)
+            assert batch.tokens[0, s].tolist() == seq[:T] and batch.targets[0, s].tolist() == seq[1:], (triggers, s)
+        assert batch.tokens.dtype == batch.counts.dtype == batch.outputs.dtype == torch.long
+
+
+def test_an_exact_draw_reads_the_counts_cumulated():
+    """_draw: value v falls in bin i where cdf[i-1] <= floor(v * total / 2^32) < cdf[i] (total = cdf[-1])."""
+    values = torch.tensor([0, 2 ** 30 - 1, 2 ** 30, 2 ** 31, 3 * 2 ** 30, 2 ** 32 - 1])
+    assert _draw(torch.tensor([1, 2, 4]), values).tolist() == [0, 0, 1, 2, 2, 2]
+    assert _draw(torch.tensor([[1, 2, 4], [0, 3, 4]]), torch.tensor([2 ** 30, 2 ** 30])).tolist() == [1, 1]
+
+
+def test_the_eval_set_is_the_seeds_step_0_batch_and_its_ood_outputs_are_held_out():
+    task = InductionTask(n_triggers=3, seq_len=10, held_out_outputs=True)
+    batch = task.eval_set(5, seed=8)
+    assert len(batch) == 5 and torch.equal(batch.tokens, task.sample_counter(5, torch.tensor([8]), 0).tokens[0])
+    ood = task.eval_set(5, seed=8, ood=True)
+    assert ood.outputs.min() >= task.n_train_outputs and len(ood) == 5
+    moved = batch.to("cpu")
+    assert isinstance(moved, InductionBatch) and all(
+        torch.equal(getattr(moved, f), getattr(batch, f)) for f in InductionBatch.__dataclass_fields__)
+    assert torch.equal(batch.answers, batch.targets)
+
+
+def test_the_vocabulary_bounds_triggers_and_labels():
+    every = InductionTask(n_triggers=65, seq_len=2)  # K = N and T = 2 are allowed
+    assert len(every.fixed_triggers) == 65 and every.seq_len == 2
+    random = InductionTask(n_triggers=3, triggers="random")
+    assert random.fixed_triggers.dtype == torch.long and len(random.fixed_triggers) == 0
+    assert every.fixed_triggers.dtype == torch.long
+    with pytest.raises(ValueError, match=r"^token id 65 is outside the vocabulary 0\.\.64\.$"):
+        every.token_label(65)
+
+
+def test_the_config_names_every_setting_and_reads_the_defaults():
+    task = InductionTask("shakespeare", 2, 10, "random", "uniform", True)
+    assert task.to_config() == {"kind": "induction", "text": "shakespeare", "n_tokens": 65, "n_triggers": 2,
+                                "seq_len": 10, "triggers": "random", "outputs": "uniform", "held_out_outputs": True}
+    least = InductionTask.from_config({"kind": "induction", "text": "shakespeare", "n_triggers": 2, "seq_len": 10})
+    assert (least.triggers, least.outputs, least.held_out_outputs) == ("fixed", "uniform", False)
+    assert repr(task) == ("InductionTask(shakespeare, N=65, K=2 random triggers, T=10, uniform outputs, "
+                          "held-out outputs)")
+    assert repr(least) == "InductionTask(shakespeare, N=65, K=2 fixed triggers, T=10, uniform outputs)"
+    with pytest.raises(ValueError, match=r"^task kind 'recall' is not 'induction'\.$"):
+        InductionTask.from_config({"kind": "recall"})
+    with pytest.raises(ValueError, match=r"^task section lacks n_triggers, seq_len\.$"):
+        InductionTask.from_config({"kind": "induction", "text": "shakespeare"})
+    with pytest.raises(ValueError, match=r"^the out-of-distribution test needs a task with held_out_outputs\.$"):
+        least.eval_set(2, ood=True)
