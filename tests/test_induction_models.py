@@ -2,6 +2,8 @@
 weights (every architecture), a stack of K models computes each model's own function, the
 simplified model's frozen weights are the authors', and a checkpoint opens as a TransformerBridge
 whose strings are characters."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -66,6 +68,23 @@ def test_the_simplified_training_forward_is_the_transformer_lens_model(name):
     for key, change in (("blocks.1.attn.b_V", 0.1), ("blocks.0.attn.W_Q", 0.01)):
         assert forward_for({**stacked, key: stacked[key] + change}, section) is sequence_logits, key
     assert forward_for(stacked, MODELS["generic_one_layer"].section(TASK)) is sequence_logits
+
+
+@pytest.mark.parametrize("name", ["simplified_mlp", "generic_two_layers_ln"])
+def test_the_fast_forwards_read_shorter_sequences_and_gelu_mlps(name):
+    """T < n_ctx (the first positions' embeddings) and a GELU MLP: both forwards still equal the bridge."""
+    section = replace(MODELS[name].section(TASK), act_fn="gelu")
+    simplified = name.startswith("simplified")
+    g = torch.Generator().manual_seed(1)  # the simplified model's MLP moved as training moves it (no biases)
+    w = ({k: v + 0.3 * torch.randn(v.shape, generator=g) if k.startswith("blocks.1.mlp.W") else v
+          for k, v in init_weights(section, 3).items()} if simplified else perturbed(section, 3))
+    tokens = TASK.eval_set(4).tokens[:, :7].to(TEST_DEVICE)
+    stacked = {k: v[None].to(TEST_DEVICE) for k, v in w.items()}
+    with torch.no_grad():
+        expected = build_bridge(section, w, TEST_DEVICE)(tokens)
+        for forward in [sequence_logits, simplified_logits] if simplified else [sequence_logits]:
+            ours = forward(stacked, tokens[None], section)[0]
+            assert torch.allclose(ours, expected, atol=2e-5), (forward.__name__, (ours - expected).abs().max())
 
 
 def test_a_stack_of_models_computes_each_models_own_function():
