@@ -138,3 +138,47 @@ def test_the_early_positions_probe_reads_the_first_64_positions_only():
         assert (found["wk0_64"] == early if early == 1.0 else early[0] <= found["wk0_64"] <= early[1]), (span, found)
         assert every[0] <= found["wk0"] <= every[1], (span, found)
     assert "wk0_64" not in set(memory_recall(bridge(INITIAL), TASK).probe)  # T = 32: no early positions to single out
+
+
+def test_the_construction_stores_each_association_at_its_strength():
+    """W_KQ^2 of the construction: a trigger's query scores its remapped key about `strength` (10 by default)
+    after the 1/sqrt(d) scale, and its own embedding 0 (the remapped keys are taken orthogonal to the
+    triggers' embeddings); induction_construction passes its strength on."""
+    E = INITIAL["embed.W_E"][TASK.fixed_triggers]  # [K, d]
+    remapped = E @ INITIAL["blocks.0.attn.W_V"][0] @ INITIAL["blocks.0.attn.W_O"][0]  # e~_k
+    for strength, w_k in ((10.0, memory_targets(SECTION, INITIAL, TASK)["blocks.1.attn.W_K"][0]),
+                          (4.0, induction_construction(SECTION, INITIAL, TASK, 4.0)["blocks.1.attn.W_K"][0])):
+        scores = remapped @ w_k @ E.T / 128 ** 0.5  # [key k, query j]
+        assert scores.diagonal() == pytest.approx(torch.full((3,), strength), rel=0.05)
+        assert (E @ w_k @ E.T).abs().max() < 1e-3 * strength  # a trigger's own earlier occurrence: nothing
+    assert torch.equal(induction_construction(SECTION, INITIAL, TASK)["blocks.1.attn.W_K"],
+                       memory_targets(SECTION, INITIAL, TASK, 10.0)["blocks.1.attn.W_K"])
+
+
+def test_the_construction_serves_random_triggers_and_as_many_triggers_as_dimensions():
+    """With random triggers every token is a key (wk1 over all 65 tokens); with K = d fixed triggers nothing
+    is left once the keys are made orthogonal to the queries, so they are kept as they are."""
+    task = InductionTaskConfig(n_triggers=3, seq_len=32, triggers="random").build()
+    model = build_bridge(SECTION, induction_construction(SECTION, INITIAL, task), "cpu", task)
+    assert dict(zip(*memory_recall(model, task)[["probe", "value"]].T.values))["wk1"] == 1.0
+    square = InductionTaskConfig(n_triggers=16, seq_len=16).build()
+    section = InductionModelConfig(d_model=16).section(square)
+    w = init_weights(section, 0)
+    model = build_bridge(section, induction_construction(section, w, square), "cpu", square)
+    assert dict(zip(*memory_recall(model, square)[["probe", "value"]].T.values))["wk1"] > 0.5
+
+
+def test_the_constructions_refuse_models_they_cannot_build():
+    generic = InductionModelConfig("generic", 2, 128, 1, 128).section(TASK)
+    with pytest.raises(ValueError, match=r"^the construction is the simplified model's \(W_Q = I, one head per "
+                                         r"layer\)\.$"):
+        memory_targets(generic, init_weights(generic, 0), TASK)
+    narrow = InductionModelConfig(d_model=128, d_mlp=64).section(TASK)
+    with pytest.raises(ValueError, match=r"^the bigram memory needs a final MLP of width >= N = 65, got 64\.$"):
+        bigram_mlp(narrow, init_weights(narrow, 0), TASK)
+    attention_only = InductionModelConfig(d_model=128).section(TASK)
+    with pytest.raises(ValueError, match="needs a final MLP"):
+        bigram_mlp(attention_only, init_weights(attention_only, 0), TASK)
+    exact = InductionModelConfig(d_model=128, d_mlp=65).section(TASK)
+    w = bigram_mlp(exact, init_weights(exact, 0), TASK)  # m = N: one unit per token
+    assert torch.equal(w["blocks.1.mlp.b_in"], torch.full((65,), -2.0))  # -strength / 2, strength 4 by default
