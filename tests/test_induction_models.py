@@ -161,3 +161,18 @@ def test_transformer_lens_patching_runs_on_the_model():
         swapped[:, 3] = clean[:, 3]
         expected = metric(model(swapped))
     assert table.shape == (2, 12) and table[0, 3].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_the_initial_weights_are_pytorchs_defaults_and_the_generic_model_trains_all_but_biases():
+    """Positions N(0, 1) like the embeddings; W_O's fan-in is all H d_h of its inputs (d), the others' d."""
+    section = InductionModelConfig("generic", 2, 16, 2, 32, True).section(TASK)  # H = 2, d_h = 8
+    w = init_weights(section, 0)
+    assert 0.8 < w["pos_embed.W_pos"].std() < 1.2 and 0.8 < w["embed.W_E"].std() < 1.2
+    for key in ("blocks.0.attn.W_O", "blocks.1.attn.W_Q", "blocks.0.mlp.W_in"):
+        assert 0.2 < w[key].abs().max() <= 16 ** -0.5, key  # U(+-1/sqrt 16), not 1/sqrt 8 nor 1/sqrt 32
+    assert 0.1 < w["blocks.0.mlp.W_out"].abs().max() <= 32 ** -0.5
+    keys = trainable_keys(section)
+    assert keys == [k for k in section.weight_shapes() if not k.split(".")[-1].startswith("b_")]
+    assert "blocks.0.ln1.b" in keys and "embed.W_E" in keys and "blocks.0.attn.b_Q" not in keys
+    with pytest.raises(ValueError, match=r"its weights: embed\.W_E, pos_embed\.W_pos, blocks\.0\.ln1\.w, "):
+        trainable_keys(section, ("W_E",))
