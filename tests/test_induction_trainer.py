@@ -176,3 +176,38 @@ def test_an_interrupted_run_names_its_own_resume_command(tmp_path):
     (out / "run.json").write_text('{"preset": "cpu", "task": {}, "model": {"architecture": "simplified"}}')
     with pytest.raises(CheckpointError, match="python -m models.induction.train --resume"):
         load(out)
+
+
+@pytest.mark.parametrize("config, message", [
+    (InductionModelConfig(d_model=0), "d_model must be an integer >= 1, got 0."),
+    (InductionModelConfig(n_heads=True), "n_heads must be an integer >= 1, got True."),
+    (InductionModelConfig(d_mlp=-1), "d_mlp must be an integer >= 0, got -1."),
+    (InductionModelConfig(d_mlp=True), "d_mlp must be an integer >= 0, got True."),
+    (InductionModelConfig(layer_norm=True), "the simplified model has two layers of one head and no layer norm "
+                                            "(--architecture generic for other shapes)."),
+    (replace(TRAIN, lr=()), "every lr must be > 0, got ()."),
+    (replace(TRAIN, lr=(0.1, 0.0)), "every lr must be > 0, got (0.1, 0.0)."),
+    (replace(TRAIN, seed=()), "give at least one seed."),
+    (replace(TRAIN, eval_size=0), "eval_size must be >= 1, got 0."),
+    (replace(TRAIN, snapshot_every=-1), "snapshot_every must be >= 0, got -1."),
+    (replace(TRAIN, frozen_until=2), "frozen_until needs frozen weights and SGD (a weight joining Adam later would "
+                                     "need its own step count)."),
+    (replace(TRAIN, momentum=1.0), "momentum must be in [0, 1) and weight_decay >= 0, got 1.0, 0.0001."),
+    (replace(TRAIN, weight_decay=-0.1), "momentum must be in [0, 1) and weight_decay >= 0, got 0.9, -0.1."),
+])
+def test_configs_are_refused_with_their_whole_message(config, message):
+    import re
+
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        config.section(TASK.build()) if isinstance(config, InductionModelConfig) else config.validate()
+
+
+def test_the_edges_of_the_configs_are_accepted():
+    for edge in (dict(batch_size=1, steps=1, eval_every=1, eval_size=1), dict(momentum=0.0, weight_decay=0.0)):
+        replace(TRAIN, **edge).validate()
+    assert InductionModelConfig("generic", 1, 16, 1, 32).section(TASK.build()).mlp_layers == "all"
+    assert InductionModelConfig(d_mlp=32).section(TASK.build()).mlp_layers == "last"
+    assert replace(TASK, held_out_outputs=True).build().held_out_outputs
+    from models.induction.config import preset
+    with pytest.raises(ValueError, match=r"^unknown preset 'huge'; the presets are cpu, paper\.$"):
+        preset("huge")
