@@ -166,7 +166,8 @@ def test_probes_continue_only_their_own_interrupted_run(tmp_path, capsys):
     """The joint run's state (OUT/train_state) records its settings: a study of other settings refuses it
     in one line; the same settings continue from it, and the state goes once the study is done."""
     argv = ["probes", "--steps", "4", "--n-triggers", "2", "--seq-len", "16", "--d-model", "16", "--batch-size", "8",
-            "--probe-every", "2", "--alone", "none", "--device", "cpu", "--quiet", "--out", str(tmp_path)]
+            "--probe-every", "2", "--alone", "none", "--triggers", "random", "--device", "cpu", "--quiet",
+            "--out", str(tmp_path)]
     state = tmp_path / "train_state"
     state.mkdir()
     (state / "run.json").write_text(json.dumps({"task": {}, "model": {}, "training": {"steps": 3}}))
@@ -174,6 +175,7 @@ def test_probes_continue_only_their_own_interrupted_run(tmp_path, capsys):
     assert code == 2 and "holds the training state of another probes run" in err and err.count("\n") == 1, err
     (state / "run.json").unlink()
     assert main(argv) == 0 and not state.exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["probes"]["sizes"]["triggers"] == "random"
     first = pd.read_csv(tmp_path / "probes.csv")
     state.mkdir()
     (state / "run.json").write_text(json.dumps(json.loads((tmp_path / "summary.json").read_text())["probes"]["run"]))

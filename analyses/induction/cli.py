@@ -39,6 +39,7 @@ from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
 from models.out_folder import is_checkpoint
 from probe.induction import knowledge_location, memory_recall
+from tasks.induction import TRIGGERS
 
 ALONE_TEXT = {"target": "frozen at the construction's memories",
               "init": "frozen at their random initial values until step {until}, then trained",
@@ -51,7 +52,7 @@ def recipes(args):
     """(task, simplified model, its training, generic model, its training) of the preset, with the
     sizes the flags override."""
     task, model, cfg = preset(args.preset)
-    task = replace(task, **{k: getattr(args, k) for k in ("n_triggers", "seq_len") if getattr(args, k)})
+    task = replace(task, **{k: getattr(args, k) for k in ("n_triggers", "seq_len", "triggers") if getattr(args, k)})
     model = replace(model, d_model=args.d_model or model.d_model)
     cfg = replace(cfg, seed=(args.seed,), device=args.device, steps=args.steps or cfg.steps,
                   batch_size=args.batch_size or cfg.batch_size, lr=(args.lr,) if args.lr else cfg.lr)
@@ -96,9 +97,9 @@ def run_probes(args, out: Path) -> dict:
     accuracy = studies.accuracy_to_learn(curves)
     write_csv(out / "order.csv", order)
     print("learning order (first step with recall >= 0.9, joint training):\n" + order.to_string(index=False))
-    summary = {"sizes": {"K": task.n_triggers, "T": task.seq_len, "d": model.d_model, "batch": cfg.batch_size,
-                         "lr": cfg.lr[0], "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
-                         "steps": cfg.steps, "probe_every": every},
+    summary = {"sizes": {"K": task.n_triggers, "triggers": task.triggers, "T": task.seq_len, "d": model.d_model,
+                         "batch": cfg.batch_size, "lr": cfg.lr[0], "momentum": cfg.momentum,
+                         "weight_decay": cfg.weight_decay, "steps": cfg.steps, "probe_every": every},
                "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
                "talk_order": ["wo1", "wk1", "wk0"], "alone": args.alone, "in_context_accuracy_0.9": accuracy,
                "run": run}
@@ -142,6 +143,9 @@ def parser() -> cli.Parser:
         s.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
         s.add_argument("--n-triggers", type=int, default=None, help="K (default: the preset's)")
         s.add_argument("--seq-len", type=int, default=None, help="T (default: the preset's)")
+        s.add_argument("--triggers", default=None, choices=TRIGGERS,
+                       help="fixed (the K most frequent characters, the authors' fixed_special_toks) or random (drawn "
+                            "per sequence from the marginals); default: the preset's (fixed)")
         s.add_argument("--d-model", type=int, default=None, help="d (default: the preset's)")
         s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
         s.add_argument("--lr", type=float, default=None,
