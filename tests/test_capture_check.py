@@ -91,6 +91,18 @@ def test_a_step_whose_work_changes_between_calls_is_refused():
         check_capturable(step)
 
 
+def test_a_step_whose_shapes_change_between_calls_is_refused():
+    """The same operations on the same device, on a slice the host sizes anew each call: a
+    replay would repeat the first call's shapes."""
+    w, calls = _weights(), []
+
+    def step():
+        calls.append(1)
+        return (w[:len(calls)] * 2,)
+    with pytest.raises(CaptureHazard, match=r"differs between two calls \(operation 1: .*\(1, 3\).* then .*\(2, 3\)"):
+        check_capturable(step)
+
+
 def test_a_step_on_the_cpu_is_not_called_checked():
     w = torch.zeros(3, requires_grad=True)
     with pytest.raises(ValueError, match="no operation on the meta device"):
