@@ -73,16 +73,19 @@ def _spent(out: Path) -> int:
 
 def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     """A tiny sweep recorded under today's rules stands in for the training: the plan's
-    model-steps, today's and with the milestone rule, are what each sweep then spends."""
+    model-steps, today's and with the milestone rule, are what each sweep then spends (two
+    learning rates: a probe trains one model per rate)."""
+    sizes = [*TINY[:TINY.index("--lr")], "--lr", "0.03,0.01", *TINY[TINY.index("--lr") + 2:]]
     oracle = tmp_path / "oracle"
-    assert _cli(["transformer", *TINY, "--device", "cpu", "--quiet", "--out", str(oracle)], capsys)[0] == 0
-    code, text, _ = _cli(["plan", *TINY, "--oracle", str(oracle), "--out", str(tmp_path / "plan")], capsys)
-    assert code == 0 and "stopped wrongly" in text and "model-steps today" in text
+    assert _cli(["transformer", *sizes, "--device", "cpu", "--quiet", "--out", str(oracle)], capsys)[0] == 0
+    code, text, _ = _cli(["plan", *sizes, "--oracle", str(oracle), "--out", str(tmp_path / "plan")], capsys)
+    assert code == 0 and "stopped wrongly" in text and "model-steps today" in text and "2 learning rates" in text
     planned = pd.read_csv(tmp_path / "plan" / "plan.csv")
     assert planned["recorded"].all()
+    assert (planned["model_steps"] == 2 * planned["steps_run"]).all()
     for rules, flags in (("today", []), ("new", ["--give-up", "milestones", "--fill-rounds"])):
         out = tmp_path / rules
-        assert _cli(["transformer", *TINY, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)[0] == 0
+        assert _cli(["transformer", *sizes, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)[0] == 0
         assert planned.loc[planned["rules"] == rules, "model_steps"].sum() == _spent(out)
     assert _spent(tmp_path / "new") < _spent(tmp_path / "today")  # the rule stopped failing probes early
     settings = json.loads((tmp_path / "new" / "settings.json").read_text())
@@ -171,6 +174,22 @@ def test_the_new_rules_replayed_on_the_recorded_sweeps_keep_every_s_star():
 def test_a_missing_oracle_is_one_line(tmp_path, capsys):
     code, _, err = _cli(["plan", *TINY, "--oracle", str(tmp_path / "none")], capsys)
     assert code == 2 and err.count("\n") == 1 and "no recorded sweep there" in err
+
+
+def test_the_plan_applies_the_rule_where_the_sweep_applies_it():
+    """A probe no recorded sweep answers, failing, at the rule's largest d and one above: the
+    plan stops it early exactly where the sweep's own run gives up early."""
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import Oracle
+
+    sweep, shape, S = TransformerSweep(give_up="milestones"), (1, 1, 2), 10 ** 6  # far above S*
+    oracle = Oracle(())
+    assert oracle.give_up_share < 1  # the recorded failing probes stopped early on average
+    for d in (MILESTONES_MAX_D, MILESTONES_MAX_D + 1):
+        stops = sweep.run(shape, d, 8, "cpu").train.give_up == "milestones"
+        row = oracle.probe(sweep, shape, d, S, None)
+        assert row["accuracy"] == 0.0 and not row["recorded"]
+        assert row["steps_run"] == round((oracle.give_up_share if stops else 1.0) * sweep.steps), d
 
 
 def test_the_rule_is_off_above_the_validated_sizes():
