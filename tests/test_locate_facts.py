@@ -236,6 +236,13 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     assert re.fullmatch(r"R1:a\d+", name) and f"fact S3 R1 -> {name}: {facts.label[0]}" in out
     assert out.count("  head ") == 4 and "attention on S3" in out
     assert not (ckpt / "analysis" / "locate_facts" / "facts.csv").exists()  # the run over every fact: untouched
+    chosen = tmp_path / "chosen"  # --out: the folder named, not a facts_ folder inside it
+    assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
+                 "--device", "cpu", "--out", str(chosen)]) == 0
+    assert f"wrote {chosen}/ (" in capsys.readouterr().out
+    assert sorted(p.name for p in chosen.iterdir() if p.suffix == ".csv") == ["facts.csv", "head_tokens.csv",
+                                                                              "heads.csv"]
+    assert pd.read_csv(chosen / "facts.csv").equals(facts)
     with pytest.raises(SystemExit) as exit_:
         run_cli(lambda: main([str(ckpt), "--facts", "3:7", "--out", str(tmp_path / "bad")]))
     assert exit_.value.code == 2 and "outside the task" in capsys.readouterr().err
