@@ -265,3 +265,22 @@ def test_one_attention_only_model_from_the_command_line(tmp_path, capsys):
         run_cli(lambda: main(["association", "--concentration", "2", "--out", str(tmp_path / "bad")]))
     assert exit_.value.code == 2 and "--concentration" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+
+@pytest.mark.parametrize("kind, task_class, seed_field", [("association", AssociationTask, "table_seed"),
+                                                          ("distribution", DistributionTask, "target_seed")])
+def test_the_task_seed_draws_the_task_whatever_the_seed(tmp_path, kind, task_class, seed_field):
+    """--task-seed draws the association table (or the target distributions), --seed only the
+    weights and the data set: the checkpoint's task is the task seed's."""
+    from models.aot.train import main
+
+    out = tmp_path / kind
+    assert main([kind, "--n-tokens", "6", "--context", "2", "--batches", "1", "--epochs", "1", "--batch-size", "8",
+                 "--device", "cpu", "--out", str(out), "--quiet", "--task-seed", "3", "--seed", "5"]) == 0
+    task = task_from_config(json.loads((out / "config.json").read_text())["task"])
+    drawn, other = task_class(6, 2, 3), task_class(6, 2, 5)
+    assert getattr(task, seed_field) == 3
+    field = "next_tokens" if kind == "association" else "log_targets"
+    assert torch.equal(getattr(task, field), getattr(drawn, field))
+    assert not torch.equal(getattr(drawn, field), getattr(other, field))  # the two seeds' tasks differ
