@@ -7,9 +7,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.trainer import TrainingData
-from tasks import counter, triton_kernels
+from tasks import counter
 from tasks.factual_recall import FactualRecallTask, TaskStack, counter_prompts
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, triton_on
 
 
 def mix32_reference(x: int) -> int:
@@ -52,7 +52,7 @@ def test_the_test_device_draws_what_the_cpu_draws():
     assert torch.equal(device.tokens.cpu(), cpu.tokens) and torch.equal(device.answers.cpu(), cpu.answers)
 
 
-needs_triton = pytest.mark.skipif(not triton_kernels.runs_on(TEST_DEVICE), reason="the kernel needs Triton")
+needs_triton = triton_on(TEST_DEVICE)
 FIELDS = ("tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos")
 
 

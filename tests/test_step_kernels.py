@@ -1,13 +1,11 @@
 """Kernels per training step (bench/step_kernels.py), counted on the CPU: the graphed GPU
 step's time goes with their number."""
-import pytest
-import torch
 
 from bench.step_kernels import step_kernels
-from tasks import triton_kernels
+from tests.conftest import triton_on
 
 
-@pytest.mark.skipif(not triton_kernels.runs_on(torch.device("cpu")), reason="needs Triton")
+@triton_on("cpu")
 def test_the_batch_is_one_kernel_on_cuda_and_the_rest_of_the_step_is_unchanged():
     cpu, cuda = (step_kernels("config-a", 16, cuda_sampler) for cuda_sampler in (False, True))
     assert dict(cuda.pop("batch (one Triton kernel)")) == {"triton::counter_kernel.prompts": 1}

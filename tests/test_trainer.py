@@ -6,14 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import fused_attention
 from models.forward import has_positions, last_position_logits
 from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
 from models.presets import preset
 from models.trainer import TrainingData, snapshot_schedule, summed_loss, train, train_step
 from models.weights import init_weights, stack, trainable_keys
 from tasks.factual_recall import FactualRecallTask
-from tests.conftest import quick
+from tests.conftest import quick, triton_on
 
 
 def test_tiny_reaches_99_percent(tiny_result):
@@ -197,8 +196,7 @@ class _HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("core", ["vocab", pytest.param("fused", marks=pytest.mark.skipif(
-    not fused_attention.runs_on(torch.device("cpu")), reason="the fused core needs Triton"))])
+@pytest.mark.parametrize("core", ["vocab", pytest.param("fused", marks=triton_on("cpu"))])
 @pytest.mark.parametrize("sampler", ["generator", "counter"])
 @pytest.mark.parametrize("variant", ["uniform", "zipf, two seeds, positions"])
 def test_training_step_never_waits_for_the_device(variant, sampler, core):
