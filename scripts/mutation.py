@@ -9,8 +9,10 @@ DIR/<module>/survivors.txt (`mutmut show NAME` there prints one). --survivors ke
 copy's results and tests again only its survivors, against the working tree's tests as they
 are now (after tests were added).
 
-Run it with OMP_NUM_THREADS=1 (mutmut forks after torch is loaded) and without PYTHONPATH
-pointing at the working tree (the mutants would not be the code imported).
+Run it with OMP_NUM_THREADS=1 (mutmut forks after torch is loaded). mutmut may come from the
+venv or from PYTHONPATH (say `pip install --target DIR mutmut==3.8.1`, PYTHONPATH=DIR); entries
+of PYTHONPATH inside the working tree are dropped for mutmut's run (the mutants would not be
+the code imported).
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ MODULES = {
     "models/fused_attention.py": ["tests/test_fused_attention.py",
                                   "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
     "analyses/executors.py": ["tests/test_sweep.py", "-k", "not ray"],
+    "analyses/capacity/plan.py": ["tests/test_capacity_plan.py"],
+    "tasks/triton_kernels.py": ["tests/test_triton_kernels.py", "tests/test_counter.py"],
+    "analyses/locate_facts.py": ["tests/test_locate_facts.py", "-k", "not cli_writes and not bad_checkpoint"],
+    "models/aot/train.py": ["tests/test_aot_models.py", "-k", "command_line or task_seed"],
 }
 
 
@@ -83,6 +89,10 @@ def measure(module: str, work: Path, max_children: int, survivors_only: bool) ->
     where = scratch_copy(module, work, survivors_only)
     again = (where / "survivors.txt").read_text().split() if survivors_only else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    outside = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p and Path(p).resolve() != ROOT and ROOT not in Path(p).resolve().parents]
+    if outside:
+        env["PYTHONPATH"] = os.pathsep.join(outside)
     env["OMP_NUM_THREADS"] = "1"
     mutmut = [sys.executable, "-m", "mutmut"]
     names = [name.removesuffix(":") for name in again if name.endswith(":")]
