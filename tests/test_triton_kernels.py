@@ -1,6 +1,9 @@
 """Where Triton runs the toolkit's kernels (tasks.triton_kernels.runs_on), and the rule every
 Triton test follows (tests.conftest.require_triton): where set-up installed the kernels extra,
 a Triton test that cannot run fails instead of skipping."""
+import importlib
+import os
+
 import pytest
 import torch
 
@@ -8,17 +11,34 @@ import tests.conftest as conftest
 from tasks import triton_kernels
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+FIND_SPEC = importlib.util.find_spec
 
 
 def test_triton_runs_its_kernels_in_the_interpreter_on_a_machine_without_a_gpu():
     conftest.require_triton(CUDA if torch.cuda.is_available() else CPU)
     import triton
 
-    if torch.cuda.is_available():
-        assert triton_kernels.runs_on(CUDA) and not triton_kernels.runs_on(CPU)
-    else:  # Triton's interpreter: CPU tensors, never CUDA ones
-        assert triton_kernels.runs_on(CPU) and not triton_kernels.runs_on(CUDA)
-        assert triton.knobs.runtime.interpret
+    for runs_on in (triton_kernels.runs_on, triton_kernels.runs_on.__wrapped__):  # cached, and computed now
+        if torch.cuda.is_available():
+            assert runs_on(CUDA) and not runs_on(CPU)
+        else:  # Triton's interpreter: CPU tensors, never CUDA ones
+            assert runs_on(CPU) and not runs_on(CUDA)
+            assert triton.knobs.runtime.interpret
+    assert triton_kernels.load.__wrapped__("tasks.counter_kernel") is importlib.import_module("tasks.counter_kernel")
+
+
+def test_without_triton_no_kernel_runs(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else FIND_SPEC(name, *a))
+    assert not triton_kernels.runs_on.__wrapped__(CPU) and not triton_kernels.runs_on.__wrapped__(CUDA)
+
+
+def test_the_interpreter_is_asked_for_on_a_machine_without_a_gpu_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ.get("TRITON_INTERPRET") == (None if torch.cuda.is_available() else "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ["TRITON_INTERPRET"] == "0"
 
 
 @pytest.mark.parametrize("installed, ci, outcome", [
