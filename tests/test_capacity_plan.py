@@ -1,6 +1,7 @@
 """The milestone rule (a run that cannot reach 99% gives up early), its validation on the
 recorded curves, rounds that fill their stack, and `analyses.capacity plan`."""
 import json
+import math
 import re
 import shutil
 from dataclasses import replace
@@ -199,3 +200,71 @@ def test_the_rule_is_off_above_the_validated_sizes():
     assert sweep.run((1, 1, 2), MILESTONES_MAX_D, 8, "cpu").train.give_up == "milestones"
     assert sweep.run((1, 1, 2), MILESTONES_MAX_D + 1, 8, "cpu").train.give_up == "never"
     assert replace(sweep, give_up="never").run((1, 1, 2), 8, 8, "cpu").train.give_up == "never"
+
+
+def test_the_stand_in_is_the_recorded_s_star_else_the_fitted_line_with_the_shape_s_offset():
+    """S* where a sweep recorded it; elsewhere sqrt of the facts the line fitted to recorded
+    facts against parameters gives (log facts = intercept + the shape's offset + slope log
+    parameters), never below the search's lowest size."""
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import Oracle, parameters
+    from analyses.capacity.transformer import LOWEST
+    from models.weights import parameter_count
+
+    sweep, shape = TransformerSweep(), (1, 1, 2)
+    run = sweep.run(shape, 16, LOWEST, "cpu")
+    P = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
+    assert parameters(sweep, shape, 16) == P
+    oracle = Oracle(())
+    oracle.s_star, oracle.slope, oracle.intercept = {("1,1,2", 8): 17}, 0.8, math.log(0.3)
+    oracle.offset = {"1,1,2": 0.5, "1,1,4": -3.0}
+    assert oracle.stand_in(sweep, shape, 8) == 17
+    assert oracle.stand_in(sweep, shape, 16) == int(math.sqrt(math.exp(math.log(0.3) + 0.5 + 0.8 * math.log(P))))
+    assert oracle.stand_in(sweep, shape, 16) > LOWEST + 1
+    oracle.intercept = -50.0
+    assert oracle.stand_in(sweep, shape, 16) == LOWEST - 1  # the line gives no fact: every probe fails
+
+
+def test_the_default_oracle_is_the_recorded_figure_4_left_sweep_of_the_sweep_s_model():
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import default_oracle
+
+    assert [f.name for f in default_oracle(TransformerSweep(parameterisation="standard")).folders] == [
+        "paper_fig4_left"]
+    assert [f.name for f in default_oracle(TransformerSweep()).folders] == [  # the authors' model, the default
+        "paper_fig4_left_authors", "paper_fig4_left_authors_seed1"]
+
+
+def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
+    """plan_text's lines from the two plans it is given: per shape and d the model-steps and
+    probes today -> new, the totals and their ratio, the S* that moved, the time on an H100
+    and at a given rate."""
+    import analyses.capacity.plan as plan_module
+    from analyses.capacity import TransformerSweep
+
+    def probes(rows):
+        return pd.DataFrame(rows, columns=["shape", "d", "S", "seed", "accuracy", "steps_run", "model_steps",
+                                           "recorded"])
+    planned = {"never": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 12000, 24000,
+                                                                                False),
+                                 ("1,1,2", 11, 6, None, 1.0, 800, 1600, False)]), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
+               "milestones": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 3000,
+                                                                                    6000, False)]),
+                              {("1,1,2", 8): 5, ("1,1,2", 11): 6})}
+    monkeypatch.setattr(plan_module, "plan", lambda sweep, oracle: planned[sweep.give_up])
+    sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), lr=(0.01, 0.03), steps=16384)
+    text, table = plan_module.plan_text(sweep, None, 200.0)
+    today, new = 26600, 7000
+    assert text.splitlines() == [
+        "plan of 1 shapes x d = 8,11, 2 learning rates, 1 seed(s), 16384 steps; model-steps today -> new rules "
+        "(probes in brackets):",
+        "  1,1,2       d=8: 25k -> 7000 (2 -> 2); d=11: 1600 -> 0 (1 -> 0)",
+        f"total: 26,600 model-steps today, 7,000 with the new rules ({new / today:.2f}x); recorded probes stand in "
+        "for 2 of 5",
+        "S* with the new rules: the same as today's at 1 of 2 sizes (moved: 1,1,2 d=8: 4 -> 5)",
+        f"projected on one H100 at 6,827 model-steps/s (its record: 15 models x 16,384 steps in 23-36 s at d = 128): "
+        f"{today / plan_module.H100_RATE / 60:.1f} min today, {new / plan_module.H100_RATE / 60:.1f} min with the "
+        "new rules",
+        f"projected at the recorded probes' rate (200 model-steps/s): {today / 200 / 60:.1f} min today, "
+        f"{new / 200 / 60:.1f} min new"]
+    assert list(table["rules"]) == ["today"] * 3 + ["new"] * 2
