@@ -7,6 +7,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -247,19 +248,19 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
                                            "recorded"])
     planned = {"never": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 12000, 24000,
                                                                                 False),
-                                 ("1,1,2", 11, 6, None, 1.0, 800, 1600, False)]), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
+                                 ("1,1,2", 11, 6, None, 1.0, 5000, 10000, False)]), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
                "milestones": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 3000,
                                                                                     6000, False)]),
                               {("1,1,2", 8): 5, ("1,1,2", 11): 6})}
     monkeypatch.setattr(plan_module, "plan", lambda sweep, oracle: planned[sweep.give_up])
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), lr=(0.01, 0.03), steps=16384)
     text, table = plan_module.plan_text(sweep, None, 200.0)
-    today, new = 26600, 7000
+    today, new = 35000, 7000
     assert text.splitlines() == [
         "plan of 1 shapes x d = 8,11, 2 learning rates, 1 seed(s), 16384 steps; model-steps today -> new rules "
         "(probes in brackets):",
-        "  1,1,2       d=8: 25k -> 7000 (2 -> 2); d=11: 1600 -> 0 (1 -> 0)",
-        f"total: 26,600 model-steps today, 7,000 with the new rules ({new / today:.2f}x); recorded probes stand in "
+        "  1,1,2       d=8: 25k -> 7000 (2 -> 2); d=11: 10k -> 0 (1 -> 0)",
+        f"total: 35,000 model-steps today, 7,000 with the new rules ({new / today:.2f}x); recorded probes stand in "
         "for 2 of 5",
         "S* with the new rules: the same as today's at 1 of 2 sizes (moved: 1,1,2 d=8: 4 -> 5)",
         f"projected on one H100 at 6,827 model-steps/s (its record: 15 models x 16,384 steps in 23-36 s at d = 128): "
@@ -268,3 +269,63 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
         f"projected at the recorded probes' rate (200 model-steps/s): {today / 200 / 60:.1f} min today, "
         f"{new / 200 / 60:.1f} min new"]
     assert list(table["rules"]) == ["today"] * 3 + ["new"] * 2
+
+
+def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does():
+    """Two seeds, three sizes a round: each round is every size with every seed; today's
+    rounds are the search's own and the new rules fill them, so the sizes planned at each d
+    are the bisection's with and without filling, and both find the oracle's S*."""
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import Oracle, new_rules, plan, today
+    from analyses.capacity.transformer import LOWEST
+
+    oracle = Oracle(())
+    oracle.s_star = {("1,1,2", 8): 13, ("1,1,2", 11): 20}
+    sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), seeds=(0, 1), probes=3, min_size=4, max_size=24,
+                             steps=100, lr=(0.01, 0.03))
+    tried = {}
+    for name, rules, fill in (("today", today, False), ("new", new_rules, True)):
+        probes, found = plan(rules(sweep), oracle)
+        assert found == {("1,1,2", 8): 13, ("1,1,2", 11): 20}
+        start, tried[name] = 4, []
+        for d, s_star in ((8, 13), (11, 20)):
+            _, rounds = _rounds(s_star, start=start, lowest=LOWEST, highest=24, grow=1.5, rel_tol=0.1, probes=3,
+                                fill=fill)
+            at_d = probes[probes["d"] == d]
+            planned = sorted((S, seed) for r in rounds for S in r for seed in (0, 1))
+            assert sorted(zip(at_d["S"], at_d["seed"])) == planned
+            assert (at_d["accuracy"] == (at_d["S"] <= s_star).astype(float)).all()
+            tried[name].append(rounds)
+            start = s_star
+        assert (probes["model_steps"] == 2 * probes["steps_run"]).all() and (probes["shape"] == "1,1,2").all()
+    assert tried["today"] != tried["new"]  # filling changed a round here
+
+
+def test_the_oracle_reads_its_sweeps_tables_and_the_recorded_rate(tmp_path):
+    """S* by shape and d (the median over the sweeps), the line of log facts on log parameters
+    over the sizes that stored a fact and each shape's offset from it; the model-steps per
+    second its cells record."""
+    from analyses.capacity.plan import Oracle, recorded_rate
+
+    rows = [("1,1,2", 8, 3, 9, 100), ("1,1,2", 11, 4, 16, 150), ("1,1,4", 8, 5, 25, 300), ("1,1,4", 11, 0, 0, 400)]
+    folders = []
+    for n, part in enumerate((rows[:2], rows[2:])):
+        folder = tmp_path / f"sweep{n}"
+        (folder / "cells").mkdir(parents=True)
+        pd.DataFrame(part, columns=["shape", "d", "S_star", "facts", "parameters"]).to_csv(folder / "capacity.csv",
+                                                                                          index=False)
+        (folder / "settings.json").write_text(json.dumps({"lr": [0.01, 0.03, 0.1][:n + 2]}))
+        for i, (steps, seconds) in enumerate(((100, 2.0), (300, 4.0))[:n + 1]):
+            (folder / "cells" / f"c{i}.json").write_text(json.dumps({"steps_run": steps, "seconds": seconds}))
+        folders.append(folder)
+    oracle = Oracle(tuple(folders))
+    assert oracle.s_star == {("1,1,2", 8): 3, ("1,1,2", 11): 4, ("1,1,4", 8): 5}  # facts 0: no S* to stand in
+    stored = pd.DataFrame(rows[:3], columns=["shape", "d", "S_star", "facts", "parameters"])
+    slope, intercept = np.polyfit(np.log(stored["parameters"]), np.log(stored["facts"]), 1)
+    assert (oracle.slope, oracle.intercept) == pytest.approx((slope, intercept))
+    residual = np.log(stored["facts"]) - (intercept + slope * np.log(stored["parameters"]))
+    assert oracle.offset == pytest.approx({"1,1,2": residual[:2].mean(), "1,1,4": residual[2]})
+    assert set(oracle.settings) == set(folders)
+    assert recorded_rate(oracle) == pytest.approx((100 * 2 + 100 * 3 + 300 * 3) / (2.0 + 2.0 + 4.0))
+    empty = Oracle((tmp_path / "none",))
+    assert (empty.slope, empty.intercept, empty.s_star) == (1.0, math.log(0.1), {}) and recorded_rate(empty) is None
