@@ -246,12 +246,11 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
     def probes(rows):
         return pd.DataFrame(rows, columns=["shape", "d", "S", "seed", "accuracy", "steps_run", "model_steps",
                                            "recorded"])
-    planned = {"never": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 12000, 24000,
-                                                                                False),
-                                 ("1,1,2", 11, 6, None, 1.0, 5000, 10000, False)]), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
-               "milestones": (probes([("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 3000,
-                                                                                    6000, False)]),
-                              {("1,1,2", 8): 5, ("1,1,2", 11): 6})}
+    today_rows = [("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 12000, 24000, False),
+                  ("1,1,2", 11, 6, None, 1.0, 5000, 10000, False)]
+    new_rows = [("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 3000, 6000, False)]
+    planned = {"never": (probes(today_rows), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
+               "milestones": (probes(new_rows), {("1,1,2", 8): 5, ("1,1,2", 11): 6})}
     monkeypatch.setattr(plan_module, "plan", lambda sweep, oracle: planned[sweep.give_up])
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), lr=(0.01, 0.03), steps=16384)
     text, table = plan_module.plan_text(sweep, None, 200.0)
