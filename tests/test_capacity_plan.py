@@ -294,6 +294,9 @@ def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does():
             planned = sorted((S, seed) for r in rounds for S in r for seed in (0, 1))
             assert sorted(zip(at_d["S"], at_d["seed"])) == planned
             assert (at_d["accuracy"] == (at_d["S"] <= s_star).astype(float)).all()
+            failing = oracle.give_up_share if name == "new" else 1.0  # the rule is on at these d
+            share = at_d["accuracy"].map({1.0: oracle.pass_share, 0.0: failing})
+            assert (at_d["steps_run"] == (share * sweep.steps).round()).all()
             tried[name].append(rounds)
             start = s_star
         assert (probes["model_steps"] == 2 * probes["steps_run"]).all() and (probes["shape"] == "1,1,2").all()
@@ -328,3 +331,22 @@ def test_the_oracle_reads_its_sweeps_tables_and_the_recorded_rate(tmp_path):
     assert recorded_rate(oracle) == pytest.approx((100 * 2 + 100 * 3 + 300 * 3) / (2.0 + 2.0 + 4.0))
     empty = Oracle((tmp_path / "none",))
     assert (empty.slope, empty.intercept, empty.s_star) == (1.0, math.log(0.1), {}) and recorded_rate(empty) is None
+
+
+def test_a_sweep_over_seeds_recorded_with_other_torch_threads_answers_every_probe(tmp_path):
+    """A recorded sweep over seeds answers each (size, seed) probe from its own cell, whatever
+    torch threads it computed with."""
+    from analyses.capacity import TransformerSweep
+    from analyses.capacity.plan import Oracle, plan, today
+    from analyses.capacity.transformer import probe_key
+    from analyses.sweep import Cells
+
+    sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8,), seeds=(0, 1), min_size=4, max_size=24, steps=100)
+    cells = Cells(tmp_path, today(sweep).recorded(), torch_threads=2)
+    for S in range(2, 25):
+        for seed in (0, 1):  # seed 1 stores one size more: the majority (both) decides
+            cells.record(probe_key((1, 1, 2), 8, S, seed), {"accuracy": float(S <= 7 + seed), "steps_run": 40 + S})
+    probes, found = plan(today(sweep), Oracle((tmp_path,)))
+    assert found == {("1,1,2", 8): 7} and probes["recorded"].all()
+    assert (probes["steps_run"] == 40 + probes["S"]).all()
+    assert (probes["accuracy"] == (probes["S"] <= 7 + probes["seed"]).astype(float)).all()
