@@ -265,3 +265,60 @@ def test_chosen_facts_get_their_own_prompts_and_every_fact_s_means(mlp_construct
     z = torch.zeros(1, task.seq_len, model.cfg.n_heads, model.cfg.d_head)
     assert torch.allclose(mean_heads(z, None)[0, -1], every.run.z.mean(0), atol=1e-6)
     assert not torch.allclose(every.run.z.mean(0), some.run.z.mean(0), atol=1e-3)  # the chosen ones' would differ
+
+
+def test_the_report_says_where_the_facts_live_and_what_the_top_heads_attend_to(attention_construction):
+    """The printed summary, line by line, against the tables it summarises: the storage split
+    (count, share, interval), at most four heads by denoising score with the tokens they
+    attend to (six named, the rest counted), where it wrote."""
+    from dataclasses import replace
+
+    from analyses.locate_facts import report
+    from probe.storage import LABELS
+
+    _, _, located = attention_construction
+    s, facts = located.summary, located.facts
+    doubled = replace(located, summary=replace(s, top_heads=[*s.top_heads, *s.top_heads]))  # more heads than shown
+    text = report(doubled, "ckpt/x", Path("out/y")).splitlines()
+    acc = s.accuracy_interval
+    assert text[:2] == [f"ckpt/x: {len(facts)} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
+                        "where the facts live:"]
+    for line, label in zip(text[2:2 + len(LABELS)], LABELS):
+        n, ci = int((facts[columns.LABEL] == label).sum()), s.label_share_intervals[label]
+        assert line.split() == [label, str(n), f"{100 * n / len(facts):.1f}%", f"[{100 * ci.low:.1f},",
+                                f"{100 * ci.high:.1f}]"]
+    assert text[2 + len(LABELS)] == "top heads by denoising score (1 = all attention on the token, 0 = uniform):"
+    shown, heads = text[3 + len(LABELS):-1], located.heads.set_index("head")
+    assert len(shown) == 4
+    for line, h in zip(shown, doubled.summary.top_heads):
+        tokens = f"{heads.loc[h.head].subjects} {heads.loc[h.head].relations}".split()
+        listed = " ".join(tokens[:6]) + (f" ... (+{len(tokens) - 6})" if len(tokens) > 6 else "")
+        assert line == (f"  head {h.head}: subject {h.subject_score:.2f}, relation {h.relation_score:.2f}; "
+                        f"attends to {listed}")
+    assert re.fullmatch(r"wrote out/y/ \(facts\.csv, heads\.csv, head_tokens\.csv, summary\.json, figures\) in "
+                        r"\d+\.\d s", text[-1])
+
+
+def test_a_head_s_tokens_are_named_up_to_six_and_the_rest_counted():
+    from analyses.locate_facts import _abbreviate
+
+    assert _abbreviate([]) == "no single token (>= 0.5 of its attention)"
+    assert _abbreviate(list("abcdef")) == "a b c d e f"
+    assert _abbreviate(list("abcdefgh")) == "a b c d e f ... (+2)"
+
+
+def test_the_report_of_chosen_facts_gives_each_fact_s_margin_and_each_head_s_part(mlp_construction):
+    from analyses.locate_facts import report
+
+    model, task, _ = mlp_construction
+    chosen = locate(model, task, **SMALL, facts=[(2, 1)])
+    text = report(chosen, "ckpt/x", Path("out/y")).splitlines()
+    number = r"-?\d+\.\d\d"
+    assert text[0] == "ckpt/x: 1 chosen fact(s)"
+    assert re.fullmatch(rf"fact S2 R1 -> R1:a\d+: mlp; accuracy 1\.000, margin {number} logits \[95% CI {number}, "
+                        rf"{number}\] \(attention {number}, mlp {number}, direct {number}\)", text[1]), text[1]
+    heads = text[2:-1]
+    assert [line.split(":")[0] for line in heads] == [f"  head {h}" for h in range(model.cfg.n_heads)]
+    assert all(re.fullmatch(rf"  head \d: margin [+-]\d+\.\d\d, attention on S2 {number}, on R1 {number}; patching "
+                            rf"restores {number} \(subject\), {number} \(relation\)", line) for line in heads), heads
+    assert text[-1].startswith("wrote out/y/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in ")
