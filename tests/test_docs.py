@@ -142,7 +142,8 @@ def test_json_blocks_parse():
 SHOWN = {"ckpt/tiny: 64 facts": ("analyses.locate_facts", ["ckpt/tiny", "--quiet", "--device", "cpu"]),
          "ckpt/tiny: 1 chosen fact": ("analyses.locate_facts", ["ckpt/tiny", "--facts", "3:1", "--quiet",
                                                                 "--device", "cpu"]),
-         "positional arguments:\n  {association,distribution}": ("models.aot.train", ["--help"])}
+         "positional arguments:\n  {association,distribution}": ("models.aot.train", ["--help"]),
+         "positional arguments:\n  ckpt ": ("analyses.locate_facts", ["--help"])}
 
 # What a shown output and the printout must share exactly: every word, every label (a token
 # name such as S3 or R1:a3, a head, an interval's level) and every number's format (its sign,

@@ -1,9 +1,12 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
+import hashlib
+import inspect
 import json
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -234,7 +237,10 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     assert len(facts) == 1 and (facts.subject[0], facts.relation[0]) == (3, 1)
     name = facts.answer_name[0]
     assert re.fullmatch(r"R1:a\d+", name) and f"fact S3 R1 -> {name}: {facts.label[0]}" in out
-    assert out.count("  head ") == 4 and "attention on S3" in out
+    assert out.count("  head ") == 4 and "attention on S3" in out and out.startswith(f"{ckpt}: 1 chosen fact(s)\n")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["settings"]["contexts"], summary["settings"]["facts"], summary["checkpoint"]) == (
+        4, [[3, 1]], str(ckpt))
     assert not (ckpt / "analysis" / "locate_facts" / "facts.csv").exists()  # the run over every fact: untouched
     chosen = tmp_path / "chosen"  # --out: the folder named, not a facts_ folder inside it
     assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
@@ -322,3 +328,89 @@ def test_the_report_of_chosen_facts_gives_each_fact_s_margin_and_each_head_s_par
     assert all(re.fullmatch(rf"  head \d: margin [+-]\d+\.\d\d, attention on S2 {number}, on R1 {number}; patching "
                             rf"restores {number} \(subject\), {number} \(relation\)", line) for line in heads), heads
     assert text[-1].startswith("wrote out/y/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) in ")
+
+
+@pytest.fixture(scope="module")
+def construction_ckpt(tmp_path_factory):
+    """Theorem 4's construction (every fact in the MLP) as a checkpoint: built, not trained."""
+    from models.constructions import main as construct
+
+    out = tmp_path_factory.mktemp("construction") / "mlp"
+    assert construct(["--kind", "mlp", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_cli_in_process_writes_every_fact_s_results_with_its_settings(construction_ckpt, tmp_path, capsys,
+                                                                           monkeypatch):
+    """`locate_facts CKPT` with its settings: the tables, summary.json (the settings and the
+    checkpoint measured), the figures in CKPT/analysis/locate_facts/, the summary printed, a
+    progress bar counting every run unless --quiet; --step of a checkpoint without snapshots
+    refused in one line."""
+    import analyses.locate_facts as module
+    from models.cli import run_cli
+    from probe.ablation import n_ablation_runs
+
+    ckpt = Path(shutil.copytree(construction_ckpt, tmp_path / "mlp"))
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n = kwargs, 0
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+    monkeypatch.setattr(module, "progress_bar", Bar)
+    assert module.main([str(ckpt), "--contexts", "3", "--patch-contexts", "1", "--seed", "2", "--device", "cpu"]) == 0
+    out = ckpt / "analysis" / "locate_facts"
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{ckpt}: 32 facts, accuracy 1.000") and f"\nwrote {out}/ (" in printed
+    assert {p.name for p in out.iterdir()} == {"facts.csv", "heads.csv", "head_tokens.csv", "summary.json",
+                                               "labels_per_relation.png", "head_tokens.png", "margins.png"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary["settings"][k] for k in ("contexts", "patch_contexts", "seed")} == {
+        "contexts": 3, "patch_contexts": 1, "seed": 2}
+    assert (summary["checkpoint"], summary["step"], summary["label_counts"]["mlp"]) == (str(ckpt), None, 32)
+    model, _ = constructed("mlp")
+    assert [(b.kwargs, b.n, b.closed) for b in bars] == [
+        ({"total": 6 + n_ablation_runs(model), "desc": "locating facts", "unit": "run", "disable": False},
+         6 + n_ablation_runs(model), True)]
+    bars.clear()
+    assert module.main([str(ckpt), "--contexts", "2", "--patch-contexts", "1", "--quiet", "--device", "cpu",
+                        "--out", str(tmp_path / "quiet")]) == 0
+    assert [b.kwargs["disable"] for b in bars] == [True]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: module.main([str(ckpt), "--step", "5", "--quiet", "--device", "cpu"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "step 5" in err
+
+
+def test_locate_s_defaults_and_settings_are_recorded(mlp_construction):
+    """locate's defaults are the command's (8 prompts a fact, 2 for patching, seed 0), and too
+    few prompts are refused."""
+    from analyses.locate_facts import LocateSettings
+
+    model, task, located = mlp_construction
+    assert {k: located.summary.settings[k] for k in ("contexts", "patch_contexts", "seed")} == {
+        "contexts": 4, "patch_contexts": 1, "seed": 0}
+    defaults = inspect.signature(locate).parameters
+    assert (defaults["contexts"].default, defaults["patch_contexts"].default, defaults["seed"].default) == (8, 2, 0)
+    assert asdict(LocateSettings()) == {"contexts": 8, "patch_contexts": 2, "seed": 0}
+    LocateSettings(contexts=2, patch_contexts=1)
+    with pytest.raises(ValueError, match="contexts"):
+        LocateSettings(contexts=1)
+    with pytest.raises(ValueError, match="patch_contexts|patch-contexts"):
+        LocateSettings(patch_contexts=0)
+
+
+def test_the_folder_of_chosen_facts_names_up_to_eight_and_digests_more():
+    from analyses.locate_facts import facts_folder
+
+    eight = [(s, s % 3) for s in range(8)]
+    assert facts_folder(eight) == "facts_" + "_".join(f"{s}-{r}" for s, r in eight)
+    nine = eight + [(9, 0)]
+    digest = hashlib.sha1("_".join(f"{s}-{r}" for s, r in nine).encode()).hexdigest()[:8]
+    assert facts_folder(nine) == f"facts_9_{digest}"
