@@ -64,3 +64,16 @@ def test_a_triton_test_on_a_device_the_machine_lacks_is_skipped(monkeypatch):
     lacking = CPU if torch.cuda.is_available() else CUDA
     with pytest.raises(pytest.skip.Exception, match=f"not on {lacking}"):
         conftest.require_triton(lacking)
+
+
+@pytest.mark.parametrize("cuda, hip, gpu, interpret", [(None, None, False, True),  # a CPU torch
+                                                      ("12.4", None, False, True),  # a CUDA torch, no GPU here
+                                                      ("12.4", None, True, False),  # a CUDA torch on a GPU: compiled
+                                                      (None, "6.2", True, False)])  # a ROCm torch on a GPU
+def test_the_interpreter_is_asked_for_by_every_torch_build_without_a_gpu(monkeypatch, cuda, hip, gpu, interpret):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ.get("TRITON_INTERPRET") == ("1" if interpret else None)
