@@ -22,6 +22,7 @@ from models.trainer import train
 from probe import columns
 from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch
+from probe.storage import StorageRule
 from tests.conftest import quick
 
 SMALL = dict(contexts=4, patch_contexts=1, progress=False)
@@ -374,6 +375,10 @@ def test_the_cli_in_process_writes_every_fact_s_results_with_its_settings(constr
     assert {k: summary["settings"][k] for k in ("contexts", "patch_contexts", "seed")} == {
         "contexts": 3, "patch_contexts": 1, "seed": 2}
     assert (summary["checkpoint"], summary["step"], summary["label_counts"]["mlp"]) == (str(ckpt), None, 32)
+    assert (summary["settings"]["device"], summary["settings"]["rule"]) == ("cpu", asdict(StorageRule()))
+    assert summary["task"] == repr(CONSTRUCTION_TASK.build())
+    assert isinstance(summary["seconds"], float) and 0 < summary["seconds"] == round(summary["seconds"], 2) < 600
+    assert list(pd.read_csv(out / "facts.csv").columns[:4]) == ["subject", "relation", "answer", "answer_name"]
     model, _ = constructed("mlp")
     assert [(b.kwargs, b.n, b.closed) for b in bars] == [
         ({"total": 6 + n_ablation_runs(model), "desc": "locating facts", "unit": "run", "disable": False},
@@ -414,3 +419,19 @@ def test_the_folder_of_chosen_facts_names_up_to_eight_and_digests_more():
     nine = eight + [(9, 0)]
     digest = hashlib.sha1("_".join(f"{s}-{r}" for s, r in nine).encode()).hexdigest()[:8]
     assert facts_folder(nine) == f"facts_9_{digest}"
+
+
+def test_each_head_s_effects_are_its_means_over_the_facts(attention_construction):
+    """heads.csv's per-head columns: the means over facts of that head's margin, its zero- and
+    mean-ablation accuracy, its OV recall and the shares it restores under patching."""
+    _, _, located = attention_construction
+    facts, heads = located.facts, located.heads.set_index("head")
+    for h in heads.index:
+        head = columns.head(h)
+        expected = {"mean_margin": columns.head_margin(h),
+                    "zero_ablation_accuracy": columns.ablated_accuracy("zero", head),
+                    "mean_ablation_accuracy": columns.ablated_accuracy("mean", head), "ov_recall": columns.ov_probe(h),
+                    "patch_subject_restored": columns.patch("subject", head),
+                    "patch_relation_restored": columns.patch("relation", head)}
+        means = {k: facts[c].mean() for k, c in expected.items()}
+        assert {k: heads.loc[h, k] for k in expected} == pytest.approx(means)
