@@ -219,9 +219,13 @@ def test_the_stand_in_is_the_recorded_s_star_else_the_fitted_line_with_the_shape
     oracle = Oracle(())
     oracle.s_star, oracle.slope, oracle.intercept = {("1,1,2", 8): 17}, 0.8, math.log(0.3)
     oracle.offset = {"1,1,2": 0.5, "1,1,4": -3.0}
-    assert oracle.stand_in(sweep, shape, 8) == 17
+    assert oracle.stand_in(sweep, shape, 8) == oracle.stand_in(sweep, (1, 1, 2, 64), 8) == 17  # a row's largest d aside
+    assert oracle.probe(sweep, (1, 1, 2, 64), 8, 3, None)["shape"] == "1,1,2"
     assert oracle.stand_in(sweep, shape, 16) == int(math.sqrt(math.exp(math.log(0.3) + 0.5 + 0.8 * math.log(P))))
     assert oracle.stand_in(sweep, shape, 16) > LOWEST + 1
+    run = sweep.run((2, 2, 2), 16, LOWEST, "cpu")  # no offset of its own
+    P = parameter_count(run.model.checkpoint_section(run.task.build()))["total"]
+    assert oracle.stand_in(sweep, (2, 2, 2), 16) == int(math.sqrt(math.exp(math.log(0.3) + 0.8 * math.log(P))))
     oracle.intercept = -50.0
     assert oracle.stand_in(sweep, shape, 16) == LOWEST - 1  # the line gives no fact: every probe fails
 
@@ -246,31 +250,39 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
     def probes(rows):
         return pd.DataFrame(rows, columns=["shape", "d", "S", "seed", "accuracy", "steps_run", "model_steps",
                                            "recorded"])
-    today_rows = [("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 12000, 24000, False),
+    today_rows = [("1,1,2", 8, 4, None, 1.0, 500, 10 ** 6, True),
+                  ("1,1,2", 8, 6, None, 0.0, 12000, 24 * 10 ** 6, False),
                   ("1,1,2", 11, 6, None, 1.0, 5000, 10000, False)]
-    new_rows = [("1,1,2", 8, 4, None, 1.0, 500, 1000, True), ("1,1,2", 8, 6, None, 0.0, 3000, 6000, False)]
+    new_rows = [("1,1,2", 8, 4, None, 1.0, 500, 10 ** 6, True), ("1,1,2", 8, 6, None, 0.0, 3000, 6 * 10 ** 6, False)]
     planned = {"never": (probes(today_rows), {("1,1,2", 8): 4, ("1,1,2", 11): 6}),
-               "milestones": (probes(new_rows), {("1,1,2", 8): 5, ("1,1,2", 11): 6})}
+               "milestones": (probes(new_rows), {("1,1,2", 8): 5, ("1,1,2", 11): 7})}
     monkeypatch.setattr(plan_module, "plan", lambda sweep, oracle: planned[sweep.give_up])
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), lr=(0.01, 0.03), steps=16384)
     text, table = plan_module.plan_text(sweep, None, 200.0)
-    today, new = 35000, 7000
+    today, new = 25010000, 7000000
     assert text.splitlines() == [
         "plan of 1 shapes x d = 8,11, 2 learning rates, 1 seed(s), 16384 steps; model-steps today -> new rules "
         "(probes in brackets):",
-        "  1,1,2       d=8: 25k -> 7000 (2 -> 2); d=11: 10k -> 0 (1 -> 0)",
-        f"total: 35,000 model-steps today, 7,000 with the new rules ({new / today:.2f}x); recorded probes stand in "
-        "for 2 of 5",
-        "S* with the new rules: the same as today's at 1 of 2 sizes (moved: 1,1,2 d=8: 4 -> 5)",
+        "  1,1,2       d=8: 25000k -> 7000k (2 -> 2); d=11: 10k -> 0 (1 -> 0)",
+        f"total: 25,010,000 model-steps today, 7,000,000 with the new rules ({new / today:.2f}x); recorded probes "
+        "stand in for 2 of 5",
+        "S* with the new rules: the same as today's at 0 of 2 sizes (moved: 1,1,2 d=8: 4 -> 5; 1,1,2 d=11: 6 -> 7)",
         f"projected on one H100 at 6,827 model-steps/s (its record: 15 models x 16,384 steps in 23-36 s at d = 128): "
         f"{today / plan_module.H100_RATE / 60:.1f} min today, {new / plan_module.H100_RATE / 60:.1f} min with the "
         "new rules",
         f"projected at the recorded probes' rate (200 model-steps/s): {today / 200 / 60:.1f} min today, "
         f"{new / 200 / 60:.1f} min new"]
+    assert f"{new / plan_module.H100_RATE / 60:.1f}" != f"{new / plan_module.H100_RATE / 61:.1f}"  # minutes, not 61
     assert list(table["rules"]) == ["today"] * 3 + ["new"] * 2
+    one = (probes([("1,1,2", 8, 4, None, 1.0, 1, 1, False)]), {("1,1,2", 8): 4})
+    planned.update(never=one, milestones=one)
+    lines = plan_module.plan_text(sweep, None, None)[0].splitlines()
+    assert lines[2:4] == [
+        "total: 1 model-steps today, 1 with the new rules (1.00x); recorded probes stand in for 0 of 2",
+        "S* with the new rules: the same as today's at 1 of 1 sizes"] and len(lines) == 5
 
 
-def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does():
+def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does(monkeypatch):
     """Two seeds, three sizes a round: each round is every size with every seed; today's
     rounds are the search's own and the new rules fill them, so the sizes planned at each d
     are the bisection's with and without filling, and both find the oracle's S*."""
@@ -280,8 +292,13 @@ def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does():
 
     oracle = Oracle(())
     oracle.s_star = {("1,1,2", 8): 13, ("1,1,2", 11): 20}
+    import analyses.capacity.plan as plan_module
+
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), seeds=(0, 1), probes=3, min_size=4, max_size=24,
-                             steps=100, lr=(0.01, 0.03))
+                             steps=100, lr=(0.01, 0.03), fill_rounds=True)  # today's rules unfill it
+    bars, run_jobs = [], plan_module.run_jobs
+    monkeypatch.setattr(plan_module, "run_jobs", lambda *a, **kw: bars.append(kw.get("progress", True)) or
+                        run_jobs(*a, **kw))
     tried = {}
     for name, rules, fill in (("today", today, False), ("new", new_rules, True)):
         probes, found = plan(rules(sweep), oracle)
@@ -301,6 +318,7 @@ def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does():
             start = s_star
         assert (probes["model_steps"] == 2 * probes["steps_run"]).all() and (probes["shape"] == "1,1,2").all()
     assert tried["today"] != tried["new"]  # filling changed a round here
+    assert bars == [False, False]  # a plan takes no time: no progress bar
 
 
 def test_the_oracle_reads_its_sweeps_tables_and_the_recorded_rate(tmp_path):
@@ -329,6 +347,9 @@ def test_the_oracle_reads_its_sweeps_tables_and_the_recorded_rate(tmp_path):
     assert oracle.offset == pytest.approx({"1,1,2": residual[:2].mean(), "1,1,4": residual[2]})
     assert set(oracle.settings) == set(folders)
     assert recorded_rate(oracle) == pytest.approx((100 * 2 + 100 * 3 + 300 * 3) / (2.0 + 2.0 + 4.0))
+    one, two = Oracle((folders[1],)), Oracle((folders[0],))  # one size that stored facts, then two
+    assert (one.slope, one.intercept) == (1.0, math.log(0.1))
+    assert (two.slope, two.intercept) == pytest.approx(tuple(np.polyfit(np.log([100, 150]), np.log([9, 16]), 1)))
     empty = Oracle((tmp_path / "none",))
     assert (empty.slope, empty.intercept, empty.s_star) == (1.0, math.log(0.1), {}) and recorded_rate(empty) is None
 
@@ -337,16 +358,45 @@ def test_a_sweep_over_seeds_recorded_with_other_torch_threads_answers_every_prob
     """A recorded sweep over seeds answers each (size, seed) probe from its own cell, whatever
     torch threads it computed with."""
     from analyses.capacity import TransformerSweep
-    from analyses.capacity.plan import Oracle, plan, today
+    from analyses.capacity.plan import Oracle, new_rules, plan, today
     from analyses.capacity.transformer import probe_key
     from analyses.sweep import Cells
 
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8,), seeds=(0, 1), min_size=4, max_size=24, steps=100)
     cells = Cells(tmp_path, today(sweep).recorded(), torch_threads=2)
+    curve = {"step": [0, 25, 50, 75, 100], "accuracy": [0.5] * 5}
+    flat = {"accuracy": 0.5, "steps_run": 100, "runs": [{"lr": 0.01, "best_accuracy": 0.5, "curve": curve}]}
     for S in range(2, 25):
         for seed in (0, 1):  # seed 1 stores one size more: the majority (both) decides
-            cells.record(probe_key((1, 1, 2), 8, S, seed), {"accuracy": float(S <= 7 + seed), "steps_run": 40 + S})
-    probes, found = plan(today(sweep), Oracle((tmp_path,)))
+            row = {"accuracy": 1.0, "steps_run": 40 + S} if S <= 7 + seed else flat
+            cells.record(probe_key((1, 1, 2), 8, S, seed), row)
+    oracle = Oracle((tmp_path,))
+    probes, found = plan(today(sweep), oracle)
+    stored = probes["S"] <= 7 + probes["seed"]
     assert found == {("1,1,2", 8): 7} and probes["recorded"].all()
-    assert (probes["steps_run"] == 40 + probes["S"]).all()
-    assert (probes["accuracy"] == (probes["S"] <= 7 + probes["seed"]).astype(float)).all()
+    assert (probes["steps_run"] == (40 + probes["S"]).where(stored, 100)).all()
+    assert (probes["accuracy"] == stored.map({True: 1.0, False: 0.5})).all()
+    probes, found = plan(new_rules(sweep), oracle)  # the rule stops the failing ones at a quarter: they fail there
+    stored = probes["S"] <= 7 + probes["seed"]
+    assert found == {("1,1,2", 8): 7} and probes["recorded"].all()
+    assert (probes["steps_run"] == (40 + probes["S"]).where(stored, 25)).all()
+    assert (probes["accuracy"] == stored.map({True: 1.0, False: 0.0})).all()
+
+
+def test_the_oracle_s_shares_of_the_budget_are_the_recorded_probes(monkeypatch):
+    """The share of its step budget a passing probe spent (99% itself passes), and a failing
+    one's up to where the milestone rule stops it, else its end; 1 where nothing is recorded."""
+    import analyses.capacity.plan as plan_module
+    from analyses.capacity.plan import Oracle
+
+    steps = list(range(0, 16385, 1024))
+    flat = _curve_row([0.5] * len(steps), steps)  # stopped at 4096 of 16384
+    ended = _curve_row([0.985] * 2, [0, 1024])  # never stopped: it ended at 1024
+    recorded = [("a", {"accuracy": 0.99, "steps_run": 4096}, 16384), ("a", {"accuracy": 1.0, "steps_run": 8192}, 16384),
+                ("b", flat, 16384), ("b", ended, 16384)]
+    monkeypatch.setattr(plan_module, "recorded_probes", lambda root: (recorded, []))
+    oracle = Oracle(())
+    assert oracle.pass_share == pytest.approx((0.25 + 0.5) / 2)
+    assert oracle.give_up_share == pytest.approx((0.25 + 1024 / 16384) / 2)
+    monkeypatch.setattr(plan_module, "recorded_probes", lambda root: ([], []))
+    assert (Oracle(()).pass_share, Oracle(()).give_up_share) == (1.0, 1.0)
