@@ -1,6 +1,5 @@
 """locate_facts labels models whose storage is known, and its instruments measure what they claim."""
 import hashlib
-import inspect
 import json
 import re
 import shutil
@@ -242,6 +241,11 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     summary = json.loads((folder / "summary.json").read_text())
     assert (summary["settings"]["contexts"], summary["settings"]["facts"], summary["checkpoint"]) == (
         4, [[3, 1]], str(ckpt))
+    assert main([str(ckpt), "--facts", "3:1", "--step", "4", "--contexts", "2", "--patch-contexts", "1", "--quiet",
+                 "--device", "cpu"]) == 0  # a snapshot's results: beside the final weights', never over them
+    at_step = json.loads((ckpt / "analysis" / "step_4" / "locate_facts" / "facts_3-1" / "summary.json").read_text())
+    assert (at_step["step"], at_step["checkpoint"], summary["step"]) == (4, str(ckpt), None)
+    capsys.readouterr()
     assert not (ckpt / "analysis" / "locate_facts" / "facts.csv").exists()  # the run over every fact: untouched
     chosen = tmp_path / "chosen"  # --out: the folder named, not a facts_ folder inside it
     assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
@@ -391,18 +395,33 @@ def test_the_cli_in_process_writes_every_fact_s_results_with_its_settings(constr
         run_cli(lambda: module.main([str(ckpt), "--step", "5", "--quiet", "--device", "cpu"]))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "step 5" in err
+    from models.aot.train import main as aot_train  # a checkpoint of another task kind: refused in one line
+
+    aot = tmp_path / "aot"
+    assert aot_train(["association", "--n-tokens", "4", "--batches", "1", "--epochs", "1", "--batch-size", "4",
+                      "--device", "cpu", "--quiet", "--out", str(aot)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: module.main([str(aot), "--quiet", "--device", "cpu"]))
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"error: {aot}/config.json: task kind 'association' is not a factual-recall task; this tool reads "
+        "factual_recall checkpoints only.\n")
+    assert module.parser().description == module.__doc__
 
 
-def test_locate_s_defaults_and_settings_are_recorded(mlp_construction):
-    """locate's defaults are the command's (8 prompts a fact, 2 for patching, seed 0), and too
-    few prompts are refused."""
+def test_locate_s_defaults_and_settings_are_recorded(monkeypatch):
+    """locate's defaults are the command's (8 prompts a fact, 2 for patching, seed 0, a
+    progress bar), and too few prompts are refused."""
+    import analyses.locate_facts as module
     from analyses.locate_facts import LocateSettings
 
-    model, task, located = mlp_construction
+    bars = []
+    real = module.progress_bar
+    monkeypatch.setattr(module, "progress_bar", lambda **kw: bars.append(kw) or real(**{**kw, "disable": True}))
+    located = locate(*constructed("mlp"))
     assert {k: located.summary.settings[k] for k in ("contexts", "patch_contexts", "seed")} == {
-        "contexts": 4, "patch_contexts": 1, "seed": 0}
-    defaults = inspect.signature(locate).parameters
-    assert (defaults["contexts"].default, defaults["patch_contexts"].default, defaults["seed"].default) == (8, 2, 0)
+        "contexts": 8, "patch_contexts": 2, "seed": 0}
+    assert [kw["disable"] for kw in bars] == [False]
     assert asdict(LocateSettings()) == {"contexts": 8, "patch_contexts": 2, "seed": 0}
     LocateSettings(contexts=2, patch_contexts=1)
     with pytest.raises(ValueError, match="contexts"):
@@ -421,10 +440,10 @@ def test_the_folder_of_chosen_facts_names_up_to_eight_and_digests_more():
     assert facts_folder(nine) == f"facts_9_{digest}"
 
 
-def test_each_head_s_effects_are_its_means_over_the_facts(attention_construction):
+def test_each_head_s_effects_are_its_means_over_the_facts():
     """heads.csv's per-head columns: the means over facts of that head's margin, its zero- and
     mean-ablation accuracy, its OV recall and the shares it restores under patching."""
-    _, _, located = attention_construction
+    located = locate(*constructed("attention"), **SMALL)  # measured here: mutation testing maps it to this test
     facts, heads = located.facts, located.heads.set_index("head")
     for h in heads.index:
         head = columns.head(h)
