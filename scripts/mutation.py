@@ -112,6 +112,8 @@ def measure(module: str, work: Path, max_children: int, survivors_only: bool) ->
     survivors = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
     (where / "survivors.txt").write_text("\n".join(survivors) + "\n")
     tested = stats["total"] - stats["skipped"]
+    if survivors_only:  # the mutants not tested again were killed before
+        stats["killed"] = tested - stats["survived"] - stats["no_tests"] - stats["timeout"]
     score = (stats["killed"] + stats["timeout"]) / tested if tested else float("nan")
     return {**stats, "score": score, "survivors": survivors, "folder": str(where)}
 
