@@ -96,7 +96,7 @@ def scratch_copy(module: str, work: Path, keep: bool) -> Path:
 def measure(module: str, work: Path, max_children: int, survivors_only: bool) -> dict:
     """Run mutmut on `module` (or on the survivors of its last run); its counts and survivors."""
     where = scratch_copy(module, work, survivors_only)
-    again = (where / "survivors.txt").read_text().split() if survivors_only else []
+    again = (where / "survivors.txt").read_text().splitlines() if survivors_only else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     outside = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                if p and Path(p).resolve() != ROOT and ROOT not in Path(p).resolve().parents]
@@ -104,7 +104,7 @@ def measure(module: str, work: Path, max_children: int, survivors_only: bool) ->
         env["PYTHONPATH"] = os.pathsep.join(outside)
     env["OMP_NUM_THREADS"] = "1"
     mutmut = [sys.executable, "-m", "mutmut"]
-    names = [name.removesuffix(":") for name in again if name.endswith(":")]
+    names = [name for name, _, status in (line.partition(": ") for line in again) if status != "not checked"]
     subprocess.run([*mutmut, "run", "--max-children", str(max_children), *names], cwd=where, env=env, check=False)
     subprocess.run([*mutmut, "export-cicd-stats"], cwd=where, env=env, check=True, capture_output=True)
     stats = json.loads((where / "mutants" / "mutmut-cicd-stats.json").read_text())
