@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import re
+from dataclasses import fields
 
 import pytest
 import torch
@@ -314,6 +315,12 @@ def test_the_command_line_s_defaults_out_force_and_progress(tmp_path, monkeypatc
     shown = capsys.readouterr().out
     assert exit_.value.code == 0 and shown.startswith("usage: python -m models.aot.train [-h] [--out OUT]")
     assert cli_module.__doc__.strip().split("\n\n")[0] in shown
+    for title, config in (("model", AoTModelConfig()), ("training", AoTTrainConfig())):  # every field a flag
+        group = shown.split(f"\n{title}:\n")[1].split("\n\n")[0]
+        for f in fields(config):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = " ".join(group.split(flag, 1)[1].split("\n  --")[0].split())
+            assert help_text.endswith(f"(default: {getattr(config, f.name)})"), (flag, help_text)
     with pytest.raises(SystemExit) as exit_:
         cli_module.parser().parse_args(["bogus"])
     assert exit_.value.code == 2 and capsys.readouterr().err == (
