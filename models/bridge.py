@@ -1,5 +1,5 @@
 """The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights
-(`build_bridge`), or loaded from a checkpoint of either model family (`load`).
+(`build_bridge`), or loaded from a checkpoint of any model family (`load`).
 
 Analyses read activations through its hooks (`blocks.0.attn.hook_pattern`,
 `blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks. TransformerLens has
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from models.answer_calls import attach_answer_calls
 from models.checkpoint import load_checkpoint
-from models.section import ModelSection
+from models.section import InductionSection, ModelSection
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -54,13 +55,15 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
     """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode,
     its parameters with gradients on as TransformerLens gives them (the toolkit's instruments
     run without gradients: under torch.inference_mode or torch.no_grad); with `task`, its
-    vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens)."""
+    vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens), and
+    return_type="loss" and `generate` in its answer vocabulary (models.answer_calls)."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.model_bridge import TransformerBridge
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = TransformerBridge.boot_native(bridge_config(section), device=torch.device(device))
+        config = section.bridge_config() if isinstance(section, InductionSection) else bridge_config(section)
+        model = TransformerBridge.boot_native(config, device=torch.device(device))
     load_weights(model, weights)
     model.eval()
     if section.attention == "linear":
@@ -69,6 +72,7 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
         from models.tokenizer import attach_tokenizer  # imports transformers: only where a bridge is built
 
         attach_tokenizer(model, task)
+        attach_answer_calls(model, task)
     return model
 
 

@@ -5,9 +5,10 @@ import platform
 import pytest
 import torch
 
-from models.config import RunConfig, override
-from models.presets import preset
-from models.trainer import train
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.presets import preset
+from models.recall.trainer import train
 from tasks import triton_kernels
 
 # The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from analyses.capacity.stopping import MILESTONES_MAX_D, stop_step, validate
-from analyses.search import bisection
-from models.config import MILESTONES, RunConfig, TaskConfig, TrainConfig
+from analyses.sweeps.search import bisection
+from models.recall.config import MILESTONES, RunConfig, TaskConfig, TrainConfig
 from tests.test_capacity_memory import _cli
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "capacity"
@@ -53,8 +53,8 @@ def test_the_validation_counts_a_run_stopped_before_it_reached_99_percent(tmp_pa
 
 
 def test_a_run_gives_up_at_the_first_milestone_it_misses_alone_and_stacked():
-    from models.shape_trainer import train_stacks
-    from models.trainer import train
+    from models.recall.shape_trainer import train_stacks
+    from models.recall.trainer import train
 
     def run(give_up, S):
         return RunConfig(task=TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=2, n_noise=2 * S,
@@ -87,7 +87,9 @@ def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     assert (planned["model_steps"] == 2 * planned["steps_run"]).all()
     for rules, flags in (("today", []), ("new", ["--give-up", "milestones", "--fill-rounds"])):
         out = tmp_path / rules
-        assert _cli(["transformer", *sizes, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)[0] == 0
+        code, _, err = _cli(["transformer", *sizes, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)
+        warned = "warning: --give-up milestones was validated on runs of 16,384 steps" in err  # 64 steps here
+        assert code == 0 and warned == bool(flags)
         assert planned.loc[planned["rules"] == rules, "model_steps"].sum() == _spent(out)
     assert _spent(tmp_path / "new") < _spent(tmp_path / "today")  # the rule stopped failing probes early
     settings = json.loads((tmp_path / "new" / "settings.json").read_text())
@@ -203,6 +205,14 @@ def test_the_rule_is_off_above_the_validated_sizes():
     assert replace(sweep, give_up="never").run((1, 1, 2), 8, 8, "cpu").train.give_up == "never"
 
 
+@pytest.mark.parametrize("folder, kind", [("tradeoff/grid", "tradeoff grid"), ("capacity/mlp", "capacity memory"),
+                                          ("capacity/departures", "capacity departures")])
+def test_an_oracle_of_another_kind_of_sweep_is_refused_in_one_line(folder, kind, capsys):
+    oracle = RESULTS.parent / folder
+    code, _, err = _cli(["plan", "--shape", "1,1,2", "--d", "8", "--oracle", str(oracle)], capsys)
+    assert code == 2 and err == (f"error: --oracle {oracle}: holds a '{kind}' sweep (its settings.json), not a "
+                                 "transformer capacity sweep; --oracle takes the --out of `python -m analyses.capacity "
+                                 "transformer`.\n")
 def test_the_stand_in_is_the_recorded_s_star_else_the_fitted_line_with_the_shape_s_offset():
     """S* where a sweep recorded it; elsewhere sqrt of the facts the line fitted to recorded
     facts against parameters gives (log facts = intercept + the shape's offset + slope log
@@ -210,7 +220,7 @@ def test_the_stand_in_is_the_recorded_s_star_else_the_fitted_line_with_the_shape
     from analyses.capacity import TransformerSweep
     from analyses.capacity.plan import Oracle, parameters
     from analyses.capacity.transformer import LOWEST
-    from models.weights import parameter_count
+    from models.recall.weights import parameter_count
 
     sweep, shape = TransformerSweep(), (1, 1, 2)
     run = sweep.run(shape, 16, LOWEST, "cpu")
@@ -360,7 +370,7 @@ def test_a_sweep_over_seeds_recorded_with_other_torch_threads_answers_every_prob
     from analyses.capacity import TransformerSweep
     from analyses.capacity.plan import Oracle, new_rules, plan, today
     from analyses.capacity.transformer import probe_key
-    from analyses.sweep import Cells
+    from analyses.sweeps.cells import Cells
 
     sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8,), seeds=(0, 1), min_size=4, max_size=24, steps=100)
     cells = Cells(tmp_path, today(sweep).recorded(), torch_threads=2)

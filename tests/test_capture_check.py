@@ -1,4 +1,4 @@
-"""The CPU check for CUDA-graph capture hazards (models.capture_check): each hazard it names is
+"""The CPU check for CUDA-graph capture hazards (models.training.capture_check): each hazard it names is
 refused, a clean step passes, and every trainer's step, built on the meta device as the
 trainer builds it, passes with every sampler `--cuda-graph auto` captures. The association
 task's step as it was (its table copied from the host inside the step) is kept as a fixture
@@ -13,12 +13,12 @@ import torch
 
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import population_step, prepare
-from models.capture_check import CaptureHazard, check_capturable
-from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
-from models.graphed import use_cuda_graph
-from models.presets import preset
-from models.shape_trainer import _start_shapes
-from models.trainer import _start
+from models.recall.config import RunConfig, TaskConfig, TrainConfig, shape_model
+from models.recall.presets import preset
+from models.recall.shape_trainer import _start_shapes
+from models.recall.trainer import _start
+from models.training.capture_check import CaptureHazard, check_capturable
+from models.training.graphed import use_cuda_graph
 from tasks.association import AssociationTask, DistributionTask
 
 META = torch.device("meta")
@@ -216,6 +216,22 @@ def test_the_shape_stack_step_is_capturable(name, sampler):
     check_capturable(_start_shapes(_shape_runs(*SHAPE_STACKS[name], sampler), META).step_once.step)
 
 
+@pytest.mark.parametrize("name", ["tiny", "lr x seed", "authors", "shape stack"])
+def test_the_steps_with_adam_s_triton_kernel_are_capturable(name, monkeypatch):
+    """Adam as CUDA runs it (models/training/adam_kernel.py: the weights in one flat buffer, one `cat` of
+    the gradients, one kernel), the kernel an operator the check sees with its operands."""
+    from models.training import optimizer
+
+    monkeypatch.setattr(optimizer, "uses_kernel", lambda device: True)
+    if name == "shape stack":
+        state = _start_shapes(_shape_runs(*SHAPE_STACKS["sizes d and tasks"], "counter"), META)
+    else:
+        run = FACTUAL_RECALL[name]
+        state = _start(replace(run, train=replace(run.train, batch_size=64, eval_size=64)), META, None)
+    assert state.optimizer.kernel
+    check_capturable(state.step_once.step)
+
+
 @pytest.mark.parametrize("body, reason", [
     (lambda w: w.detach().copy_(HOST_TABLE[None].float()), "a copy from the host to the device"),
     (lambda w: torch.empty(4, 3).copy_(w.detach()), "a copy from the device to the host (waits for the device)"),
@@ -258,7 +274,7 @@ def test_the_fused_core_s_token_order_is_capturable():
     each model's positions sorted by token and where each entry starts (fixed shapes, no
     wait for the host), for tokens shared by heads and per head. The kernels themselves run
     only where Triton compiles (CUDA) or interprets (CPU), not on `meta`."""
-    from models.fused_attention import token_order
+    from models.cores.fused_attention import token_order
 
     K, H, B, T, V = 3, 4, 16, 5, 11
     meta = torch.device("meta")

@@ -14,10 +14,11 @@ import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.config import RunConfig, override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
-from models.presets import preset
-from models.trainer import train
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.recall.presets import preset
+from models.recall.trainer import train
 from probe import columns
 from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch
@@ -232,7 +233,7 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    folder = ckpt / "analysis" / "locate_facts" / "facts_3-1"
+    folder = ckpt / "analysis" / "locate_facts" / "contexts-4_patch-contexts-1" / "facts_3-1"  # settings', facts' own
     facts = pd.read_csv(folder / "facts.csv")
     assert len(facts) == 1 and (facts.subject[0], facts.relation[0]) == (3, 1)
     name = facts.answer_name[0]
@@ -338,7 +339,7 @@ def test_the_report_of_chosen_facts_gives_each_fact_s_margin_and_each_head_s_par
 @pytest.fixture(scope="module")
 def construction_ckpt(tmp_path_factory):
     """Theorem 4's construction (every fact in the MLP) as a checkpoint: built, not trained."""
-    from models.constructions import main as construct
+    from models.recall.constructions import main as construct
 
     out = tmp_path_factory.mktemp("construction") / "mlp"
     assert construct(["--kind", "mlp", "--out", str(out)]) == 0

@@ -3,8 +3,8 @@ import io
 
 import pytest
 
-from analyses.sweep import Cell, Cells, one, run_jobs
-from models.progress import ENV
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from models.training.progress import ENV
 from tests.test_sweep import Shuffled, threshold_row
 
 
@@ -37,8 +37,8 @@ def test_bars_are_drawn_on_a_terminal_or_when_asked(stderr, setting, shown, tmp_
 
 
 def test_training_piped_to_a_log_draws_no_bar(monkeypatch, capsys):
-    from models.config import RunConfig, TaskConfig, TrainConfig
-    from models.trainer import train
+    from models.recall.config import RunConfig, TaskConfig, TrainConfig
+    from models.recall.trainer import train
 
     monkeypatch.delenv(ENV, raising=False)
     run = RunConfig(TaskConfig(n_subjects=4, n_relations=2, answers_per_relation=2, n_noise=4, seq_len=4),

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.search import bisection, largest_passing, search
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.search import bisection, largest_passing, search
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,6 +108,24 @@ def test_a_cell_two_jobs_ask_for_is_computed_once(tmp_path):
     assert executor.most == 1 and cells.computed == 1
 
 
+def stateful_rows(state: str, keys: tuple[str, ...]) -> dict:
+    """A stack cell that leaves a training state in `state` as it computes."""
+    Path(state).mkdir(parents=True, exist_ok=True)
+    (Path(state) / "step_00000001.json").write_text("{}")
+    return {key: threshold_row(1, 1) for key in keys}
+
+
+def test_a_cell_s_training_state_is_kept_until_the_cell_is_recorded(tmp_path):
+    cells = Cells(tmp_path, {})
+    state = cells.state("stack")
+    assert state == (tmp_path / "state" / "stack").resolve()
+    stateful_rows(str(cells.state("left")), ("x",))  # a cell still to compute keeps its state
+    run_jobs([one(Cell("stack", stateful_rows, (str(state), ("a", "b")), parts=("a", "b")))], cells, Shuffled(0),
+             progress=False)
+    assert not state.exists() and cells.state("left").is_dir()
+    assert [p.name for p in sorted((tmp_path / "cells").iterdir())] == ["a.json", "b.json"]
+
+
 # ------------------------------------------------------------------ CLI: bad settings
 TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
         "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",
@@ -187,7 +205,7 @@ def test_settings_an_earlier_version_recorded_resume(tmp_path):
 def ray_cluster():
     """One local Ray instance with 2 CPUs for the module (the executor reuses it)."""
     ray = pytest.importorskip("ray")
-    from analyses.executors import start_ray
+    from analyses.sweeps.executors import start_ray
 
     start_ray(num_cpus=2)
     yield ray.get_runtime_context().gcs_address
@@ -242,7 +260,7 @@ def threads_row(i: int) -> dict:
 @pytest.mark.parametrize("kind", ["processes", "ray"])
 @pytest.mark.parametrize("threads", [None, 2])
 def test_each_cell_computes_with_the_sweep_s_torch_threads_on_every_executor(request, tmp_path, kind, threads):
-    from analyses.executors import ExecutorSettings, open_executor
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
 
     if kind == "ray":
         request.getfixturevalue("ray_cluster")
@@ -284,7 +302,7 @@ class CountingCells(Cells):
 
 
 def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_cluster, tmp_path):
-    from analyses.executors import RayExecutor
+    from analyses.sweeps.executors import RayExecutor
 
     attempts = tmp_path / "attempts"
     attempts.mkdir()
@@ -352,7 +370,7 @@ def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_ce
     """One worker: cell 0 returns before cell 1 fails (raises, or its worker is killed); the
     sweep stops with one clear line, cell 0 recorded, and the cell still computing (or
     queued) is not waited for: no worker is left."""
-    from analyses.executors import ExecutorSettings, open_executor
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
 
     done = tmp_path / "cell 2 done"
     args = (lambda n: (str(done), n)) if fn is fails_or_waits else (lambda n: (n,))
@@ -364,6 +382,44 @@ def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_ce
     assert stopped.value.__suppress_context__  # one line: no worker traceback chained on
     assert cells.rows() == [{"n": 0}]
     assert not multiprocessing.active_children() and not done.exists()
+
+
+def _group(pgid: int) -> list[str]:
+    """The command lines of the live processes of process group `pgid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while the workers
+    compute: exit 130 and one line saying what is recorded and that the same command resumes;
+    no worker traceback, no leaked-semaphore warning, no process left."""
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "analyses.capacity", "memory", "--d", "8,16", "--seeds", "0,1",
+                             "--steps", "4000", "--executor", "processes", "--jobs", "2", "--quiet", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while sum("spawn_main" in c for c in _group(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the two workers started (spawned: importing, then computing)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    recorded = len(list((out / "cells").glob("*.json"))) if (out / "cells").is_dir() else 0
+    assert err == (f"interrupted: {recorded} cell(s) recorded in {out / 'cells'}/ ({recorded} by this run); rerun "
+                   "the same command to resume from them\n")
+    deadline = time.monotonic() + 20
+    while _group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group(proc.pid) == []  # the workers were stopped with it
 
 
 # ------------------------------------------------------------------ kept checkpoints

@@ -8,7 +8,7 @@ import pandas as pd
 from analyses.aot_capacity.figures import figure, roles_figure
 from analyses.aot_capacity.sweep import AotSweep
 from analyses.aot_capacity.tables import AotCapacity
-from analyses.output import write_csv, write_summary
+from analyses.sweeps.output import write_csv, write_summary
 
 
 def write(result: AotCapacity, sweep: AotSweep, out: Path) -> None:

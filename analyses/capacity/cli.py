@@ -1,13 +1,15 @@
-"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out, and
-`plan`, a transformer sweep's model-steps before it runs."""
+"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out,
+`plan`, a transformer sweep's model-steps before it runs, and the Zipf studies (zipf/cli.py)."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
-from analyses import capacity, cli
+from analyses import capacity
 from analyses.capacity.departures import DepartureStudy, compare_departures, study_text
 from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
 from analyses.capacity.plan import Oracle, default_oracle, plan_text, recorded_rate
@@ -19,13 +21,16 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
-from analyses.output import write_csv
-from analyses.sweep import Cells
+from analyses.capacity.zipf import cli as zipf_cli
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.output import write_csv
 from models.bridge import resolve_device
+from models.recall.config import TrainConfig
 
 
 def _shape(text: str) -> tuple:
-    values = cli.comma_list(float)(text)
+    values = cli.comma_list(float, distinct=False)(text)  # 1,1,8: a shape's values may repeat
     if len(values) not in (3, 4):
         raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H or ALPHA,BETA,H,LARGEST_D, got {text!r}")
     return values
@@ -57,11 +62,18 @@ def parser():
                    help="a recorded transformer sweep standing in for the training (repeat for several; default "
                         "the recorded Figure 4 left sweeps of the model: results/capacity/paper_fig4_left*)")
     n.add_argument("--out", type=cli.directory, help="output directory (plan.csv: every planned probe; default none)")
+    n.add_argument("--done", action="store_true",
+                   help="instead: how much of the GPU's science (Figure 4 left at the full protocol, Figure 4 right's "
+                        "grid) the committed results have finished, and what the next scripts/gpu_run.sh call will "
+                        "do, in model-steps and minutes at the rates a GPU measured")
+    n.add_argument("--results", type=Path, default=None,
+                   help="with --done: the results folder (default results/; a dry run's: results/dry_run)")
     v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
                                           "facts stored (each variant trained at one shape, size and S = R)")
     cli.add_seed(v, "initialisation and data")
     cli.add_settings(v, DepartureStudy, "the study")
     cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=(*UNTRAINED, "seed"))
+    zipf_cli.add_parsers(sub)
     for q in (t, v):
         cli.add_keep_checkpoints(q)
     for q in (m, t, v):
@@ -83,6 +95,8 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "plan":
         return plan(args)
+    if args.command in zipf_cli.COMMANDS:
+        return zipf_cli.run(args)
     executor = cli.executor(args)
     progress = not args.quiet
     if args.command == "memory":
@@ -104,6 +118,9 @@ def main(argv=None) -> int:
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = _transformer_sweep(args)
+        warning = TrainConfig(steps=sweep.steps, give_up=sweep.give_up).milestones_warning()  # off above d = 64
+        if warning:
+            print(warning, file=sys.stderr)
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
                       keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
@@ -120,12 +137,35 @@ def _transformer_sweep(args) -> TransformerSweep:
                         **resumed_sampler(args))
 
 
+def _recorded_analysis(folder: Path) -> str | None:
+    """The kind of sweep recorded in FOLDER/settings.json (its `analysis`), None where unreadable."""
+    try:
+        recorded = json.loads((folder / "settings.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return recorded.get("analysis") if isinstance(recorded, dict) else None
+
+
 def plan(args) -> int:
-    """The milestone rule's validation, then the sweep's plan under today's rules and the new ones."""
+    """The milestone rule's validation, then the sweep's plan under today's rules and the new ones
+    (--done: the GPU's science so far and the next call, analyses.capacity.progress)."""
+    if args.done:
+        from analyses.capacity.progress import progress_text
+        from analyses.capacity.protocol import results_root
+
+        results = args.results or results_root(dry=False)
+        print(progress_text(results, lambda piece: _transformer_sweep(parser().parse_args(piece.argv(results, "cpu")))))
+        return 0
     sweep = _transformer_sweep(args)
     for folder in args.oracle or ():
         if not (folder / "settings.json").is_file():
             raise ValueError(f"--oracle {folder}: no recorded sweep there (settings.json missing).")
+        kind = _recorded_analysis(folder)
+        if kind != "capacity transformer":
+            held = f"a {kind!r} sweep" if kind else "no sweep it names"
+            raise ValueError(f"--oracle {folder}: holds {held} (its settings.json), not a transformer capacity sweep; "
+                             "--oracle takes the --out of "
+                             "`python -m analyses.capacity transformer`.")
     oracle = Oracle(tuple(args.oracle)) if args.oracle else default_oracle(sweep)
     print(validate().text())
     text, table = plan_text(sweep, oracle, recorded_rate(oracle) if args.oracle else None)

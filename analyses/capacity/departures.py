@@ -1,5 +1,5 @@
 """The one-at-a-time study: which of the authors' departures from the standard model
-(models/parameterisation.py) changes how many facts a shape stores. Each variant (standard,
+(models/recall/parameterisation.py) changes how many facts a shape stores. Each variant (standard,
 standard + one departure, authors, authors - one departure) is trained at one shape, size and
 S = R exactly as a Figure 4 left probe, and the state it starts from is measured through the
 TransformerLens model's hooks."""
@@ -11,23 +11,24 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from analyses import cli
 from analyses.capacity.common import TARGET
 from analyses.capacity.transformer import TransformerSweep, transformer_row
-from analyses.executors import ExecutorSettings, open_executor
-from analyses.output import save_figure, subplots, write_csv, write_summary
-from analyses.sweep import Cell, Cells, one, run_jobs
-from models import parameterisation as param
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
+from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models.bridge import build_bridge, resolve_device
-from models.config import ModelConfig, setting
-from models.weights import init_weights
+from models.cli import setting
+from models.recall import parameterisation as param
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights
 
 
 @dataclass(frozen=True)
 class DepartureStudy:
     """The shape, size and S = R at which the variants are compared."""
 
-    shape: tuple[float, ...] = setting((2.0, 2.0, 8.0), "ALPHA,BETA,H of the shape studied")
+    shape: tuple[float, ...] = setting((2.0, 2.0, 8.0), "ALPHA,BETA,H of the shape studied", repeats=True)
     d: int = setting(32, "its embedding dimension d")
     sizes: tuple[int, ...] = setting((30,), "S = R trained: sizes where the standard and the authors' models "
                                             "disagree (at (2, 2, 8), d = 32, S* is 34 for the authors', 25 for the "

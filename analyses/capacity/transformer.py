@@ -9,17 +9,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli
 from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitted_slope
 from analyses.capacity.figures import facts_figure
 from analyses.capacity.stopping import MILESTONES_MAX_D
-from analyses.executors import ExecutorSettings, open_executor
-from analyses.output import write_csv, write_summary
-from analyses.search import bisection, search, stacked_search
-from analyses.sweep import Cell, Cells, run_jobs
-from models import parameterisation as param
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
+from analyses.sweeps.output import write_csv, write_summary
+from analyses.sweeps.search import bisection, search, stacked_search
 from models.bridge import resolve_device
-from models.config import (
+from models.cli import setting
+from models.recall import parameterisation as param
+from models.recall.config import (
     GIVE_UP,
     MILESTONES,
     SAMPLERS,
@@ -27,13 +28,12 @@ from models.config import (
     RunConfig,
     TaskConfig,
     TrainConfig,
-    setting,
     shape_model,
 )
-from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
-from models.shape_trainer import train_stacks
-from models.trainer import train
-from models.weights import parameter_count
+from models.recall.shape_trainer import train_stacks
+from models.recall.trainer import best_so_far, train
+from models.recall.weights import parameter_count
+from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,10 @@ class TransformerSweep:
                            "with it)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
     stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
-                         "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
+                         "models.recall.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
                          "training runs on CUDA: on a CPU a stack is no faster)", choices=("auto", "on", "off"))
     give_up: str = setting("never", "never | milestones: a run that cannot reach accuracy 0.99 stops early by the "
-                           f"milestone rule (models.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
+                           f"milestone rule (models.recall.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
                            "recorded curves validate it (docs/capacity.md)", choices=GIVE_UP)
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
@@ -84,6 +84,10 @@ class TransformerSweep:
         cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
         ModelConfig(parameterisation=self.parameterisation).validate()
+        named = [",".join(f"{v:g}" for v in shape[:3]) for shape in self.shapes]
+        twice = [name for i, name in enumerate(named) if name in named[:i]]
+        if twice:
+            raise ValueError(f"--shape {twice[0]} given twice: list each shape (ALPHA,BETA,H) once.")
         for shape in self.shapes:
             if min(self.d) > _largest_d(shape):
                 raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")
@@ -151,7 +155,7 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
     never above max_size. With several seeds a size passes when most of them store it
     (`stored_by_most`), and each round's sizes and seeds are one stack cell. found[d] = S* as
-    each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
+    each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweeps.cells)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
         sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes,
@@ -189,18 +193,22 @@ def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device
     stack; each (size, seed) is recorded as its own cell, the seeds of a size together."""
     parts = tuple(probe_key(shape, d, S, seed) for S in sizes for seed in sweep.seeds)
     key = f"{probe_key(shape, d, '+'.join(map(str, sizes)))}_seeds{','.join(map(str, sweep.seeds))}"
-    return Cell(key, round_rows, (shape, d, sizes, sweep, device, {k: cells.checkpoint(k) for k in parts}), parts)
+    return Cell(key, round_rows, (shape, d, sizes, sweep, device, {k: cells.checkpoint(k) for k in parts},
+                                  cells.state(key)), parts)
 
 
-def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
+def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict,
+               state: Path | None = None) -> dict:
     """Every (size, seed) of a round, each its own run with its own early stop; stacked
-    (--stack), as few stacks as models.shape_trainer.train_stacks allows (with the counter
-    sampler the sizes share a stack; the generator sampler stacks the seeds of one size), else
-    one after another. {cell key: its probe row}."""
+    (--stack), as few stacks as models.recall.shape_trainer.train_stacks allows (with the counter
+    sampler the sizes share a stack; the generator sampler stacks the seeds of one size),
+    resumable from `state` (a round cut in the middle goes on from its last saved state),
+    else one after another. {cell key: its probe row}."""
     pairs = [(S, seed) for S in sizes for seed in sweep.seeds]
     runs = [sweep.run(shape, d, S, device, seed) for S, seed in pairs]
     stacked = sweep.stack == "on" or (sweep.stack == "auto" and resolve_device(device).type == "cuda")
-    results = train_stacks(runs, progress=False) if stacked else [train(run, progress=False) for run in runs]
+    results = (train_stacks(runs, progress=False, state_folder=state) if stacked else
+               [train(run, progress=False) for run in runs])
     rows = {}
     for (S, seed), run, result in zip(pairs, runs, results):
         key = probe_key(shape, d, S, seed)
@@ -227,10 +235,11 @@ def probe_row(shape, d, S, run: RunConfig, result) -> dict:
     shows whether it was still rising."""
     t = result.training
     steps = [row["step"] for row in result.metrics]
-    runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
+    def curve(k: int) -> list:  # None where the model was dropped as diverged
+        return [None if (a := row["models"][k]["accuracy"]) is None else round(a, 5) for row in result.metrics]
+    runs = [{"lr": lr, "best_accuracy": best_so_far(result.metrics, k),
              "final_accuracy": result.metrics[-1]["models"][k]["accuracy"],
-             "curve": {"step": steps, "accuracy": [round(row["models"][k]["accuracy"], 5) for row in result.metrics]}}
-            for k, (lr, _) in enumerate(run.train.runs)]
+             "curve": {"step": steps, "accuracy": curve(k)}} for k, (lr, _) in enumerate(run.train.runs)]
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
             "accuracy": t["final_accuracy"], "best_accuracy": max(r["best_accuracy"] for r in runs),
             "lr": t["lr"], "steps_run": t["steps_run"], "seconds": t["seconds"],

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, accuracy_column, train_and_locate, train_and_locate_stack, write_result
 from analyses.tradeoff.figures import grid_figure
 from models.bridge import resolve_device
-from models.config import ModelConfig, RunConfig, override
+from models.cli import override
+from models.recall.config import ModelConfig, RunConfig
 
 STACK_CHOICES = ("auto", "on", "off")
 
@@ -89,7 +90,8 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
     jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating, cells.checkpoint(keys[0]))))
             if keys[0] in alone else
             one(Cell(f"stack_{keys[0]}", train_and_locate_stack,
-                     (tuple(runs[k] for k in keys), keys, locating, tuple(map(cells.checkpoint, keys))), parts=keys))
+                     (tuple(runs[k] for k in keys), keys, locating, tuple(map(cells.checkpoint, keys)),
+                      cells.state(f"stack_{keys[0]}")), parts=keys))
             for keys in groups]
     with open_executor(executor if compute else ExecutorSettings()) as running:
         results = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(runs), progress=progress,

@@ -16,7 +16,8 @@ from models import cli
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.bridge import resolve_device
-from models.config import override
+from models.cli import override
+from models.out_folder import FORCE_HELP, prepare_out
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}
@@ -27,16 +28,16 @@ def parser() -> cli.Parser:
     p.add_argument("task", choices=list(TASKS), help="association (one next token per sequence, cross-entropy) "
                    "or distribution (a target distribution per sequence, KL)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/aot_TASK)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     task = p.add_argument_group("task")
     task.add_argument("--n-tokens", type=int, default=50, help="N, tokens of the vocabulary (default 50)")
     task.add_argument("--context", type=int, default=2, help="S, tokens per sequence (default 2)")
-    task.add_argument("--task-seed", type=int, default=0,
+    task.add_argument("--task-seed", type=cli.seed, default=0,
                       help="seed of the association table, or of the target distributions (default 0)")
     task.add_argument("--concentration", type=float, default=None,
                       help="distribution task: pi_t = softmax(concentration * g_t) (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data set (default 0)")
+    p.add_argument("--seed", type=cli.seed, default=0, help="seed of the initial weights and the data set (default 0)")
     cli.add_config_flags(p, AoTModelConfig, "model", default_label="default")
     cli.add_config_flags(p, AoTTrainConfig, "training", default_label="default")
     return p
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     train = override(AoTTrainConfig(), cli.given(args, AoTTrainConfig))
     model.validate()
     train.validate()  # bad settings are refused before --out is touched
-    out = cli.prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
+    out = prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
     result = train_aot(task, [(model, args.seed)], train, progress=not args.quiet)[0]
     result.save(out)
     t, device = result.training, resolve_device(train.device)
