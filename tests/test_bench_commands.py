@@ -84,6 +84,7 @@ SMALLEST = {
         "--n-noise", "4", "--seq-len", "4"],
     "subnormal_seeds.py": lambda argv, where: ["--cells", "1x4", "--seeds", "0", "--steps", "2",
                                                "--out", str(where["tmp"] / "subnormals")],
+    "induction_sampler.py": lambda argv, where: ["--batch", "8", "--seq-len", "16", "--rounds", "1"],
 }
 # Run by another test, which runs the documented command itself.
 ELSEWHERE = {"kernel_resources.py": "tests/test_kernel_resources.py"}
@@ -93,7 +94,7 @@ RESULT = {"train_throughput.py": "speedup_vs_transformerlens ", "step_cost.py": 
           "step_kernels.py": "  a whole step",
           "step_profile.py": "model_flop_utilisation ", "stack_speed.py": "median alone / stack: ",
           "locate_facts_speed.py": "locate_facts_seconds ", "sweep_speed.py": "ray_overhead_per_cell_s ",
-          "subnormal_seeds.py": ""}  # its tables: below
+          "subnormal_seeds.py": "", "induction_sampler.py": "ours_over_loop "}  # subnormal_seeds' tables: below
 # Scripts of bench/ that bench/README.md does not document, and where they are.
 UNDOCUMENTED = {"gpu_checks.py": "docs/gpu.md (CUDA only; tests/test_cli.py runs its refusal without CUDA)"}
 
