@@ -244,7 +244,8 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
         4, [[3, 1]], str(ckpt))
     assert main([str(ckpt), "--facts", "3:1", "--step", "4", "--contexts", "2", "--patch-contexts", "1", "--quiet",
                  "--device", "cpu"]) == 0  # a snapshot's results: beside the final weights', never over them
-    at_step = json.loads((ckpt / "analysis" / "step_4" / "locate_facts" / "facts_3-1" / "summary.json").read_text())
+    step_4 = ckpt / "analysis" / "step_4" / "locate_facts" / "contexts-2_patch-contexts-1" / "facts_3-1"
+    at_step = json.loads((step_4 / "summary.json").read_text())
     assert (at_step["step"], at_step["checkpoint"], summary["step"]) == (4, str(ckpt), None)
     capsys.readouterr()
     assert not (ckpt / "analysis" / "locate_facts" / "facts.csv").exists()  # the run over every fact: untouched
@@ -371,7 +372,7 @@ def test_the_cli_in_process_writes_every_fact_s_results_with_its_settings(constr
             self.closed = True
     monkeypatch.setattr(module, "progress_bar", Bar)
     assert module.main([str(ckpt), "--contexts", "3", "--patch-contexts", "1", "--seed", "2", "--device", "cpu"]) == 0
-    out = ckpt / "analysis" / "locate_facts"
+    out = ckpt / "analysis" / "locate_facts" / "contexts-3_patch-contexts-1_seed-2"  # settings not the defaults'
     printed = capsys.readouterr().out
     assert printed.startswith(f"{ckpt}: 32 facts, accuracy 1.000") and f"\nwrote {out}/ (" in printed
     assert {p.name for p in out.iterdir()} == {"facts.csv", "heads.csv", "head_tokens.csv", "summary.json",
