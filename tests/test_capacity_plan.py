@@ -294,41 +294,42 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
 
 def test_the_plan_searches_rounds_of_sizes_and_seeds_as_the_sweep_does(monkeypatch):
     """Two seeds, three sizes a round: each round is every size with every seed; today's
-    rounds are the search's own and the new rules fill them, so the sizes planned at each d
-    are the bisection's with and without filling, and both find the oracle's S*."""
+    rounds are the search's own and the new rules fill them, whatever the sweep asked, so the
+    sizes planned at each d are the bisection's with and without filling, and both find the
+    oracle's S*."""
+    import analyses.capacity.plan as plan_module
     from analyses.capacity import TransformerSweep
     from analyses.capacity.plan import Oracle, new_rules, plan, today
     from analyses.capacity.transformer import LOWEST
 
     oracle = Oracle(())
     oracle.s_star = {("1,1,2", 8): 13, ("1,1,2", 11): 20}
-    import analyses.capacity.plan as plan_module
-
-    sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), seeds=(0, 1), probes=3, min_size=4, max_size=24,
-                             steps=100, lr=(0.01, 0.03), fill_rounds=True)  # today's rules unfill it
     bars, run_jobs = [], plan_module.run_jobs
     monkeypatch.setattr(plan_module, "run_jobs", lambda *a, **kw: bars.append(kw.get("progress", True)) or
                         run_jobs(*a, **kw))
-    tried = {}
-    for name, rules, fill in (("today", today, False), ("new", new_rules, True)):
-        probes, found = plan(rules(sweep), oracle)
-        assert found == {("1,1,2", 8): 13, ("1,1,2", 11): 20}
-        start, tried[name] = 4, []
-        for d, s_star in ((8, 13), (11, 20)):
-            _, rounds = _rounds(s_star, start=start, lowest=LOWEST, highest=24, grow=1.5, rel_tol=0.1, probes=3,
-                                fill=fill)
-            at_d = probes[probes["d"] == d]
-            planned = sorted((S, seed) for r in rounds for S in r for seed in (0, 1))
-            assert sorted(zip(at_d["S"], at_d["seed"])) == planned
-            assert (at_d["accuracy"] == (at_d["S"] <= s_star).astype(float)).all()
-            failing = oracle.give_up_share if name == "new" else 1.0  # the rule is on at these d
-            share = at_d["accuracy"].map({1.0: oracle.pass_share, 0.0: failing})
-            assert (at_d["steps_run"] == (share * sweep.steps).round()).all()
-            tried[name].append(rounds)
-            start = s_star
-        assert (probes["model_steps"] == 2 * probes["steps_run"]).all() and (probes["shape"] == "1,1,2").all()
-    assert tried["today"] != tried["new"]  # filling changed a round here
-    assert bars == [False, False]  # a plan takes no time: no progress bar
+    for own in (False, True):  # the sweep's own --fill-rounds: the rules set it
+        sweep = TransformerSweep(shapes=((1, 1, 2),), d=(8, 11), seeds=(0, 1), probes=3, min_size=4, max_size=24,
+                                 steps=100, lr=(0.01, 0.03), fill_rounds=own)
+        tried = {}
+        for name, rules, fill in (("today", today, False), ("new", new_rules, True)):
+            probes, found = plan(rules(sweep), oracle)
+            assert found == {("1,1,2", 8): 13, ("1,1,2", 11): 20}
+            start, tried[name] = 4, []
+            for d, s_star in ((8, 13), (11, 20)):
+                _, rounds = _rounds(s_star, start=start, lowest=LOWEST, highest=24, grow=1.5, rel_tol=0.1, probes=3,
+                                    fill=fill)
+                at_d = probes[probes["d"] == d]
+                planned = sorted((S, seed) for r in rounds for S in r for seed in (0, 1))
+                assert sorted(zip(at_d["S"], at_d["seed"])) == planned
+                assert (at_d["accuracy"] == (at_d["S"] <= s_star).astype(float)).all()
+                failing = oracle.give_up_share if name == "new" else 1.0  # the rule is on at these d
+                share = at_d["accuracy"].map({1.0: oracle.pass_share, 0.0: failing})
+                assert (at_d["steps_run"] == (share * sweep.steps).round()).all()
+                tried[name].append(rounds)
+                start = s_star
+            assert (probes["model_steps"] == 2 * probes["steps_run"]).all() and (probes["shape"] == "1,1,2").all()
+        assert tried["today"] != tried["new"]  # filling changed a round here
+    assert bars == [False] * 4  # a plan takes no time: no progress bar
 
 
 def test_the_oracle_reads_its_sweeps_tables_and_the_recorded_rate(tmp_path):
