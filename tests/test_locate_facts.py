@@ -256,6 +256,11 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     assert sorted(p.name for p in chosen.iterdir() if p.suffix == ".csv") == ["facts.csv", "head_tokens.csv",
                                                                               "heads.csv"]
     assert pd.read_csv(chosen / "facts.csv").equals(facts)
+    with pytest.raises(SystemExit) as exit_:  # a snapshot's results into the final weights' folder: refused
+        run_cli(lambda: main([str(ckpt), "--facts", "3:1", "--step", "4", "--contexts", "4", "--patch-contexts", "1",
+                              "--quiet", "--device", "cpu", "--out", str(chosen)]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(f"error: {chosen} holds other locate_facts results (step: ")
     with pytest.raises(SystemExit) as exit_:
         run_cli(lambda: main([str(ckpt), "--facts", "3:7", "--out", str(tmp_path / "bad")]))
     assert exit_.value.code == 2 and "outside the task" in capsys.readouterr().err
@@ -456,3 +461,30 @@ def test_each_head_s_effects_are_its_means_over_the_facts():
                     "patch_relation_restored": columns.patch("relation", head)}
         means = {k: facts[c].mean() for k, c in expected.items()}
         assert {k: heads.loc[h, k] for k in expected} == pytest.approx(means)
+
+
+def test_the_cli_takes_a_folder_of_the_same_results_and_refuses_one_of_others(construction_ckpt, tmp_path, capsys):
+    """--out holding locate_facts results of the same weights and settings is written again;
+    of other settings (or chosen facts) it is refused in one line naming what differs; in the
+    checkpoint's own analysis/ folder, results of weights it held before are replaced."""
+    import analyses.locate_facts as module
+    from models.cli import run_cli
+
+    ckpt = Path(shutil.copytree(construction_ckpt, tmp_path / "mlp"))
+    out, quick = tmp_path / "out", ["--patch-contexts", "1", "--quiet", "--device", "cpu"]
+    assert module.main([str(ckpt), "--contexts", "2", *quick, "--out", str(out)]) == 0
+    assert module.main([str(ckpt), "--contexts", "2", *quick, "--out", str(out)]) == 0  # the same results
+    for other, differs in ((["--contexts", "3"], "settings.contexts: recorded 2, now 3"),
+                           (["--contexts", "2", "--facts", "1:1"], "settings.facts: recorded (absent), now [[1, 1]]")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(lambda other=other: module.main([str(ckpt), *other, *quick, "--out", str(out)]))
+        assert exit_.value.code == 2 and capsys.readouterr().err == (
+            f"error: {out} holds other locate_facts results ({differs}), which locate_facts does not write over; "
+            "move them, or choose another --out.\n")
+    own = ckpt / "analysis" / "locate_facts" / "contexts-2_patch-contexts-1"
+    assert module.main([str(ckpt), "--contexts", "2", *quick]) == 0
+    summary = json.loads((own / "summary.json").read_text())
+    (own / "summary.json").write_text(json.dumps({**summary, "weights_sha256": "0" * 64}))  # weights it held before
+    assert module.main([str(ckpt), "--contexts", "2", *quick]) == 0
+    assert json.loads((own / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
