@@ -488,3 +488,17 @@ def test_the_cli_takes_a_folder_of_the_same_results_and_refuses_one_of_others(co
     (own / "summary.json").write_text(json.dumps({**summary, "weights_sha256": "0" * 64}))  # weights it held before
     assert module.main([str(ckpt), "--contexts", "2", *quick]) == 0
     assert json.loads((own / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
+
+
+def test_the_summary_s_intervals_are_the_bootstrap_of_locate_s_seed():
+    """A model whose facts differ (a random OV circuit beside the MLP construction): each
+    summary interval is the bootstrap over facts drawn with locate's seed."""
+    from analyses.locate_summary import Interval
+    from tests.test_storage_rule import with_random_ov
+
+    model, task = with_random_ov(3.0, 0), CONSTRUCTION_TASK.build()  # a strong random OV: some facts lost
+    located = locate(model, task, **{**SMALL, "seed": 3})
+    values = located.facts[columns.ACCURACY]
+    assert 0 < values.mean() < 1  # not every fact alike: the interval depends on the draw
+    assert located.summary.accuracy_interval == Interval.over_facts(columns.ACCURACY, values, 3)
+    assert located.summary.accuracy_interval != Interval.over_facts(columns.ACCURACY, values, 4)
