@@ -81,3 +81,27 @@ def test_the_default_worker_processes_are_the_usable_cores_over_the_threads_of_a
     assert default_jobs(2) == 2
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one
     assert default_jobs() == 1
+
+
+def test_a_cell_computes_with_its_torch_threads_and_leaves_the_count_as_it_found_it():
+    """What a worker runs (_run_cell: mutation testing sees it only when it runs in the test's
+    own process), and the local executor: the cell's threads inside, the count restored after,
+    an exception included."""
+    import torch
+
+    from analyses.sweeps.cells import Cell
+    from analyses.sweeps.executors import LocalExecutor, _run_cell, torch_threads
+
+    before = torch.get_num_threads()
+    assert _run_cell(lambda a, b: {"sum": a + b, "threads": torch.get_num_threads()}, (2, 3), 3) == {
+        "sum": 5, "threads": 3}
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="a cell failed"), torch_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+        raise RuntimeError("a cell failed")
+    assert torch.get_num_threads() == before
+    local = LocalExecutor()
+    assert local.running == 0 and local.threads == 1
+    local.submit(Cell("c", lambda: {"threads": torch.get_num_threads()}, ()))
+    assert local.running == 1 and local.finished()[1] == {"threads": 1} and local.running == 0
+    assert torch.get_num_threads() == before
