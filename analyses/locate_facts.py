@@ -100,7 +100,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     bar.close()
     recorded = {**asdict(settings), "rule": asdict(rule), "device": str(model_device(model)),
                 **({} if chosen is None else {"facts": [list(f) for f in chosen]})}
-    summary = LocateSummary.of(facts, heads, task, recorded, round(time.perf_counter() - start, 2), seed)
+    summary = LocateSummary.of(facts, heads, task, recorded, round(time.perf_counter() - start, 2))
     return Located(facts, heads, head_tokens, summary)
 
 

@@ -158,11 +158,15 @@ def model_section(ckpt: Path, config: dict, task) -> str:
     return "<h2>Model</h2>" + _table(rows, ["", ""])
 
 
+INTERVALS = {"wilson": "Wilson", "bootstrap": "bootstrap"}  # summaries written before Wilson's: bootstrap
+
+
 def locate_section(folder: Path) -> str:
     s = _read_json(folder / "summary.json")
     parts = ["<h2>Where the facts live (locate_facts)</h2>",
              (f'<p class="note">From <code>{html.escape(str(folder))}</code>, {s["n_facts"]} facts, '
-             f"settings {html.escape(json.dumps(s.get('settings', {})))}. Intervals are 95% bootstrap intervals.</p>"),
+             f"settings {html.escape(json.dumps(s.get('settings', {})))}. Intervals are 95% "
+             f"{INTERVALS[s.get('intervals', 'bootstrap')]} intervals over facts.</p>"),
              f"<p>accuracy {_interval(s['accuracy_interval'])}</p>",
              _table([[label, s["label_counts"][label], _interval(s["label_share_intervals"][label], percent=True)]
                      for label in LABELS], ["label", "facts", "share [95% CI]"])]

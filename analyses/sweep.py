@@ -245,7 +245,7 @@ class _Bar:
     def __init__(self, desc: str, total: int | None, executor, progress: bool):
         self.executor, self.start, self.computed = executor, time.perf_counter(), 0
         shape = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" if total else "{n_fmt}"
-        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
+        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True, unit="cell",
                                  bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
 
     def done(self, computed: bool, n: int = 1) -> None:

@@ -28,6 +28,7 @@ from models.shape_stack import (
     unpad,
 )
 from models.subnormals import flushed, flushing
+from models.text import count
 from models.trainer import (
     EVAL_SEED,
     TrainingData,
@@ -170,7 +171,7 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
     schedule, as its train() would."""
     attention = state.cells[0].run.model.attention
     bar = progress_bar(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
-                       desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
+                       desc=f"training {count(len(state.lr), 'model')} of {count(len(state.cells), 'shape')}")
     while True:
         active = [c for c in state.cells if c.stopped is None]
         for cell in active:

@@ -29,6 +29,7 @@ from models.optimizer import Optimizer
 from models.progress import progress_bar
 from models.section import ModelSection
 from models.subnormals import flushed, flushing
+from models.text import count
 from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
 from models.weights import init_weights, model_weights, stack, trainable_keys
 from tasks import Task
@@ -170,7 +171,7 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
     cfg, runs = state.run.train, state.run.train.runs
     K = len(runs)
     bar = progress_bar(total=cfg.steps, initial=state.step, disable=not progress,
-                       desc=f"training {K} model{'s' * (K > 1)}", unit="step")
+                       desc=f"training {count(K, 'model')}", unit="step")
     while True:
         if state.step in state.schedule and state.step not in state.snapshots:
             _snapshot(state, state_folder)

@@ -34,6 +34,7 @@ from models.graphed import Step, use_cuda_graph
 from models.optimizer import Optimizer
 from models.progress import progress_bar
 from models.section import ModelSection
+from models.text import count
 from models.trainer import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
@@ -134,7 +135,7 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
     step_once = Step(state.step(), use_cuda_graph(cfg.cuda_graph, device))
     batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
     window = min(BATCH_ACCURACY_STEPS, cfg.steps)
-    bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
+    bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({count(len(runs), 'model')})", unit="step")
     for step in range(cfg.steps):
         logits, counts = step_once()  # this batch's logits before the update [K, T_0, N], counts [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)
