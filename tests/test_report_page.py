@@ -254,7 +254,9 @@ def test_the_sections_in_full(tmp_path):
     assert report.locate_section(tmp_path).startswith(
         "<h2>Where the facts live (locate_facts)</h2>\n"
         f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{}}. Intervals are 95% bootstrap '
-        "intervals.</p>\n<p>accuracy")
+        "intervals over facts.</p>\n<p>accuracy")
+    (tmp_path / "summary.json").write_text(json.dumps({**locate_summary(), "intervals": "wilson"}))
+    assert "Intervals are 95% Wilson intervals over facts.</p>" in report.locate_section(tmp_path)
 
 
 def test_the_report_s_help_names_its_options():
@@ -279,7 +281,7 @@ def test_the_locate_section_in_full(tmp_path):
     assert report.locate_section(tmp_path) == (
         "<h2>Where the facts live (locate_facts)</h2>\n"
         f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{&quot;contexts&quot;: 8}}. Intervals are '
-        "95% bootstrap intervals.</p>\n<p>accuracy 0.988 [0.950, 1.000]</p>\n"
+        "95% bootstrap intervals over facts.</p>\n<p>accuracy 0.988 [0.950, 1.000]</p>\n"
         "<table><thead><tr><th>label</th><th>facts</th><th>share [95% CI]</th></tr></thead><tbody>"
         f"{labels}</tbody></table>\n"
         "<table><thead><tr><th>measure</th><th>mean over facts [95% CI]</th></tr></thead><tbody>"
