@@ -19,6 +19,7 @@ from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, override
 from models.graphed import use_cuda_graph
 from models.presets import PRESETS, preset
+from models.text import count
 from models.train_state import state_dir
 from models.trainer import train
 from models.weights import parameter_count
@@ -60,7 +61,7 @@ def summary(result, out: Path) -> str:
     lines = [
         f"task      {task}  ({task.n_facts} facts)",
         f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
-        f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
+        f"trained   {count(len(t['runs']), 'model')} for {_ran(result.session, t)} on {t['device']}",
     ]
     if len(t["runs"]) > 1:
         lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
@@ -70,6 +71,16 @@ def summary(result, out: Path) -> str:
                                              f"  (target {t['target_accuracy']} not reached)"),
               f"wrote     {out}/"]
     return "\n".join(lines)
+
+
+def _ran(session: dict | None, training: dict) -> str:
+    """'1500 steps in 17.9 s', or for a resumed run what this call ran and the run's totals:
+    '476 steps (1024 to 1500) in 9.1 s; the run: 1500 steps in 17.9 s'."""
+    total = f"{count(training['steps_run'], 'step')} in {training['seconds']:.1f} s"
+    if not session or session["from_step"] == 0:
+        return total
+    return (f"{count(session['steps'], 'step')} ({session['from_step']} to {training['steps_run']}) in "
+            f"{session['seconds']:.1f} s; the run: {total}")
 
 
 def read_run(ckpt: Path) -> tuple[RunConfig, str]:

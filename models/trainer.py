@@ -51,6 +51,7 @@ class TrainResult:
     metrics: list[dict]  # metrics.jsonl: one row per evaluation
     snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # checkpoint dicts by step
     stacked: dict[str, torch.Tensor] | None = None  # factual recall: all K final models [K, ...], CPU
+    session: dict | None = None  # factual recall: this call's part of the run (from_step, steps, seconds)
 
     @property
     def accuracy(self) -> float:
@@ -133,6 +134,8 @@ class _Training:
     metrics: list[dict]  # one row per evaluation
     snapshots: dict[int, dict[str, torch.Tensor]]  # trainable weights [K, ...] by step, CPU
     start: float  # time.perf_counter() at step 0 (earlier sessions' seconds included)
+    first_step: int = 0  # the step this call started from (a resumed run's last saved state)
+    session_start: float = 0.0  # time.perf_counter() when this call's training began
 
 
 def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _Training:
@@ -160,9 +163,10 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
         step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, data.generators,
                                 cfg.sampler)
         snapshots = saved_snapshots(state_folder, params)
-    start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
+    now = time.perf_counter()
+    start = now - (metrics[-1]["seconds"] if metrics else 0.0)
     return _Training(run, task, device, weights, params, positional, optimizer, data, step_once, held_out,
-                     schedule, step, metrics, snapshots, start)
+                     schedule, step, metrics, snapshots, start, step, now)
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
@@ -222,11 +226,16 @@ def _evaluate(state: _Training, logger) -> dict:
 
 def _result(state: _Training, preset_name: str | None, subnormals: str) -> TrainResult:
     """The kept model (the best final held-out accuracy, then loss) with its training section,
-    curve and snapshots; all K final models under `stacked`."""
+    curve and snapshots (the run's totals: `steps_run`, `seconds`); all K final models under
+    `stacked`; what this call ran under `session`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
-    return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
-                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals,
-                       state.step_once.graphed)
+    now = time.perf_counter()
+    result = kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
+                         state.snapshots, state.step, now - state.start, preset_name, subnormals,
+                         state.step_once.graphed)
+    result.session = {"from_step": state.first_step, "steps": state.step - state.first_step,
+                      "seconds": round(now - state.session_start, 2)}
+    return result
 
 
 def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
