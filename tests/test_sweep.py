@@ -20,6 +20,7 @@ import torch
 
 from analyses.search import bisection, largest_passing, search
 from analyses.sweep import Cell, Cells, one, run_jobs
+from models.text import count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -312,7 +313,7 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_g
     assert 1 <= recorded < 4, err.decode()  # killed mid-sweep
     code, stdout, stderr = _tradeoff([*GRID, "--executor", "ray", "--out", str(out)], capsys)
     assert code == 0, stderr
-    assert f"({4 - recorded} new cells)" in stdout
+    assert f"({count(4 - recorded, 'new cell')})" in stdout
     pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), local_grid)
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 4 - recorded
 
