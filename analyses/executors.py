@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -165,7 +166,10 @@ def default_jobs(threads: int = 1) -> int:
 class ProcessExecutor:
     """Cells run in `jobs` worker processes of this machine, each with `threads` torch
     threads. The workers are spawned (not forked), so each may use CUDA, and import this
-    checkout's code (a spawned process starts with this one's sys.path). A cell that raises
+    checkout's code (a spawned process starts with this one's sys.path). They are started with
+    SIGINT blocked: a Ctrl-C, which a terminal sends to every process of the command, reaches
+    this process alone, which stops the workers and their queues itself (no traceback from a
+    worker, no semaphore left behind). A cell that raises
     stops the sweep with its error; a worker that dies (killed, out of memory) stops it with
     an error saying so; either way the cells finished before are recorded and the cells
     still computing are not waited for (open_executor kills the workers)."""
@@ -180,7 +184,8 @@ class ProcessExecutor:
         return min(self.jobs, len(self.in_flight))
 
     def submit(self, cell: Cell) -> None:
-        self.in_flight[self.pool.submit(_run_cell, cell.fn, cell.args, self.threads)] = cell
+        with sigint_blocked():  # a worker (and the pool's thread) started here inherits the mask
+            self.in_flight[self.pool.submit(_run_cell, cell.fn, cell.args, self.threads)] = cell
 
     def finished(self) -> tuple[Cell, dict]:
         done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
@@ -201,6 +206,20 @@ class ProcessExecutor:
             for process in list(self.pool._processes.values()):  # no public way before Python 3.14
                 process.kill()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def sigint_blocked():
+    """SIGINT blocked in this thread inside (where the platform can block signals); a Ctrl-C
+    meanwhile is delivered on leaving. A process started inside keeps it blocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class RayExecutor:

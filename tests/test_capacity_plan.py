@@ -78,6 +78,7 @@ def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     assert _cli(["transformer", *TINY, "--device", "cpu", "--quiet", "--out", str(oracle)], capsys)[0] == 0
     code, text, _ = _cli(["plan", *TINY, "--oracle", str(oracle), "--out", str(tmp_path / "plan")], capsys)
     assert code == 0 and "stopped wrongly" in text and "model-steps today" in text
+    assert "plan of 1 shape x d = 8,11, 1 learning rate, 1 seed, 64 steps;" in text  # counts in words
     planned = pd.read_csv(tmp_path / "plan" / "plan.csv")
     assert planned["recorded"].all()
     for rules, flags in (("today", []), ("new", ["--give-up", "milestones", "--fill-rounds"])):

@@ -265,3 +265,22 @@ def test_chosen_facts_get_their_own_prompts_and_every_fact_s_means(mlp_construct
     z = torch.zeros(1, task.seq_len, model.cfg.n_heads, model.cfg.d_head)
     assert torch.allclose(mean_heads(z, None)[0, -1], every.run.z.mean(0), atol=1e-6)
     assert not torch.allclose(every.run.z.mean(0), some.run.z.mean(0), atol=1e-3)  # the chosen ones' would differ
+
+
+def test_the_chosen_fact_report_writes_no_negative_zero_and_counts_in_words():
+    """A value that rounds to zero prints as 0.00 (+0.00), never -0.00; one fact is '1 chosen fact'."""
+    from types import SimpleNamespace
+
+    from analyses.locate_facts import Located, fact_report
+
+    tiny = -0.001
+    fact = {columns.ANSWER_NAME: "R1:a3", columns.LABEL: "mlp", columns.ACCURACY: 1.0,
+            **dict(zip(columns.interval(columns.MARGIN), (tiny, -0.004, 0.003))),
+            **{columns.margin(c): tiny for c in (*columns.STORES, "direct")}, columns.head_margin(0): tiny,
+            columns.patch("subject", columns.head(0)): tiny, columns.patch("relation", columns.head(0)): tiny}
+    facts = pd.DataFrame([fact], index=pd.MultiIndex.from_tuples([(3, 1, 11)], names=columns.FACT))
+    tokens = pd.DataFrame({"S3": [0.5], "R1": [-0.0001]}, index=pd.Index([0], name="head"))
+    text = fact_report(Located(facts, pd.DataFrame(), tokens, SimpleNamespace(seconds=1.0)), "ckpt", Path("out"))
+    assert "-0.00" not in text and text.startswith("ckpt: 1 chosen fact\n")
+    assert "margin 0.00 logits [95% CI 0.00, 0.00] (attention 0.00, mlp 0.00, direct 0.00)" in text
+    assert "head 0: margin +0.00, attention on S3 0.50, on R1 0.00; patching restores 0.00 (subject), 0.00" in text

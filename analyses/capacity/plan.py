@@ -32,6 +32,7 @@ from analyses.capacity.transformer import (
     transformer_row,
 )
 from analyses.sweep import Cell, Cells, run_jobs
+from models.text import count
 from models.weights import parameter_count
 
 # The H100 record (../shared/gpu/runs/2026-11-26-h100): a round of 15 models at d = 128 ran
@@ -183,9 +184,9 @@ def plan_text(sweep: TransformerSweep, oracle: Oracle, rate: float | None) -> tu
              if found["new"].get((shape, d)) != S]
     by = table.groupby(["shape", "d", "rules"], sort=False)["model_steps"].sum().unstack("rules").fillna(0)
     probes = table.groupby(["shape", "d", "rules"], sort=False).size().unstack("rules").fillna(0)
-    lines = [f"plan of {len(sweep.shapes)} shapes x d = {','.join(map(str, sweep.d))}, {len(sweep.lr)} learning "
-             f"rates, {max(1, len(sweep.seeds))} seed(s), {sweep.steps} steps; model-steps today -> new rules "
-             f"(probes in brackets):"]
+    lines = [f"plan of {count(len(sweep.shapes), 'shape')} x d = {','.join(map(str, sweep.d))}, "
+             f"{count(len(sweep.lr), 'learning rate')}, {count(max(1, len(sweep.seeds)), 'seed')}, {sweep.steps} "
+             "steps; model-steps today -> new rules (probes in brackets):"]
     for shape in dict.fromkeys(table["shape"]):
         cells = [f"d={d}: {_k(by.loc[(shape, d), 'today'])} -> {_k(by.loc[(shape, d), 'new'])} "
                  f"({probes.loc[(shape, d), 'today']:.0f} -> {probes.loc[(shape, d), 'new']:.0f})"
