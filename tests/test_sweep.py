@@ -383,8 +383,12 @@ def test_a_ctrl_c_reaches_the_driver_alone_not_its_worker_processes(tmp_path):
     from analyses.executors import ExecutorSettings, open_executor, sigint_blocked
 
     cells = Cells(tmp_path / "out", {})
-    with open_executor(ExecutorSettings(executor="processes", jobs=2)) as executor:
-        rows = run_jobs([one(Cell(f"n{n}", interrupted, (n,))) for n in range(3)], cells, executor, progress=False)
+    try:
+        with open_executor(ExecutorSettings(executor="processes", jobs=2)) as executor:
+            rows = run_jobs([one(Cell(f"n{n}", interrupted, (n,))) for n in range(3)], cells, executor,
+                            progress=False)
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C interrupted a worker's cell")  # not the test run itself
     assert rows == [{"n": n} for n in range(3)] and not multiprocessing.active_children()
     with pytest.raises(KeyboardInterrupt):
         with sigint_blocked():
