@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli, plots
-from analyses.output import write_csv, write_summary
+from analyses import plots
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
 from models.checkpoint import CheckpointError, load_checkpoint, read_config, read_weights, snapshot_path, snapshot_steps
-from models.progress import progress_bar
+from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
 from probe.accuracy import per_fact_accuracy

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli, plots
+from analyses import plots
 from analyses.locate_summary import LocateSummary
-from analyses.output import write_csv, write_summary
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_csv, write_summary
 from analyses.visualize import parse_facts
 from models import load
-from models.progress import progress_bar
 from models.text import count, number
+from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablations, n_ablation_runs
 from probe.accuracy import per_fact_accuracy

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 from probe import columns
 from probe.storage import LABELS
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli, hallucination, locate_facts
+from analyses import hallucination, locate_facts
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import setting_changes
+from analyses.sweeps import cli
+from analyses.sweeps.cells import setting_changes
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, write_text

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field, fields
 import pandas as pd
 import torch
 
-from analyses import cli
-from analyses.output import write_summary
+from analyses.sweeps import cli
+from analyses.sweeps.output import write_summary
 from models import load
 from models.checkpoint import write_text
 from models.text import count

@@ -3,14 +3,14 @@
 Cores: forward and backward of the last query's attention at K stacked models of H heads of
 size e, B prompts of T tokens, vocabulary V, for each (V, T) of --shapes:
 
-  vocab      models.forward.VocabAttention (the [K, H, B, V] buffer)
-  per-token  models.fused_attention.per_token_attention (plain torch: [K, H, e, B, T] gathers,
+  vocab      models.cores.forward.VocabAttention (the [K, H, B, V] buffer)
+  per-token  models.cores.fused_attention.per_token_attention (plain torch: [K, H, e, B, T] gathers,
              autograd's scatter_add backward)
-  fused      models.fused_attention.FusedAttention (Triton; timed only where it compiles, on a GPU)
+  fused      models.cores.fused_attention.FusedAttention (Triton; timed only where it compiles, on a GPU)
 
 Interleaved rounds, median ms per forward + backward; beside it each core's cost from its
 kernels' arithmetic (bench/core_cost.py: launches, global atomics, bytes). With --profile, also one training step
-of --preset at --k models (models.trainer, eager) under torch.profiler: the ops by self time.
+of --preset at --k models (models.recall.trainer, eager) under torch.profiler: the ops by self time.
 
     .venv/bin/python bench/attention_cores.py [--k 13] [--heads 32] [--batch 1024] \
         [--shapes 129x32,129x8,513x32,1025x8] [--profile] [--preset paper-tradeoff --d-mlp 128]
@@ -30,9 +30,9 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.core_cost import core_cost, cost_line  # noqa: E402
 from bench.train_throughput import make_ours  # noqa: E402
-from models import fused_attention  # noqa: E402
 from models.bridge import resolve_device  # noqa: E402
-from models.forward import VocabAttention  # noqa: E402
+from models.cores import fused_attention  # noqa: E402
+from models.cores.forward import VocabAttention  # noqa: E402
 
 
 def cores(device: torch.device) -> dict:

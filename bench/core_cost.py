@@ -5,7 +5,7 @@ z, not the pattern; softmax; no positional scores). A design is judged here befo
 sees it; bench/attention_cores.py prints it beside the measured time.
 
 Each core is written out as its kernels in launch order, one `Kernel` each, read from the
-code of models/forward.py (VocabAttention) and models/fused_kernels.py (FusedAttention). Bytes
+code of models/cores/forward.py (VocabAttention) and models/cores/fused_kernels.py (FusedAttention). Bytes
 follow bench/step_cost.py: fp32 tensors of 4 bytes, token indices of 8; a tensor a kernel
 touches is counted once per kernel (a gather or scatter over a [.., V] row touches nearly
 every cache line of it, so it counts as the row); what the programs of one kernel re-read

@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT))  # bench.train_throughput, run as a script
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from models.config import RunConfig, override  # noqa: E402
-from models.presets import preset  # noqa: E402
-from models.trainer import train  # noqa: E402
+from models.cli import override  # noqa: E402
+from models.recall.config import RunConfig  # noqa: E402
+from models.recall.presets import preset  # noqa: E402
+from models.recall.trainer import train  # noqa: E402
 
 
 def _run(*args: str) -> float:

@@ -29,8 +29,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from models import fused_attention, fused_kernels  # noqa: E402
-from tasks import counter_kernel, factual_recall  # noqa: E402
+from models.cores import fused_attention, fused_kernels  # noqa: E402
+from tasks import counter_kernel, counter_sampler  # noqa: E402
 
 F32, I64 = "*fp32", "*i64"
 E, T = 8, 32
@@ -48,8 +48,8 @@ KERNELS = {
     "counter prompts": (counter_kernel.prompts, dict.fromkeys((
         "seeds", "step", "tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos", "n_subjects",
         "first_noise", "n_noise", "eos", "subject_ticks", "relation_ticks", "facts"), I64),
-        dict(T=T, STEP_IS_POINTER=True, BLOCK_B=factual_recall.COUNTER_BLOCK_B, BLOCK_T=T,
-             BLOCK_S=factual_recall.COUNTER_BLOCK_TICKS)),
+        dict(T=T, STEP_IS_POINTER=True, BLOCK_B=counter_sampler.COUNTER_BLOCK_B, BLOCK_T=T,
+             BLOCK_S=counter_sampler.COUNTER_BLOCK_TICKS)),
 }
 
 

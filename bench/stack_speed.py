@@ -2,9 +2,9 @@
 
 The cells are Figure 4 left's kind (capacity sweep: S = R, N = S + R, D answers per
 relation, T, one learning-rate triple per cell, the authors' parameterisation, the counter
-sampler): one shape (alpha, beta, H) at several (d, S). The stack is models.shape_trainer's
+sampler): one shape (alpha, beta, H) at several (d, S). The stack is models.recall.shape_trainer's
 (one padded stack of every cell's models, as train_shapes trains it); alone is
-models.trainer's (each cell its own run, as train trains it). After one warm-up step each,
+models.recall.trainer's (each cell its own run, as train trains it). After one warm-up step each,
 they are interleaved for --rounds rounds of --steps steps (the machine's speed drifts), and
 the time per model-step (a step's seconds over the models it updates) of each is printed per
 round, with the median of the per-round ratios alone / stack (> 1: the stack is faster).
@@ -21,10 +21,10 @@ import time
 import torch
 
 from analyses.capacity.transformer import TransformerSweep
-from models.shape_stack import buckets
-from models.shape_trainer import _start_shapes
-from models.subnormals import flushed
-from models.trainer import _start
+from models.recall.shape_stack import buckets
+from models.recall.shape_trainer import _start_shapes
+from models.recall.trainer import _start
+from models.training.subnormals import flushed
 
 
 def seconds_per_model_step(step, models: int, steps: int) -> float:

@@ -1,5 +1,5 @@
 """What one training step of K stacked models costs: its FLOPs and the bytes it moves, by
-tensor, as the code of models/forward.py and the trainer around it does them; and the
+tensor, as the code of models/cores/forward.py and the trainer around it does them; and the
 machine's ceilings to hold them against (fp32 FLOP/s, memory bandwidth). As a script: both
 attention cores' costs for a configuration and a measured step time, against an H200.
 
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from models.config import RunConfig, override
-from models.presets import preset
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.presets import preset
 
 FLOAT, INDEX = 4, 8  # bytes per element
 # Ceilings by the vendors' datasheets: fp32 FLOP/s without tensor cores, memory bytes/s; looked
@@ -177,7 +178,7 @@ def cost_lines(s: StepShape, core: str, steps_per_second: float, peak_flops: flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="paper-tradeoff", help="models.config preset (task + model)")
+    parser.add_argument("--preset", default="paper-tradeoff", help="models.recall.config preset (task + model)")
     parser.add_argument("--n-heads", type=int, default=None, help="replace the preset model's head count")
     parser.add_argument("--d-mlp", type=int, default=None, help="replace the preset model's MLP width")
     parser.add_argument("--k", type=int, default=1, help="models stacked")

@@ -3,7 +3,7 @@ number (one graph node each), so this count is the CPU-measurable map of where a
 spends its launches.
 
 Counts the aten operations that do work (views and other metadata operations left out) of
-one step of models.trainer on one model with the counter sampler, after two warm-up steps:
+one step of models.recall.trainer on one model with the counter sampler, after two warm-up steps:
 the batch, the forward and loss, the backward, the optimizer. A torch._foreach_* operation
 counts once: on a GPU it is one kernel where its tensors' shapes agree. Counted twice: as
 the CPU runs the step, and with the batch drawn as on CUDA (one Triton kernel, the sampler's
@@ -22,12 +22,12 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.forward import has_positions, last_position_logits
-from models.optimizer import Optimizer
-from models.presets import preset
-from models.trainer import TrainingData, summed_loss
-from models.weights import init_weights, stack, trainable_keys
-from tasks import factual_recall
+from models.cores.forward import has_positions, last_position_logits
+from models.recall.presets import preset
+from models.recall.trainer import TrainingData, summed_loss
+from models.recall.weights import init_weights, stack, trainable_keys
+from models.training.optimizer import Optimizer
+from tasks import counter_sampler
 
 METADATA = {"aten::view", "aten::transpose", "aten::expand", "aten::unsqueeze", "aten::detach", "aten::t",
             "aten::permute", "aten::reshape", "aten::_unsafe_view", "aten::as_strided", "aten::slice",
@@ -77,10 +77,10 @@ def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> di
         phase = collections.defaultdict(collections.Counter)
         with Kernels() as k, contextlib.ExitStack() as sampler:
             if cuda_sampler:
-                sampler.enter_context(mock.patch.object(factual_recall, "counter_prompts", functools.partial(
-                    factual_recall.counter_prompts, kernel=True)))
-                sampler.enter_context(mock.patch.object(factual_recall, "_kernel_prompts", k.one_launch(
-                    "triton::counter_kernel.prompts", factual_recall._kernel_prompts)))
+                sampler.enter_context(mock.patch.object(counter_sampler, "counter_prompts", functools.partial(
+                    counter_sampler.counter_prompts, kernel=True)))
+                sampler.enter_context(mock.patch.object(counter_sampler, "_kernel_prompts", k.one_launch(
+                    "triton::counter_kernel.prompts", counter_sampler._kernel_prompts)))
             tokens, answers = data.batch(optimizer.t)  # [1, B, T], [1, B]
         phase["batch" + (" (one Triton kernel)" if cuda_sampler else "")] = k.ops
         with Kernels() as k:
@@ -101,7 +101,7 @@ def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> di
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="config-a", help="models.presets preset (task + model)")
+    p.add_argument("--preset", default="config-a", help="models.recall.presets preset (task + model)")
     p.add_argument("--batch", type=int, default=64, help="prompts per step (the count does not depend on it)")
     args = p.parse_args()
     for cuda_sampler in (False, True):

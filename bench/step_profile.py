@@ -4,7 +4,7 @@ so a GPU run brings back what it takes to optimise without one.
 For each configuration: steps per second (timed before profiling), the model-FLOP
 utilisation (the step's useful FLOPs, bench/step_cost.py, per second over the measured fp32
 matmul rate), and the top --rows kernels by GPU time (self time; on the CPU by CPU time) over
---steps profiled steps, with their call counts. Configurations (models.trainer's step, the
+--steps profiled steps, with their call counts. Configurations (models.recall.trainer's step, the
 counter sampler, graphed on CUDA as the trainers run it):
 
   config-a            config A, one model
@@ -29,8 +29,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.step_cost import StepShape, step_flops  # noqa: E402
 from bench.train_throughput import bench_run, make_ours, matmul_flops_per_second, steps_per_second  # noqa: E402
-from models import fused_attention  # noqa: E402
 from models.bridge import resolve_device  # noqa: E402
+from models.cores import fused_attention  # noqa: E402
 
 STACK = {"n_heads": 32, "d_mlp": 128}  # the trade-off grid's largest cell
 CONFIGS = {"config-a": ("config-a", 1, {}, "vocab"),  # name: preset, K, model fields, attention core

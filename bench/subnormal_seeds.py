@@ -4,7 +4,7 @@ For each cell (H, m) of the paper's trade-off grid (S = R = 32, D = 8, N = 64, T
 d_h = 8, Adam lr 1e-2, batch 1024, up to 2^14 steps, stop at 99% held-out accuracy,
 evaluation every 128 steps on 4096 prompts) and each seed, one model is trained on the CPU
 with one thread, once with subnormals flushed to zero (the trainer's default,
-models.subnormals) and once with them kept. Flushing changes the last bits of some numbers,
+models.training.subnormals) and once with them kept. Flushing changes the last bits of some numbers,
 and training amplifies any such change, so the two runs of a seed part ways at some step;
 the question is whether success rates and steps to 99% move by more than they move from
 seed to seed.
@@ -26,11 +26,12 @@ from pathlib import Path
 
 import torch
 
-from analyses.output import write_csv
+from analyses.sweeps.output import write_csv
 from models.checkpoint import write_json
-from models.config import RunConfig, override
-from models.presets import preset
-from models.trainer import train
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.presets import preset
+from models.recall.trainer import train
 
 VARIANTS = ("flushed", "kept")
 
@@ -147,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    from models.progress import progress_bar
+    from models.training.progress import progress_bar
 
     todo = [(h, m, s, v) for h, m in args.cells for s in args.seeds for v in args.variants]
     for h, m, s, v in progress_bar(todo, desc="runs", unit="run"):

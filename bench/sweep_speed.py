@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from analyses import tradeoff  # noqa: E402
-from analyses.executors import LocalExecutor, RayExecutor, start_ray  # noqa: E402
-from analyses.sweep import Cell, Cells, one, run_jobs  # noqa: E402
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs  # noqa: E402
+from analyses.sweeps.executors import LocalExecutor, RayExecutor, start_ray  # noqa: E402
 
 
 def empty_cell(i: int) -> dict:

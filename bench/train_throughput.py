@@ -3,7 +3,7 @@
 Both variants train the same preset (task + model) at the same batch size with Adam at the
 preset's first learning rate, sampling a fresh batch every step inside the timed loop:
 
-  ours  models.trainer.train_step on K stacked models (last-position forward, models.forward)
+  ours  models.recall.trainer.train_step on K stacked models (last-position forward, models.cores.forward)
   tl    a TransformerBridge (models.bridge.build_bridge), full-sequence forward, cross-entropy
         on the last position, torch.optim.Adam over the attention and MLP weight matrices
 
@@ -16,7 +16,7 @@ the speedup (ours / tl; with --k > 1, model-steps per second) and our step time 
 FLOP floor at the matmul throughput measured right after ours.
 Both are also timed on a model trained --trained-steps steps by our trainer (seed 0, its
 state kept in --trained-state), whose subnormal floats slow a CPU down: `ours-trained`
-flushes them to zero as our trainer does (models.subnormals), `ours-trained-kept` keeps
+flushes them to zero as our trainer does (models.training.subnormals), `ours-trained-kept` keeps
 them, `tl-trained` runs as a user would (kept). Peak memory, in a fresh process per variant:
 torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With --counter,
 ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
@@ -50,17 +50,19 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.step_cost import StepShape, copy_bandwidth, cost_lines, device_peaks, step_flops  # noqa: E402
-from models import fused_attention  # noqa: E402
 from models.bridge import build_bridge, resolve_device  # noqa: E402
-from models.config import RunConfig, override  # noqa: E402
-from models.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
-from models.graphed import Step  # noqa: E402
-from models.optimizer import Optimizer  # noqa: E402
-from models.presets import preset  # noqa: E402
-from models.subnormals import flushed  # noqa: E402
-from models.train_state import load_state  # noqa: E402
-from models.trainer import DATA_SEED_OFFSET, TrainingData, train, training_step  # noqa: E402
-from models.weights import init_weights, stack, trainable_keys  # noqa: E402
+from models.cli import override  # noqa: E402
+from models.cores import fused_attention  # noqa: E402
+from models.cores.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
+from models.recall.config import RunConfig  # noqa: E402
+from models.recall.presets import preset  # noqa: E402
+from models.recall.trainer import TrainingData, train, training_step  # noqa: E402
+from models.recall.weights import init_weights, stack, trainable_keys  # noqa: E402
+from models.training.graphed import Step  # noqa: E402
+from models.training.optimizer import Optimizer  # noqa: E402
+from models.training.result import DATA_SEED_OFFSET  # noqa: E402
+from models.training.subnormals import flushed  # noqa: E402
+from models.training.train_state import load_state  # noqa: E402
 
 MEMORY_STEPS = 3
 TL_TRAINABLE = (".q.", ".k.", ".v.", ".o.", ".fc_in.", ".fc_out.")  # bridge weight names; biases stay frozen
@@ -77,11 +79,11 @@ def bench_run(preset_name: str, seq_len: int | None = None, model: dict | None =
 def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_len: int | None = None,
               trained: dict | None = None, sampler: str = "generator", graphed: bool = False,
               model: dict | None = None, attention_core: str = "auto"):
-    """A closure doing one step of models.trainer on K stacked models (seeds 0..K-1), from
+    """A closure doing one step of models.recall.trainer on K stacked models (seeds 0..K-1), from
     fresh weights or, given `trained` (a saved training state of one model), K copies of it;
-    the data from `sampler` (models.trainer.TrainingData); with `graphed`, the step captured
-    in a CUDA graph and replayed, as the trainer does (models.graphed.Step); `model`: fields
-    of the preset's model replaced; `attention_core`: models.forward.CORES."""
+    the data from `sampler` (models.recall.trainer.TrainingData); with `graphed`, the step captured
+    in a CUDA graph and replayed, as the trainer does (models.training.graphed.Step); `model`: fields
+    of the preset's model replaced; `attention_core`: models.cores.forward.CORES."""
     run = bench_run(preset_name, seq_len, model)
     task, lr = run.task.build(), run.train.lr[0]
     runs = [(lr, seed) for seed in range(k)]
@@ -99,7 +101,7 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
         optimizer.t.fill_(trained["t"])
         if data.generators:
             data.generators[0].set_state(trained["rng"])
-    positional = has_positions(weights)  # as models.trainer.train: decided once
+    positional = has_positions(weights)  # as models.recall.trainer.train: decided once
     return Step(training_step(weights, optimizer, data, run.model.attention, positional,
                               attention_core=attention_core), graphed)
 
@@ -239,7 +241,7 @@ def peak_memory_mib(variant: str, preset_name: str, batch: int, k: int, device: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="config-a", help="models.config preset (task + model)")
+    parser.add_argument("--preset", default="config-a", help="models.recall.config preset (task + model)")
     parser.add_argument("--batch", type=int, default=1024, help="prompts per step per model")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--steps", type=int, default=3, help="steps per timed block (a round is >= 1 block)")
@@ -248,7 +250,7 @@ def main() -> None:
     parser.add_argument("--n-heads", type=int, default=None, help="replace the preset model's head count")
     parser.add_argument("--d-mlp", type=int, default=None, help="replace the preset model's MLP width")
     parser.add_argument("--attention-core", choices=CORES, default="auto",
-                        help="our attention core (models.forward.CORES; auto: fused on a GPU with Triton)")
+                        help="our attention core (models.cores.forward.CORES; auto: fused on a GPU with Triton)")
     parser.add_argument("--compare-core", choices=CORES[1:], default=None,
                         help="also time ours with this attention core (variant ours-CORE, against ours)")
     parser.add_argument("--peak-flops", type=float, default=None,
@@ -303,7 +305,7 @@ def main() -> None:
     if args.trained_steps:
         folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
             f"{args.preset}-{args.trained_steps}-{device.type}"
-        print(f"trained model: {args.trained_steps} steps of models.trainer, state in {folder}")
+        print(f"trained model: {args.trained_steps} steps of models.recall.trainer, state in {folder}")
         trained = trained_state(args.preset, args.trained_steps, folder, device)
         steps.update({"ours-trained": ours(trained=trained), "ours-trained-kept": ours(trained=trained),
                       "tl-trained": make_tl(args.preset, args.batch, args.k, device, trained=trained)})
@@ -315,7 +317,7 @@ def main() -> None:
     matmul_rates, copy_rates = [], []  # measured in every round, next to ours: the floor moves with the machine
     for _ in range(args.repeats):
         for name, step in steps.items():
-            with flushed(device, FLUSHED[name]):  # as models.trainer.train does for ours
+            with flushed(device, FLUSHED[name]):  # as models.recall.trainer.train does for ours
                 rates[name].append(steps_per_second(step, args.steps, device, args.round_seconds, cpu_rates[name]))
             if name == "ours":
                 matmul_rates.append(matmul_flops_per_second(device))

@@ -1,28 +1,34 @@
-"""The models of both families, one file per job: factual recall here, attention-only
-memorisation (Dana et al.) in models/aot/ (its config, weights, forward and trainer), and the
-pieces both share here:
+"""The models, a folder per family and one for each thing the families share
+(docs/architecture.md):
 
-  config.py, presets.py            what a factual-recall model is: frozen configs, the named
-                                   presets and `preset`
-  section.py                       what a checkpoint says a model is (either family): the
-                                   config.json `model` section (ModelSection), which shapes,
-                                   counts and the bridge read
-  weights.py                       its weights: shapes, initialisation, stacks of K models
-  forward.py                       the trainer's fast forward, pinned to the TransformerLens
-                                   model by a parity test
-  trainer.py                       training K models at once -> TrainResult (shape_trainer.py:
-                                   runs of different shapes and tasks as one stack, in buckets that
-                                   fit a memory budget); optimizer.py: both families' Adam;
-                                   train_state.py: resumable training state
-  checkpoint.py                    saving and reading checkpoints of every task kind
-  bridge.py                        the TransformerLens model (TransformerBridge), and `load`:
-                                   checkpoint -> (model, task) for either family
+  recall/      the factual-recall family (Nichani, Lee & Bietti): config.py, presets.py (what a
+               model is, the named presets and `preset`), parameterisation.py (the authors'
+               departures), weights.py, trainer.py (K models at once -> TrainResult),
+               shape_trainer.py and shape_stack.py (runs of different shapes and tasks as one
+               padded stack), train.py (`python -m models.train`), constructions.py, memories.py,
+               pruning.py
+  aot/         the attention-only family (Dana et al.): config, weights, forward, trainer, train
+  training/    the machinery every family's trainer uses: optimizer.py (Adam), graphed.py (a
+               step replayed as a CUDA graph), capture_check.py, train_state.py (resumable
+               state), result.py (TrainResult), progress.py, subnormals.py
+  cores/       the fast forward's attention cores (forward.py) and their Triton kernels
+               (fused_attention.py, fused_kernels.py), pinned to the TransformerLens model by
+               parity tests
+  section.py   what a checkpoint says a model is, for every family: the config.json `model`
+               section (ModelSection), the weights' keys and shapes
+  checkpoint.py  saving and reading checkpoints of every task kind
+  bridge.py    the TransformerLens model (TransformerBridge) and `load`: checkpoint -> (model,
+               task) for any family; tokenizer.py the task's strings on it
+  cli.py       the command lines' plumbing: config fields with help (`setting`), `override`
+
+Imports point down: a family uses training/, cores/ and the checkpoint format; those never
+import a family; no family imports another (tests/test_layout.py).
 """
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.bridge import build_bridge, load, resolve_device
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_config
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from models.presets import preset
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.presets import preset
 from models.section import ModelSection
 
 __all__ = ["build_bridge", "load", "resolve_device", "Checkpoint", "CheckpointError", "load_checkpoint",

@@ -1,5 +1,5 @@
 """The analysis model: a TransformerLens 4 TransformerBridge built from checkpoint weights
-(`build_bridge`), or loaded from a checkpoint of either model family (`load`).
+(`build_bridge`), or loaded from a checkpoint of any model family (`load`).
 
 Analyses read activations through its hooks (`blocks.0.attn.hook_pattern`,
 `blocks.0.hook_mlp_out`, ...) with run_with_cache / run_with_hooks. TransformerLens has

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.section import ModelSection
-from models.weights import shapes
+from models.section import ModelSection, shapes
 from tasks import TASKS, Task, task_kind
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
@@ -201,7 +200,7 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
 
 
 def state_dir(ckpt: str | Path) -> Path:
-    """Where a resumable run keeps its training state (models.train_state)."""
+    """Where a resumable run keeps its training state (models.training.train_state)."""
     return Path(ckpt) / "train_state"
 
 

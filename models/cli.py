@@ -1,6 +1,7 @@
-"""Command-line plumbing shared by every entry point: flags generated from the frozen
-config dataclasses, comma lists, and bad input turned into one line on stderr and exit
-code 2 (a ValueError from main, or a flag argparse refuses)."""
+"""Command-line plumbing shared by every entry point: config fields with their help text
+(`setting`) and overrides by name (`override`), flags generated from the frozen config
+dataclasses, comma lists, and bad input turned into one line on stderr and exit code 2 (a
+ValueError from main, or a flag argparse refuses)."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,21 @@ import shutil
 import sys
 import types
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, field, fields, replace
 from pathlib import Path
+
+
+def setting(default, help: str, **kw):
+    """A config field with its --help text (and argparse `choices`, ...): one flag per field."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def override(config, values: dict):
+    """`config` with the given fields replaced; a name that is not one of its fields is refused."""
+    unknown = sorted(set(values) - {f.name for f in fields(config)})
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
+    return replace(config, **values)
 
 
 class Parser(argparse.ArgumentParser):

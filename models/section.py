@@ -1,9 +1,10 @@
 """The typed description of a model: the config.json `model` section (docs/checkpoint_format.md)
-as one frozen dataclass, ModelSection, for both model families.
+as one frozen dataclass, ModelSection, for every model family.
 
 It is what the configs write (`checkpoint_section`), what a checkpoint reader checks
-(`from_json`), and what the weights' shapes, the parameter counts and the TransformerBridge
-are derived from.
+(`from_json`), and what the weights' shapes (`shapes`: the HookedTransformer state-dict keys
+every family's checkpoint holds, ATTN and MLP their prefixes), the parameter counts and the
+TransformerBridge are derived from.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ REQUIRED = ("n_layers", "d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_v
             "act_fn", "normalization_type")
 ATTENTIONS = ("softmax", "linear")
 HEAD_LAYOUTS = ("standard", "dana")
+ATTN = "blocks.0.attn."  # the weights' key prefixes (HookedTransformer state-dict keys): the attention layer
+MLP = "blocks.0.mlp."  # and the MLP
+BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
 
 
 def _positive(value) -> bool:
@@ -110,3 +114,20 @@ class ModelSection:
                    attention=attention, parameterisation=data.get("parameterisation", "standard"),
                    positional_embedding=data.get("positional_embedding"), head_layout=layout,
                    d_embed=data["d_embed"] if layout == "dana" else None)
+
+
+def shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape for a model section."""
+    d, H, dh = section.d_model, section.n_heads, section.d_head
+    V, O, T = section.d_vocab, section.d_vocab_out, section.n_ctx
+    out = {
+        "embed.W_E": (V, d), "pos_embed.W_pos": (T, d),
+        ATTN + "W_Q": (H, d, dh), ATTN + "W_K": (H, d, dh), ATTN + "W_V": (H, d, dh),
+        ATTN + "b_Q": (H, dh), ATTN + "b_K": (H, dh), ATTN + "b_V": (H, dh),
+        ATTN + "W_O": (H, dh, d), ATTN + "b_O": (d,),
+        "unembed.W_U": (d, O), "unembed.b_U": (O,),
+    }
+    if not section.attn_only:
+        m = section.d_mlp
+        out.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
+    return out

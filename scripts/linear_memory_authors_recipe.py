@@ -17,12 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from analyses.capacity import authors_line, memory_report
-from analyses.search import largest_passing
-from analyses.sweep import Cells
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.search import largest_passing
 from models.bridge import resolve_device
 from models.cli import comma_list, run_cli
-from models.memories import MemoryConfig, fit
-from models.progress import progress_bar
+from models.recall.memories import MemoryConfig, fit
+from models.training.progress import progress_bar
 
 SEEDS = (0, 1, 11, 111, 42)
 REL_TOL = 0.01

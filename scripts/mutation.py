@@ -31,24 +31,25 @@ MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
-    "models/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
-                              "not equals_its_run_alone and not stay_zero"],
-    "models/train_state.py": ["tests/test_train_state.py", "tests/test_graphed.py::test_a_restore_copies_into_the_live_"
-                              "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_middle_state_"
-                              "equals_the_uninterrupted_run"],
+    "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
+                                     "not equals_its_run_alone and not stay_zero"],
+    "models/training/train_state.py": ["tests/test_train_state.py",
+                                       "tests/test_graphed.py::test_a_restore_copies_into_the_live_"
+                                       "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_"
+                                       "middle_state_equals_the_uninterrupted_run"],
     "analyses/report.py": ["tests/test_report_page.py"],
-    "models/capture_check.py": ["tests/test_capture_check.py"],
+    "models/training/capture_check.py": ["tests/test_capture_check.py"],
     "analyses/capacity/transformer.py": ["tests/test_capacity_transformer_tables.py",
                                          "tests/test_capacity_transformer.py", "-k",
                                          "writes_tables_and_reads or shape_sizes or shape_search or seeds_takes or "
                                          "paper_window or bad_shape or records_each_seed_and_resumes or "
                                          "transformer_tables"],
-    "models/shape_trainer.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
-                                "small_stack or whatever_reaches or trains_each_bucket or are_refused"],
-    "models/graphed.py": ["tests/test_graphed.py", "-k", "not cli"],
-    "models/fused_attention.py": ["tests/test_fused_attention.py",
-                                  "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
-    "analyses/executors.py": ["tests/test_sweep.py", "-k", "not ray"],
+    "models/recall/shape_trainer.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
+                                       "small_stack or whatever_reaches or trains_each_bucket or are_refused"],
+    "models/training/graphed.py": ["tests/test_graphed.py", "-k", "not cli"],
+    "models/cores/fused_attention.py": ["tests/test_fused_attention.py",
+                                        "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
+    "analyses/sweeps/executors.py": ["tests/test_sweep.py", "-k", "not ray"],
 }
 
 

@@ -10,7 +10,7 @@ A page marks each region that a command prints:
 
 This runs every marked command in a fresh scratch project holding the checkpoints it names
 (built once: ckpt/tiny by `models.train --preset tiny`, ckpt/theorem3 and ckpt/theorem4 by
-`models.constructions`; copied without their analyses), so what a command prints does not
+`models.recall.constructions`; copied without their analyses), so what a command prints does not
 depend on what ran before it, without progress bars, and puts what it printed between
 the marks: inside a fence when the region is a fenced block (a block that ends with a line
 `...` keeps as many first lines as it showed), as it is otherwise (a Markdown table). The rest
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MARK = re.compile(r"^<!-- shown: (?P<command>.+?) -->\n(?P<body>.*?)^<!-- /shown -->$", re.S | re.M)
 # what a command may name, and the command that makes it in the scratch project
 BUILD = {"ckpt/tiny": "python -m models.train --preset tiny --out ckpt/tiny --quiet --device cpu",
-         "ckpt/theorem3": "python -m models.constructions --kind attention --out ckpt/theorem3",
-         "ckpt/theorem4": "python -m models.constructions --kind mlp --out ckpt/theorem4"}
+         "ckpt/theorem3": "python -m models.recall.constructions --kind attention --out ckpt/theorem3",
+         "ckpt/theorem4": "python -m models.recall.constructions --kind mlp --out ckpt/theorem4"}
 
 
 def pages() -> list[Path]:

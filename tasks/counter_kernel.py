@@ -1,4 +1,4 @@
-"""The counter sampler's whole batch as one Triton kernel (tasks.factual_recall.counter_prompts
+"""The counter sampler's whole batch as one Triton kernel (tasks.counter_sampler.counter_prompts
 launches it on CUDA): the hash of tasks/counter.py, the inverse CDFs, the positions and the
 answers, for a block of prompts of one seed per program, in the same int64 arithmetic as
 the torch form, so the two draw the same bits (tests/test_counter.py, in Triton's interpreter)."""
@@ -43,7 +43,7 @@ def prompts(seeds, step, tokens, subjects, relations, answers, subject_pos, rela
             T: tl.constexpr, STEP_IS_POINTER: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
             BLOCK_S: tl.constexpr):
     """One (block of prompts, seed): seed k's prompts b at `step` (a pointer to one int64 or a
-    value), written as tasks.factual_recall.counter_prompts writes them (outputs contiguous,
+    value), written as tasks.counter_sampler.counter_prompts writes them (outputs contiguous,
     [K, B, T] and [K, B]). Each table row is seed k's (its *_row stride) or, stride 0, shared."""
     k = tl.program_id(1)
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]

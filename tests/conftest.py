@@ -3,9 +3,10 @@ import os
 import pytest
 import torch
 
-from models.config import RunConfig, override
-from models.presets import preset
-from models.trainer import train
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.presets import preset
+from models.recall.trainer import train
 
 # The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
 # FACTUAL_RECALL_TEST_DEVICE=cuda (docs/gpu.md). TF32 off, so float32 is float32.

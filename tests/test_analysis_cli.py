@@ -1,4 +1,4 @@
-"""The analyses' shared CLI layer (analyses/cli.py): every analysis takes its shared flags from
+"""The analyses' shared CLI layer (analyses/sweeps/cli.py): every analysis takes its shared flags from
 it and refuses a bad shared value with the same one line and exit code 2; every settings
 dataclass refuses each bad field, naming it."""
 import argparse
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import analyses
-from analyses import cli
 from analyses.aot_capacity import AotSweep
 from analyses.capacity import MemorySweep, TransformerSweep
-from analyses.executors import ExecutorSettings
 from analyses.hallucination import HallucinationSettings
 from analyses.locate_facts import LocateSettings
+from analyses.sweeps import cli
+from analyses.sweeps.executors import ExecutorSettings
 from analyses.tradeoff import Grid, Shrink
 from analyses.visualize import ViewSettings
 from models.cli import run_cli

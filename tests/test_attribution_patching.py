@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.config import override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.cli import override
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe import columns
 from probe.attribution_patching import agreement, attribution_patching
 from probe.patching import activation_patching

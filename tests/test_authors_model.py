@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from models.bridge import build_bridge
-from models.config import ModelConfig, shape_model
-from models.forward import last_position_logits
-from models.weights import ATTN, MLP, init_weights, stack, trainable_keys
+from models.cores.forward import last_position_logits
+from models.recall.config import ModelConfig, shape_model
+from models.recall.weights import init_weights, stack, trainable_keys
+from models.section import ATTN, MLP
 from tasks.factual_recall import FactualRecallTask
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from models.memories import (
+from models.recall.memories import (
     MemoryConfig,
     fit,
     memory_data,

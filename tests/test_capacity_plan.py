@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from analyses.capacity.stopping import MILESTONES_MAX_D, stop_step, validate
-from analyses.search import bisection
-from models.config import MILESTONES, RunConfig, TaskConfig, TrainConfig
+from analyses.sweeps.search import bisection
+from models.recall.config import MILESTONES, RunConfig, TaskConfig, TrainConfig
 from tests.test_capacity_memory import _cli
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "capacity"
@@ -51,8 +51,8 @@ def test_the_validation_counts_a_run_stopped_before_it_reached_99_percent(tmp_pa
 
 
 def test_a_run_gives_up_at_the_first_milestone_it_misses_alone_and_stacked():
-    from models.shape_trainer import train_stacks
-    from models.trainer import train
+    from models.recall.shape_trainer import train_stacks
+    from models.recall.trainer import train
 
     def run(give_up, S):
         return RunConfig(task=TaskConfig(n_subjects=S, n_relations=S, answers_per_relation=2, n_noise=2 * S,

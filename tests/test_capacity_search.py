@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from analyses.executors import LocalExecutor
-from analyses.search import bisection, largest_passing
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import LocalExecutor
+from analyses.sweeps.search import bisection, largest_passing
 
 
 # ------------------------------------------------------------------ binary search

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from models.pruning import head_norms, neuron_norms, prune, prune_order
+from models.recall.pruning import head_norms, neuron_norms, prune, prune_order
 from tests.test_capacity_memory import _cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_a_size_where_even_the_smallest_search_fails_stores_nothing(tmp_path, ca
 
 def test_shape_sizes_round_down_as_the_authors_do():
     from analyses.capacity import TransformerSweep
-    from models.config import shape_model
+    from models.recall.config import shape_model
 
     assert shape_model(1, 1, 8, 11) == replace(shape_model(1, 1, 8, 8), d_model=11, d_head=1, d_mlp=11)
     assert (shape_model(0.25, 4, 8, 45).d_head, shape_model(0.5, 0.5, 8, 22).d_mlp) == (1, 11)
@@ -125,7 +125,7 @@ def test_shape_search_starts_each_size_from_the_previous_sizes_answer(probes, tm
     """The authors' warm start: d in increasing order, each search from the last S*; with
     several probes a round asks for that many sizes at once."""
     from analyses.capacity import TransformerSweep, shape_capacity
-    from analyses.sweep import Cells
+    from analyses.sweeps.cells import Cells
 
     capacity = {8: 11, 16: 30, 32: 600}  # S* of a noiseless oracle, the last above max_size
     sweep = TransformerSweep(shapes=((1.0, 1.0, 2.0),), d=(32, 8, 16), max_size=512, probes=probes)
@@ -198,8 +198,8 @@ def test_a_search_over_seeds_takes_the_largest_size_most_seeds_store():
     """Votes of 3 seeds per size: all store up to 5, one stores 6, two store 9. A tie is not a
     majority; 9, a majority above a size that failed in the same round, is set aside: S* = 5."""
     from analyses.capacity.transformer import stored_by_most
-    from analyses.search import bisection, stacked_search
-    from analyses.sweep import Cell
+    from analyses.sweeps.cells import Cell
+    from analyses.sweeps.search import bisection, stacked_search
 
     votes = {2: 3, 3: 3, 4: 3, 5: 3, 6: 1, 9: 2}
     assert stored_by_most(({"accuracy": 1.0}, {"accuracy": 0.5})) is False  # a tie

@@ -23,11 +23,11 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
-from analyses.executors import ExecutorSettings
 from analyses.least_squares import fit_log_log
-from analyses.sweep import Cells
-from models.config import MILESTONES
-from models.weights import parameter_count
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.executors import ExecutorSettings
+from models.recall.config import MILESTONES
+from models.recall.weights import parameter_count
 
 SHAPE = (1.0, 1.0, 2.0)
 

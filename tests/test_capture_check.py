@@ -1,4 +1,4 @@
-"""The CPU check for CUDA-graph capture hazards (models.capture_check): each hazard it names is
+"""The CPU check for CUDA-graph capture hazards (models.training.capture_check): each hazard it names is
 refused, a clean step passes, and every trainer's step, built on the meta device as the
 trainer builds it, passes with every sampler `--cuda-graph auto` captures. The association
 task's step as it was (its table copied from the host inside the step) is kept as a fixture
@@ -11,12 +11,12 @@ import torch
 
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import population_step, prepare
-from models.capture_check import CaptureHazard, check_capturable
-from models.config import RunConfig, TaskConfig, TrainConfig, shape_model
-from models.graphed import use_cuda_graph
-from models.presets import preset
-from models.shape_trainer import _start_shapes
-from models.trainer import _start
+from models.recall.config import RunConfig, TaskConfig, TrainConfig, shape_model
+from models.recall.presets import preset
+from models.recall.shape_trainer import _start_shapes
+from models.recall.trainer import _start
+from models.training.capture_check import CaptureHazard, check_capturable
+from models.training.graphed import use_cuda_graph
 from tasks.association import AssociationTask, DistributionTask
 
 META = torch.device("meta")
@@ -196,7 +196,7 @@ def test_the_fused_core_s_token_order_is_capturable():
     each model's positions sorted by token and where each entry starts (fixed shapes, no
     wait for the host), for tokens shared by heads and per head. The kernels themselves run
     only where Triton compiles (CUDA) or interprets (CPU), not on `meta`."""
-    from models.fused_attention import token_order
+    from models.cores.fused_attention import token_order
 
     K, H, B, T, V = 3, 4, 16, 5, 11
     meta = torch.device("meta")

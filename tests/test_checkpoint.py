@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 from models import CheckpointError, ModelSection, build_bridge, load, load_checkpoint
 from models.aot.config import AoTModelConfig
 from models.checkpoint import read_metrics, snapshot_steps, write_json
-from models.config import ModelConfig, TaskConfig
-from models.trainer import EVAL_SEED
+from models.recall.config import ModelConfig, TaskConfig
+from models.recall.trainer import EVAL_SEED
 from tasks.association import AssociationTask
 
 

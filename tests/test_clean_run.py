@@ -7,7 +7,7 @@ import torch
 
 from models import build_bridge
 from models.bridge import load_weights
-from models.weights import MLP
+from models.section import MLP
 from probe.ablation import ablations
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution

@@ -37,8 +37,8 @@ def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
 @pytest.mark.parametrize("command, args", [
     ("models.train", ["--steps", "many"]),
     ("models.train", ["--optimizer", "rmsprop"]),
-    ("models.constructions", ["--kind", "attention", "--d-model", "wide"]),
-    ("models.constructions", ["--kind", "both"]),
+    ("models.recall.constructions", ["--kind", "attention", "--d-model", "wide"]),
+    ("models.recall.constructions", ["--kind", "both"]),
 ])
 def test_bad_flag_value_is_one_error_line(tmp_path, command, args):
     proc = run(command, "--out", str(tmp_path / "ckpt"), *args)
@@ -67,7 +67,7 @@ def test_train_cli_writes_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("kind", ["attention", "mlp"])
 def test_constructions_reach_100_percent(tmp_path, kind):
     out = tmp_path / kind
-    proc = run("models.constructions", "--kind", kind, "--out", str(out))
+    proc = run("models.recall.constructions", "--kind", kind, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     training = json.loads((out / "config.json").read_text())["training"]
     assert training["final_accuracy"] == 1.0 and training["storage"] == kind
@@ -76,7 +76,7 @@ def test_constructions_reach_100_percent(tmp_path, kind):
 
 
 def test_constructions_refuse_too_small_models(tmp_path):
-    proc = run("models.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
+    proc = run("models.recall.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
     assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
 
 

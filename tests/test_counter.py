@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.trainer import TrainingData
+from models.recall.trainer import TrainingData
 from tasks import counter, triton_kernels
-from tasks.factual_recall import FactualRecallTask, TaskStack, counter_prompts
+from tasks.counter_sampler import TaskStack, counter_prompts
+from tasks.factual_recall import FactualRecallTask
 from tests.conftest import TEST_DEVICE
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from models import build_bridge
-from models.config import override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.cli import override
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe.denoising import attention_masses, denoising_scores, head_token_table, specialisation
 from probe.prompts import FactPrompts
 from probe.stats import with_interval

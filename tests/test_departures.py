@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from models import parameterisation as param
 from models.bridge import build_bridge
-from models.config import ModelConfig, TaskConfig
-from models.section import ModelSection
-from models.weights import ATTN, MLP, init_weights, trainable_keys
+from models.recall import parameterisation as param
+from models.recall.config import ModelConfig, TaskConfig
+from models.recall.weights import init_weights, trainable_keys
+from models.section import ATTN, MLP, ModelSection
 
 TASK = TaskConfig(n_subjects=8, n_relations=8, answers_per_relation=4, n_noise=16, seq_len=8).build()
 SIZES = dict(d_model=32, n_heads=4, d_head=4, d_mlp=48)  # d / d_h = 8, H d_h / d = 1/2
@@ -126,7 +126,7 @@ def test_the_standard_models_mlp_starts_half_dead_and_the_residual_departure_rev
     share of units is off on every prompt or on for every prompt. Reading the attention output
     alone (the residual departure) leaves almost none stuck, and none in the authors' model."""
     from analyses.capacity.departures import initial_state
-    from models.config import shape_model
+    from models.recall.config import shape_model
 
     task = TaskConfig(n_subjects=24, n_relations=24, answers_per_relation=8, n_noise=48, seq_len=32).build()
     tokens = task.sample(512, torch.Generator().manual_seed(0)).tokens

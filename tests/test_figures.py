@@ -27,7 +27,7 @@ print(matplotlib.get_backend())
 def test_the_grid_figure_counts_parameters_as_grid_csv_and_draws_the_authors_line_in_them():
     """Axes labelled with the paper's counts (attention 4 H d_h d, MLP 2 m d) as in grid.csv;
     the authors' frontier d m = 2300 - d d_h H / 2 in those counts: 2 m d = 4600 - 4 H d_h d / 4."""
-    from analyses.output import subplots
+    from analyses.sweeps.output import subplots
     from analyses.tradeoff.figures import heat_map, paper_lines
 
     d, d_h = 32, 8

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from bench.core_cost import core_cost
 from bench.step_kernels import Kernels
-from models import fused_attention
-from models.config import ModelConfig
-from models.forward import VocabAttention, choose_core, last_position_logits
-from models.weights import init_weights, stack
+from models.cores import fused_attention
+from models.cores.forward import VocabAttention, choose_core, last_position_logits
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights, stack
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import TEST_DEVICE
 
@@ -22,7 +22,7 @@ TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}
 
 def _inputs(dtype, positional, K=2, H=3, E=5, B=37, V=11, T=7):
     """q [K, H, e, B], tables [K, H, e, V], index [K, H, B, T] (tokens expanded over heads, as
-    models.forward passes them), positional scores [K, H, B, T] or None; B not a multiple of
+    models.cores.forward passes them), positional scores [K, H, B, T] or None; B not a multiple of
     the kernel's block and T not a power of two, so the masks are exercised."""
     g = torch.Generator().manual_seed(0)
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from models import CheckpointError, load
-from models.config import ModelConfig
-from models.weights import init_weights
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights
 from tasks.factual_recall import FactualRecallTask
 
 CASES = 150  # per property; docs/reliability.md records the total

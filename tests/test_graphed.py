@@ -1,4 +1,4 @@
-"""Graphed training (models.graphed): the choice of eager or captured, the in-place restore a
+"""Graphed training (models.training.graphed): the choice of eager or captured, the in-place restore a
 captured run needs, and, where CUDA is present, the captured step against the eager one."""
 import contextlib
 import json
@@ -11,13 +11,13 @@ import torch
 
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
-from models.config import TrainConfig
-from models.graphed import WARMUP_STEPS, Step, not_capturable, use_cuda_graph
-from models.optimizer import Optimizer
-from models.presets import PRESETS, preset
-from models.shape_trainer import train_shapes
-from models.train_state import load_state, restore, save_state
-from models.trainer import train
+from models.recall.config import TrainConfig
+from models.recall.presets import PRESETS, preset
+from models.recall.shape_trainer import train_shapes
+from models.recall.trainer import train
+from models.training.graphed import WARMUP_STEPS, Step, not_capturable, use_cuda_graph
+from models.training.optimizer import Optimizer
+from models.training.train_state import load_state, restore, save_state
 from tasks.association import AssociationTask
 from tests.conftest import TEST_DEVICE, quick
 from tests.test_shape_stack import runs as shape_runs
@@ -148,7 +148,7 @@ def test_a_trade_off_sweep_recorded_without_a_sampler_resumes_with_the_generator
 
 
 def test_a_run_started_before_the_sampler_was_a_setting_resumes_with_the_generator(tmp_path):
-    from models.train import read_run
+    from models.recall.train import read_run
 
     recorded = {"preset": "tiny", **asdict(preset("tiny"))}
     del recorded["train"]["sampler"]
@@ -248,8 +248,8 @@ def test_graphed_attention_only_training_is_bit_identical_to_eager(layout):
 
 @CUDA
 def test_a_replayed_step_never_waits_for_the_host():
-    from models.trainer import TrainingData, training_step
-    from models.weights import init_weights, stack, trainable_keys
+    from models.recall.trainer import TrainingData, training_step
+    from models.recall.weights import init_weights, stack, trainable_keys
 
     run = preset("tiny")
     task = run.task.build()

@@ -7,8 +7,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from analyses.executors import LocalExecutor
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import LocalExecutor
 from tests.test_sweep import GRID, _tradeoff
 
 

@@ -12,9 +12,9 @@ from analyses import hallucination
 from models.bridge import build_bridge, load
 from models.checkpoint import CheckpointError, write_checkpoint
 from models.cli import run_cli
-from models.presets import preset
-from models.trainer import train
-from models.weights import init_weights, trainable_keys
+from models.recall.presets import preset
+from models.recall.trainer import train
+from models.recall.weights import init_weights, trainable_keys
 from probe.hallucination import conditional_entropy, recall_metrics, relation_prior
 from probe.phases import PhaseRule, hallucination_phase
 from tasks.factual_recall import FactualRecallTask
@@ -239,7 +239,7 @@ def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
 ])
 def test_cli_names_what_the_checkpoint_is(tiny_ckpt, tmp_path, case, message, capsys):
     """A folder the other tools refuse is refused with their words, not for its missing snapshots."""
-    from models.constructions import main as construct
+    from models.recall.constructions import main as construct
 
     ckpt = tmp_path / "ckpt"
     if case == "construction":

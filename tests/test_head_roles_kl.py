@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from models.aot.config import AoTModelConfig
 from models.bridge import build_bridge
-from models.weights import shapes
+from models.section import shapes
 from probe.head_roles import THRESHOLD, _variance_shares, head_roles, key_token_table, sequences_run
 from probe.hooks import clean_run
 from probe.kl_floor import kl_of_logits, rank_d_kl_floor

@@ -1,4 +1,4 @@
-"""A seed draws the same initial weights as it always did (models.weights.DRAW_ORDER and the
+"""A seed draws the same initial weights as it always did (models.recall.weights.DRAW_ORDER and the
 attention-only family's fixed order), so recorded sweeps re-run to the same numbers.
 
 Each parameterisation's initial weights for one small config and seed are pinned by a sha256
@@ -11,8 +11,8 @@ import torch
 
 from models.aot.config import AoTModelConfig
 from models.aot.weights import init_aot_weights
-from models.config import ModelConfig
-from models.weights import init_weights
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights
 from tasks.association import AssociationTask
 from tasks.factual_recall import FactualRecallTask
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.presets import preset
-from models.trainer import train
+from models.recall.presets import preset
+from models.recall.trainer import train
 from probe.ablation import ablation_hooks, ablations
 from probe.accuracy import per_fact_accuracy
 from probe.attribution import direct_logit_attribution

@@ -6,9 +6,9 @@ import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.config import override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage, head_groups
-from models.weights import ATTN, MLP
+from models.cli import override
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage, head_groups
+from models.section import ATTN, MLP
 from probe.ablation import ablations
 from probe.denoising import denoising_scores
 from probe.memory import recall_probes

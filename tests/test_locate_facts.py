@@ -12,10 +12,11 @@ import torch
 
 from analyses.locate_facts import locate
 from models import build_bridge
-from models.config import RunConfig, override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
-from models.presets import preset
-from models.trainer import train
+from models.cli import override
+from models.recall.config import RunConfig
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.recall.presets import preset
+from models.recall.trainer import train
 from probe import columns
 from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.config import TaskConfig, override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.cli import override
+from models.recall.config import TaskConfig
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe import columns
 from probe.ablation import ablation_hooks, ablations, n_ablation_runs
 from probe.attribution import above_chance, direct_logit_attribution

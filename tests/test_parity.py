@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from models.bridge import build_bridge
-from models.config import ModelConfig
-from models.forward import VocabAttention, last_position_logits
-from models.weights import init_weights, stack
+from models.cores.forward import VocabAttention, last_position_logits
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights, stack
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import TEST_DEVICE
 
@@ -87,7 +87,7 @@ def _full_sequence_logits(w: dict, tokens: torch.Tensor, attention: str) -> torc
 @pytest.mark.parametrize("positional", [True, False], ids=["W_pos", "no-W_pos"])
 @pytest.mark.parametrize("attention", ["softmax", "linear"])
 def test_trainer_gradients_equal_autograd_of_the_full_model(attention, positional):
-    """The hand-written attention backward (models.forward.VocabAttention) gives every weight
+    """The hand-written attention backward (models.cores.forward.VocabAttention) gives every weight
     the gradient that autograd gives the plain full-sequence model (itself pinned to the
     TransformerBridge's logits here), biases and W_pos included."""
     task = FactualRecallTask(12, 4, 3, 10, 9)

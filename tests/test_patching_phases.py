@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from models import build_bridge
-from models.config import ModelConfig
-from models.constructions import build, build_storage, head_groups
+from models.recall.config import ModelConfig
+from models.recall.constructions import build, build_storage, head_groups
 from probe.patching import activation_patching, corrupted_prompts
 from probe.phases import Phase, PhaseRule, hallucination_phase, in_phase
 from probe.prompts import FactPrompts, fact_batch

@@ -4,7 +4,7 @@ import torch
 from transformer_lens import patching
 
 from models import build_bridge
-from models.weights import ATTN, MLP
+from models.section import ATTN, MLP
 from probe.ablation import ablation_hooks
 from probe.hooks import HOOK_Z, clean_run, hooked_last_logits, rerun_last_position
 from probe.patching import activation_patching, corrupted_prompts

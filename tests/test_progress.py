@@ -3,8 +3,8 @@ import io
 
 import pytest
 
-from analyses.sweep import Cell, Cells, one, run_jobs
-from models.progress import ENV
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from models.training.progress import ENV
 from tests.test_sweep import Shuffled, threshold_row
 
 
@@ -37,8 +37,8 @@ def test_bars_are_drawn_on_a_terminal_or_when_asked(stderr, setting, shown, tmp_
 
 
 def test_training_piped_to_a_log_draws_no_bar(monkeypatch, capsys):
-    from models.config import RunConfig, TaskConfig, TrainConfig
-    from models.trainer import train
+    from models.recall.config import RunConfig, TaskConfig, TrainConfig
+    from models.recall.trainer import train
 
     monkeypatch.delenv(ENV, raising=False)
     run = RunConfig(TaskConfig(n_subjects=4, n_relations=2, answers_per_relation=2, n_noise=4, seq_len=4),
@@ -50,11 +50,11 @@ def test_training_piped_to_a_log_draws_no_bar(monkeypatch, capsys):
 def test_a_job_piped_to_a_log_writes_a_status_line_now_and_then(monkeypatch, capsys):
     """No bar in a log, but a plain line at most every STATUS_SECONDS (here: every update), and
     a last one when the job ends; nothing with FACTUAL_RECALL_PROGRESS=0 or --quiet."""
-    from models import progress
     from models.aot.config import AoTModelConfig, AoTTrainConfig
     from models.aot.trainer import train_aot
-    from models.config import RunConfig, TaskConfig, TrainConfig
-    from models.trainer import train
+    from models.recall.config import RunConfig, TaskConfig, TrainConfig
+    from models.recall.trainer import train
+    from models.training import progress
     from tasks.association import AssociationTask
 
     monkeypatch.delenv(ENV, raising=False)
@@ -76,7 +76,7 @@ def test_a_job_piped_to_a_log_writes_a_status_line_now_and_then(monkeypatch, cap
 
 
 def test_a_short_job_writes_no_status_line(monkeypatch, capsys):
-    from models.progress import progress_bar
+    from models.training.progress import progress_bar
 
     monkeypatch.delenv(ENV, raising=False)
     assert list(progress_bar(range(3), desc="snapshots")) == [0, 1, 2]  # well under STATUS_SECONDS

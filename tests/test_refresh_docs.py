@@ -75,7 +75,7 @@ def printed(tiny_ckpt, tmp_path_factory):
     (ckpt/tiny the session's tiny preset, the constructions built here), run in this process."""
     built = tmp_path_factory.mktemp("built")
     shutil.copytree(tiny_ckpt, built / "ckpt" / "tiny", ignore=shutil.ignore_patterns("analysis"))
-    from models.constructions import main as construct
+    from models.recall.constructions import main as construct
     with contextlib.redirect_stdout(io.StringIO()):
         for kind, name in (("attention", "theorem3"), ("mlp", "theorem4")):
             construct(["--kind", kind, "--out", str(built / "ckpt" / name)])

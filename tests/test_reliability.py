@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from models import load, load_checkpoint
 from models.checkpoint import CheckpointError
-from models.presets import preset
-from models.train_state import complete_steps, load_state
-from models.trainer import train
+from models.recall.presets import preset
+from models.recall.trainer import train
+from models.training.train_state import complete_steps, load_state
 from tests.conftest import quick
 
 DENSE = ["--steps", "600", "--target-accuracy", "2", "--snapshots-per-octave", "8", "--eval-every", "10", "--quiet"]
@@ -137,7 +137,7 @@ def test_ctrl_c_names_the_saved_step_and_the_resume_command(tmp_path):
 
 def test_resume_refuses_every_other_setting(tmp_path, capsys):
     from models.cli import run_cli
-    from models.train import main
+    from models.recall.train import main
 
     for flags in (["--preset", "paper-tradeoff"], ["--lr", "0.1"], ["--out", str(tmp_path / "x")]):
         with pytest.raises(SystemExit) as exit_:
@@ -187,7 +187,7 @@ def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
 def _interrupted(tmp_path: Path, sampler: str) -> tuple[Path, Path]:
     """A finished CPU run of `models.train` (`full`) and a copy of it cut after its middle
     training state, as a kill would leave it (`cut`: run.json and the states up to there)."""
-    from models.train import main
+    from models.recall.train import main
 
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(["--out", str(full), "--steps", "48", "--target-accuracy", "2", "--snapshots-per-octave", "2",
@@ -215,7 +215,7 @@ def _recorded_on(cut: Path, device: str) -> None:
 def test_a_counter_run_started_on_cuda_resumes_on_the_cpu_bit_identical(tmp_path):
     """With the counter sampler the batches are a function of the step alone, on any device:
     a run recorded on CUDA, resumed with --device cpu, ends with the uninterrupted run's weights."""
-    from models.train import main
+    from models.recall.train import main
 
     full, cut = _interrupted(tmp_path, "counter")
     _recorded_on(cut, "cuda")
@@ -230,7 +230,7 @@ def test_a_generator_run_refuses_to_move_to_another_kind_of_device(tmp_path, cap
     """A torch.Generator's state is its device's (CUDA's Philox state is 16 bytes): the run is
     refused in one line naming both devices, and nothing is written."""
     from models.cli import run_cli
-    from models.train import main
+    from models.recall.train import main
 
     _, cut = _interrupted(tmp_path, "generator")
     _recorded_on(cut, "cuda")
@@ -252,7 +252,7 @@ def test_a_counter_run_moves_from_the_cpu_to_cuda_and_back(tmp_path):
     """CPU -> CUDA -> CPU: each leg resumes from the last state of the one before and
     records where it ran; the curve up to the cut is the CPU's, and the run ends where the
     uninterrupted one does (CUDA's arithmetic is not the CPU's: close, not bit-identical)."""
-    from models.train import main
+    from models.recall.train import main
 
     def metrics(ckpt: Path) -> list[dict]:
         return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]

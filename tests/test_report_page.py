@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analyses import report
-from models.constructions import CONSTRUCTION_TASK
+from models.recall.constructions import CONSTRUCTION_TASK
 
 INTERVAL = {"value": 0.5, "low": 0.25, "high": 0.75}
 
@@ -27,7 +27,7 @@ def locate_summary(**extra) -> dict:
 
 def model_json(**model) -> dict:
     """A config.json model section of the default task."""
-    from models.config import ModelConfig, RunConfig
+    from models.recall.config import ModelConfig, RunConfig
 
     return ModelConfig(**model).checkpoint_section(RunConfig().task.build()).to_json()
 
@@ -152,8 +152,8 @@ def recorded_ckpt(tmp_path):
     from analyses.hallucination import HallucinationSettings
     from analyses.locate_facts import LocateSettings
     from models.checkpoint import write_checkpoint
-    from models.config import override
-    from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+    from models.cli import override
+    from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
     from probe.phases import PhaseRule
     from probe.storage import StorageRule
 

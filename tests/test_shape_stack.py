@@ -5,12 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from models.forward import last_position_logits
-from models.shape_stack import gradient_masks, pad, padded_section, query_scales, unpad
-from models.shape_trainer import _cell_result, _loop_shapes, _start_shapes, train_shapes
-from models.trainer import train
-from models.weights import init_weights, stack, trainable_keys
+from models.cores.forward import last_position_logits
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.shape_stack import gradient_masks, pad, padded_section, query_scales, unpad
+from models.recall.shape_trainer import _cell_result, _loop_shapes, _start_shapes, train_shapes
+from models.recall.trainer import train
+from models.recall.weights import init_weights, stack, trainable_keys
 from tests.conftest import TEST_DEVICE
 
 SHAPES = [(4, 8, 64), (2, 4, 32), (1, 6, 16)]  # (H, d_h, m): every size differs somewhere
@@ -213,7 +213,7 @@ def test_a_small_stack_equals_its_runs_alone(sampler):
 
 
 def test_a_small_stack_that_diverges_stops_naming_the_step_the_model_and_the_last_snapshot():
-    from models.trainer import TrainingDiverged
+    from models.recall.trainer import TrainingDiverged
 
     runs = small_runs("counter")
     runs[1] = replace(runs[1], train=replace(runs[1].train, lr=(1e30,)))

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from models.shape_stack import _activation_bytes, buckets, padded_section, run_section, stack_bytes
-from models.shape_trainer import _start_shapes, train_stacks
-from models.trainer import evaluate
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.shape_stack import _activation_bytes, buckets, padded_section, run_section, stack_bytes
+from models.recall.shape_trainer import _start_shapes, train_stacks
+from models.recall.trainer import evaluate
 from tests.test_shape_stack import task_runs
 
 
@@ -107,8 +107,9 @@ def test_the_estimate_counts_the_buffers_it_names(freeze_ov):
     that this accounting bounds what a stack really holds): float32 weights, and for the
     trainable ones their gradients, two Adam moments, masks and three Adam temporaries of the
     largest; int64 held-out prompts; the step's and the evaluation's activations."""
-    from models.shape_stack import _estimate
-    from models.weights import shapes, trainable_keys
+    from models.recall.shape_stack import _estimate
+    from models.recall.weights import trainable_keys
+    from models.section import shapes
 
     run = replace(CELLS[0], train=replace(CELLS[0].train, lr=(1e-2, 3e-3), freeze_ov=freeze_ov))  # K = 2, authors
     section = run_section(run)
@@ -161,7 +162,7 @@ def test_a_refusal_names_the_estimate_and_the_budget_in_gib():
 
 
 def test_runs_that_cannot_share_a_stack_are_named_with_every_difference():
-    from models.shape_stack import check_stackable
+    from models.recall.shape_stack import check_stackable
 
     with pytest.raises(ValueError, match=r"^train_shapes needs at least one run\.$"):
         check_stackable([])
@@ -178,7 +179,7 @@ def test_a_run_below_half_the_stack_s_vocabulary_alone_starts_its_own():
 
 
 def test_the_padding_s_pieces_one_by_one(monkeypatch):
-    from models.shape_stack import default_budget, gradient_masks, pad, query_scales, sizes
+    from models.recall.shape_stack import default_budget, gradient_masks, pad, query_scales, sizes
 
     narrow, wide = (run_section(c) for c in (cell(8, 16, 2, 4), cell(8, 16, 4, 4)))  # they differ in H alone
     assert set(gradient_masks([narrow, wide], ["embed.W_E", "blocks.0.attn.W_Q"])) == {"blocks.0.attn.W_Q"}
@@ -197,7 +198,7 @@ def test_train_stacks_trains_each_bucket_with_the_defaults_of_train_shapes(monke
     """Without a budget, the first run's device gives it; progress bars and flushed subnormals
     by default, as train_shapes; a bar per stack, counting the longest run's steps."""
     asked = []
-    monkeypatch.setattr("models.shape_trainer.default_budget", lambda device: asked.append(device))
+    monkeypatch.setattr("models.recall.shape_trainer.default_budget", lambda device: asked.append(device))
     monkeypatch.setenv("FACTUAL_RECALL_PROGRESS", "1")
     runs = [replace(r, train=replace(r.train, steps=s)) for r, s in ((CELLS[2], 3), (CELLS[4], 4))]
     (alone,) = train_stacks(runs[:1])

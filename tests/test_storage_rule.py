@@ -8,9 +8,9 @@ import torch
 
 from analyses.locate_facts import locate, write
 from models import build_bridge
-from models.config import override
-from models.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
-from models.weights import ATTN
+from models.cli import override
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
+from models.section import ATTN
 from probe.contexts import TIE, ranks_first_in_block
 from probe.storage import StorageRule
 

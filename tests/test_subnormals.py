@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.subnormals import flushed, flushing, on_every_thread
+from models.training.subnormals import flushed, flushing, on_every_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,10 +25,11 @@ def flushed_share():
     return (x * 1.0 == 0).float().mean().item()
 
 before = flushed_share()  # starts torch's OpenMP threads
-import models.trainer as trainer
-from models.config import RunConfig, override
-from models.presets import preset
-from models.forward import last_position_logits
+import models.recall.trainer as trainer
+from models.recall.config import RunConfig
+from models.cli import override
+from models.recall.presets import preset
+from models.cores.forward import last_position_logits
 
 during, train_step = [], trainer.train_step
 def probing_step(*args):

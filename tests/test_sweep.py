@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.search import bisection, largest_passing, search
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.search import bisection, largest_passing, search
 from models.text import count
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_settings_an_earlier_version_recorded_resume(tmp_path):
 def ray_cluster():
     """One local Ray instance with 2 CPUs for the module (the executor reuses it)."""
     ray = pytest.importorskip("ray")
-    from analyses.executors import start_ray
+    from analyses.sweeps.executors import start_ray
 
     start_ray(num_cpus=2)
     yield ray.get_runtime_context().gcs_address
@@ -243,7 +243,7 @@ def threads_row(i: int) -> dict:
 @pytest.mark.parametrize("kind", ["processes", "ray"])
 @pytest.mark.parametrize("threads", [None, 2])
 def test_each_cell_computes_with_the_sweep_s_torch_threads_on_every_executor(request, tmp_path, kind, threads):
-    from analyses.executors import ExecutorSettings, open_executor
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
 
     if kind == "ray":
         request.getfixturevalue("ray_cluster")
@@ -285,7 +285,7 @@ class CountingCells(Cells):
 
 
 def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_cluster, tmp_path):
-    from analyses.executors import RayExecutor
+    from analyses.sweeps.executors import RayExecutor
 
     attempts = tmp_path / "attempts"
     attempts.mkdir()
@@ -353,7 +353,7 @@ def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_ce
     """One worker: cell 0 returns before cell 1 fails (raises, or its worker is killed); the
     sweep stops with one clear line, cell 0 recorded, and the cell still computing (or
     queued) is not waited for: no worker is left."""
-    from analyses.executors import ExecutorSettings, open_executor
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
 
     done = tmp_path / "cell 2 done"
     args = (lambda n: (str(done), n)) if fn is fails_or_waits else (lambda n: (n,))
@@ -380,7 +380,7 @@ def test_a_ctrl_c_reaches_the_driver_alone_not_its_worker_processes(tmp_path):
     which handles it, stops them), so no worker prints a traceback or leaves its queues'
     semaphores behind, and a SIGINT raised meanwhile in the driver is delivered after the
     submission."""
-    from analyses.executors import ExecutorSettings, open_executor, sigint_blocked
+    from analyses.sweeps.executors import ExecutorSettings, open_executor, sigint_blocked
 
     cells = Cells(tmp_path / "out", {})
     try:

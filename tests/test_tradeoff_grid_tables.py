@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analyses.tradeoff.grid import Grid, floor_between, frontier_of, grid_tables, grid_text, seed_means, seed_spread
-from models.config import ModelConfig, RunConfig
+from models.recall.config import ModelConfig, RunConfig
 
 # the smallest m reaching 99% per (H, seed); None: no m does
 FRONTIERS = {(1, 0): 8, (1, 1): 16, (1, 2): None, (2, 0): 4, (2, 1): 4, (2, 2): 8}
@@ -145,9 +145,9 @@ def fake_training(monkeypatch) -> list:
 
 
 def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(monkeypatch, tmp_path, capsys):
-    from analyses.executors import ExecutorSettings, open_executor
     from analyses.locate_facts import LocateSettings
-    from analyses.sweep import Cells
+    from analyses.sweeps.cells import Cells
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
     from analyses.tradeoff.grid import grid_rows
 
     calls = fake_training(monkeypatch)
@@ -178,9 +178,9 @@ def test_cells_alone_train_many_heads_first_and_come_back_in_the_grid_s_order(mo
 
 
 def test_stacked_cells_train_one_stack_per_h_of_the_cells_not_yet_recorded(monkeypatch, tmp_path):
-    from analyses.executors import ExecutorSettings
     from analyses.locate_facts import LocateSettings
-    from analyses.sweep import Cells
+    from analyses.sweeps.cells import Cells
+    from analyses.sweeps.executors import ExecutorSettings
     from analyses.tradeoff.grid import grid_rows
 
     calls = fake_training(monkeypatch)

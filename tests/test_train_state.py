@@ -1,4 +1,4 @@
-"""models.train_state on states written by hand: what a state file holds, the restore of
+"""models.training.train_state on states written by hand: what a state file holds, the restore of
 weights, Adam's moments, step count and data generators, damaged and partial files, and the
 weights of every saved state. (A whole run resumed: tests/test_reliability.py.)"""
 import json
@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from models.checkpoint import CheckpointError
-from models.optimizer import Optimizer
-from models.train_state import load_state, remove_partial, restore, save_state, saved_snapshots
+from models.training.optimizer import Optimizer
+from models.training.train_state import load_state, remove_partial, restore, save_state, saved_snapshots
 
 LR = torch.tensor([1e-2, 3e-3])
 

@@ -6,12 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import fused_attention
-from models.forward import has_positions, last_position_logits
-from models.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
-from models.presets import preset
-from models.trainer import TrainingData, snapshot_schedule, summed_loss, train, train_step
-from models.weights import init_weights, stack, trainable_keys
+from models.cores import fused_attention
+from models.cores.forward import has_positions, last_position_logits
+from models.recall.presets import preset
+from models.recall.trainer import TrainingData, summed_loss, train, train_step
+from models.recall.weights import init_weights, stack, trainable_keys
+from models.training.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
+from models.training.result import snapshot_schedule
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import quick
 
@@ -233,7 +234,7 @@ def test_training_step_never_waits_for_the_device(variant, sampler, core):
 def test_a_stack_of_tasks_and_sizes_steps_without_waiting_for_the_device():
     """The padded stack's step (per-task counter batches, -inf answer padding, gradient masks,
     per-model query scales) reads nothing back to the host either."""
-    from models.shape_trainer import _start_shapes
+    from models.recall.shape_trainer import _start_shapes
     from tests.test_shape_stack import task_runs
 
     state = _start_shapes(task_runs("authors"), torch.device("cpu"))
@@ -245,7 +246,8 @@ def test_a_stack_of_tasks_and_sizes_steps_without_waiting_for_the_device():
 
 
 def test_override_refuses_unknown_fields():
-    from models.config import ModelConfig, override
+    from models.cli import override
+    from models.recall.config import ModelConfig
     assert override(ModelConfig(), {"n_heads": 2}).n_heads == 2
     with pytest.raises(ValueError, match="ModelConfig has no field 'freeze_ov'"):
         override(ModelConfig(), {"freeze_ov": True})

@@ -241,7 +241,7 @@ def test_report_refuses_corrupt_locate_results(ckpt, tmp_path, capsys):
 def test_neuron_view_finds_each_fact_s_own_unit():
     """Theorem 4 construction: MLP unit s*R + r alone fires on fact (s, r) and writes its
     answer; the unit writes add up to the MLP's direct write onto a* less its output bias's."""
-    from models.constructions import ANSWER_LOGIT
+    from models.recall.constructions import ANSWER_LOGIT
     from probe.hooks import HOOK_MLP_OUT
     from probe.neurons import unit_writes
 

@@ -1,5 +1,5 @@
-from analyses import cli
 from analyses.aot_capacity.cli import main
+from analyses.sweeps import cli
 
 if __name__ == "__main__":
     cli.run_cli(main)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from analyses import aot_capacity, cli
+from analyses import aot_capacity
 from analyses.aot_capacity.report import report, write
 from analyses.aot_capacity.sweep import AotSweep, train_sweeps
 from analyses.aot_capacity.tables import add_head_roles, tables
-from analyses.sweep import Cells
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cells
 from models.aot.config import AoTTrainConfig
 from models.cli import add_config_flags, given
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.aot_capacity.sweep import AotSweep
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 from tasks.association import AssociationTask
 
 LAYOUT_STYLE = {"standard": ("C0", "o"), "dana": ("C1", "^")}

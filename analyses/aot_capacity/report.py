@@ -9,7 +9,7 @@ from analyses.aot_capacity.figures import figure, roles_figure
 from analyses.aot_capacity.sweep import AotSweep
 from analyses.aot_capacity.tables import AotCapacity
 from analyses.least_squares import LINE, POWER, Fit
-from analyses.output import write_csv, write_summary
+from analyses.sweeps.output import write_csv, write_summary
 from models.text import count, number
 
 

@@ -7,12 +7,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analyses import cli
-from analyses.executors import ExecutorSettings, open_executor
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
-from models.config import setting
+from models.cli import setting
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 

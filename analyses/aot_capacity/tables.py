@@ -104,7 +104,7 @@ def add_head_roles(result: AotCapacity, out: Path, task: AssociationTask, device
 def instrument(out: Path, runs: pd.DataFrame, task: AssociationTask, device: str, progress: bool):
     """head_roles on every attention-only model of the heads sweep (first seed, every head
     layout), and the key-token table of the largest one of the first layout."""
-    from models.progress import progress_bar
+    from models.training.progress import progress_bar
 
     chosen = runs[(runs.sweep == "heads") & (runs.seed == runs.seed.min())]
     largest = chosen[chosen.head_layout == chosen.head_layout.iloc[0]].n_heads.idxmax()

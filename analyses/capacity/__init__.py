@@ -1,14 +1,14 @@
 """python -m analyses.capacity memory|transformer|departures|plan : how many associations / facts fit?
 
 memory       For each size, binary-search the largest number N* of associations an
-             associative memory (models/memories.py) stores at >= 99% accuracy (best over
+             associative memory (models/recall/memories.py) stores at >= 99% accuracy (best over
              training), per seed. Linear memories: N* against d (theory ~ d^2 up to a log);
              low-rank linear (--m = rank) and MLP memories (--m = width): N* against m*d.
 transformer  For each shape (alpha = H*d_h/d, beta = m/d, H) and each d, binary-search the
              largest S = R (D fixed) a one-layer transformer learns to >= 99% held-out
              accuracy, the learning rates trained as one batched run; facts stored S*R
              against the parameter count 4*H*d_h*d + 2*m*d (paper Figure 4 left).
-departures   Which of the authors' departures from the standard model (models/parameterisation.py)
+departures   Which of the authors' departures from the standard model (models/recall/parameterisation.py)
              changes that: each variant (standard, standard + one departure, authors,
              authors - one) trained at one shape, size and S = R as a transformer probe,
              with the state it starts from (dead MLP units, attention-score spread).

@@ -1,6 +1,6 @@
 """`python -m analyses.capacity memory|transformer ...`"""
-from analyses import cli
 from analyses.capacity.cli import main
+from analyses.sweeps import cli
 
 if __name__ == "__main__":
     cli.run_cli(main)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import capacity, cli
+from analyses import capacity
 from analyses.capacity.departures import DepartureStudy, compare_departures, study_text
 from analyses.capacity.memory import MemorySweep, memory_tables, memory_text, search_memories, write_memory
 from analyses.capacity.plan import Oracle, default_oracle, plan_text, recorded_rate
@@ -19,8 +19,9 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
-from analyses.output import write_csv
-from analyses.sweep import Cells
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.output import write_csv
 from models.bridge import resolve_device
 
 

@@ -1,5 +1,5 @@
 """The one-at-a-time study: which of the authors' departures from the standard model
-(models/parameterisation.py) changes how many facts a shape stores. Each variant (standard,
+(models/recall/parameterisation.py) changes how many facts a shape stores. Each variant (standard,
 standard + one departure, authors, authors - one departure) is trained at one shape, size and
 S = R exactly as a Figure 4 left probe, and the state it starts from is measured through the
 TransformerLens model's hooks."""
@@ -11,16 +11,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from analyses import cli
 from analyses.capacity.common import TARGET
 from analyses.capacity.transformer import TransformerSweep, transformer_row
-from analyses.executors import ExecutorSettings, open_executor
-from analyses.output import save_figure, subplots, write_csv, write_summary
-from analyses.sweep import Cell, Cells, one, run_jobs
-from models import parameterisation as param
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
+from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models.bridge import build_bridge, resolve_device
-from models.config import ModelConfig, setting
-from models.weights import init_weights
+from models.cli import setting
+from models.recall import parameterisation as param
+from models.recall.config import ModelConfig
+from models.recall.weights import init_weights
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from analyses.capacity.common import PAPER_FACTS_WINDOW
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 
 
 def memory_figure(means, table, full, slope, line, title, path=None):

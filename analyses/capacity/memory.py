@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli
 from analyses.capacity.common import Capacity
 from analyses.capacity.figures import memory_figure
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.least_squares import LINE, Fit, fit_log_log
-from analyses.output import write_csv, write_summary
-from analyses.search import bisection, search
-from analyses.sweep import Cell, Cells, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
+from analyses.sweeps.output import write_csv, write_summary
+from analyses.sweeps.search import bisection, search
 from models.bridge import resolve_device
-from models.config import setting
-from models.memories import KINDS, MemoryConfig, fit
+from models.cli import setting
+from models.recall.memories import KINDS, MemoryConfig, fit
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class MemorySweep:
 
 
 def memory_capacity(cfg: MemoryConfig, seed: int, device: str):
-    """The search for N* of one memory size and seed (a job of analyses.sweep): the largest
+    """The search for N* of one memory size and seed (a job of analyses.sweeps.cells): the largest
     N stored at >= 99% (relative tolerance 5%)."""
     start = max(2, cfg.theory // (4 * max(1, round(math.log(cfg.theory)))))
     return search(bisection(start, lowest=2, rel_tol=0.05),

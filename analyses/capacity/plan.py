@@ -31,11 +31,11 @@ from analyses.capacity.transformer import (
     shape_capacity,
     transformer_row,
 )
-from analyses.sweep import Cell, Cells, run_jobs
+from analyses.sweeps.cells import Cell, Cells, run_jobs
+from models.recall.weights import parameter_count
 from models.text import count
-from models.weights import parameter_count
 
-# The H100 record (../shared/gpu/runs/2026-11-26-h100): a round of 15 models at d = 128 ran
+# The H100 record (results/gpu/2026-11-26-h100/README.md): a round of 15 models at d = 128 ran
 # 16,384 steps in 23 to 36 s; the slowest round sets the rate.
 H100_RATE = 15 * 16384 / 36  # model-steps per second
 DEFAULT_ORACLE = {"authors": ("paper_fig4_left_authors", "paper_fig4_left_authors_seed1"),

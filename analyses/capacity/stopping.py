@@ -1,4 +1,4 @@
-"""The milestone rule (models.config.MILESTONES: a run that cannot reach 99% gives up early)
+"""The milestone rule (models.recall.config.MILESTONES: a run that cannot reach 99% gives up early)
 replayed on every probe of a recorded capacity sweep whose evaluation curves were recorded:
 how many it would have stopped although they later reached 99% (it must be none), and the
 model-steps it saves."""
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analyses.capacity.common import TARGET
-from models.config import TrainConfig
+from models.recall.config import TrainConfig
 
 MILESTONES_MAX_D = 64  # the largest d with recorded curves: the rule is off above it
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "capacity"

@@ -9,18 +9,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import cli
 from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity
 from analyses.capacity.figures import facts_figure
 from analyses.capacity.stopping import MILESTONES_MAX_D
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.least_squares import LINE, Fit, fit_log_log
-from analyses.output import write_csv, write_summary
-from analyses.search import bisection, search, stacked_search
-from analyses.sweep import Cell, Cells, run_jobs
-from models import parameterisation as param
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
+from analyses.sweeps.output import write_csv, write_summary
+from analyses.sweeps.search import bisection, search, stacked_search
 from models.bridge import resolve_device
-from models.config import (
+from models.cli import setting
+from models.recall import parameterisation as param
+from models.recall.config import (
     GIVE_UP,
     MILESTONES,
     SAMPLERS,
@@ -28,13 +29,12 @@ from models.config import (
     RunConfig,
     TaskConfig,
     TrainConfig,
-    setting,
     shape_model,
 )
-from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
-from models.shape_trainer import train_stacks
-from models.trainer import train
-from models.weights import parameter_count
+from models.recall.shape_trainer import train_stacks
+from models.recall.trainer import train
+from models.recall.weights import parameter_count
+from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,10 @@ class TransformerSweep:
                            "with it)", choices=SAMPLERS)
     cuda_graph: str = setting("auto", CUDA_GRAPH_HELP, choices=CUDA_GRAPH_MODES)
     stack: str = setting("auto", "with --seeds: on (each round's sizes and seeds train as few stacks as "
-                         "models.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
+                         "models.recall.shape_trainer.train_stacks allows) | off (each run alone) | auto (on where the "
                          "training runs on CUDA: on a CPU a stack is no faster)", choices=("auto", "on", "off"))
     give_up: str = setting("never", "never | milestones: a run that cannot reach accuracy 0.99 stops early by the "
-                           f"milestone rule (models.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
+                           f"milestone rule (models.recall.config.MILESTONES), at d <= {MILESTONES_MAX_D} only, where "
                            "recorded curves validate it (docs/capacity.md)", choices=GIVE_UP)
     probes: int = setting(1, "sizes each search trains at once (1: the authors' bisection; P > 1 cuts the "
                              "bracket in P + 1 parts, for more workers than shapes; keep it when resuming)")
@@ -152,7 +152,7 @@ def shape_capacity(shape: tuple, sweep: TransformerSweep, device: str, found: di
     model stores at least as much), growing x1.5 until a size fails, then bisecting to 10%,
     never above max_size. With several seeds a size passes when most of them store it
     (`stored_by_most`), and each round's sizes and seeds are one stack cell. found[d] = S* as
-    each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweep)."""
+    each size ends, so a sweep cut short keeps the sizes it finished (a job of analyses.sweeps.cells)."""
     start = sweep.min_size
     for d in sweep.sizes(shape):
         sizes = bisection(start, lowest=LOWEST, highest=sweep.max_size, grow=1.5, rel_tol=0.1, probes=sweep.probes,
@@ -195,7 +195,7 @@ def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device
 
 def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
     """Every (size, seed) of a round, each its own run with its own early stop; stacked
-    (--stack), as few stacks as models.shape_trainer.train_stacks allows (with the counter
+    (--stack), as few stacks as models.recall.shape_trainer.train_stacks allows (with the counter
     sampler the sizes share a stack; the generator sampler stacks the seeds of one size), else
     one after another. {cell key: its probe row}."""
     pairs = [(S, seed) for S in sizes for seed in sweep.seeds]

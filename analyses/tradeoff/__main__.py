@@ -1,5 +1,5 @@
 """python -m analyses.tradeoff"""
-from analyses import cli
+from analyses.sweeps import cli
 from analyses.tradeoff.cli import main
 
 if __name__ == "__main__":

@@ -3,17 +3,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analyses import cli, tradeoff
+from analyses import tradeoff
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import Cells
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cells
 from analyses.tradeoff.common import BASE, base_run, sweep_settings
 from analyses.tradeoff.compare import compare_grids, compare_text, read_grid, write_compare
 from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
 from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
 from models.cli import add_config_flags, given
-from models.config import ModelConfig, TaskConfig, TrainConfig
-from models.presets import preset
+from models.recall.config import ModelConfig, TaskConfig, TrainConfig
+from models.recall.presets import preset
 
 
 def parser():

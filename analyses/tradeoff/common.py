@@ -8,21 +8,16 @@ from pathlib import Path
 import pandas as pd
 
 from analyses.locate_facts import LocateSettings, locate
-from analyses.output import write_csv, write_summary
-from analyses.sweep import Cells
+from analyses.sweeps.cells import Cells
+from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import build_bridge, resolve_device
-from models.cli import given
-from models.config import (
-    ModelConfig,
-    RunConfig,
-    TaskConfig,
-    TrainConfig,
-    override,
-)
-from models.presets import preset
-from models.shape_trainer import train_shapes
-from models.trainer import TrainResult, train
-from models.weights import parameter_count
+from models.cli import given, override
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.presets import preset
+from models.recall.shape_trainer import train_shapes
+from models.recall.trainer import train
+from models.recall.weights import parameter_count
+from models.training.result import TrainResult
 from probe import columns
 from probe.storage import StorageRule
 
@@ -78,7 +73,7 @@ def train_and_locate(run: RunConfig, locating: LocateSettings, keep: Path | None
 def train_and_locate_stack(runs: tuple[RunConfig, ...], keys: tuple[str, ...], locating: LocateSettings,
                            keeps: tuple[Path | None, ...] | None = None) -> dict:
     """Train `runs` (models differing only in H, d_h and m) as one zero-padded stack
-    (models.shape_trainer); each run's row as train_and_locate gives it, by its key (each
+    (models.recall.shape_trainer); each run's row as train_and_locate gives it, by its key (each
     model saved at its `keeps` path, where one is given)."""
     results = train_shapes(list(runs), progress=False)
     keeps = keeps or (None,) * len(runs)

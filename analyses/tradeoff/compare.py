@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.output import save_figure
+from analyses.sweeps.output import save_figure
 from analyses.tradeoff.common import Result, accuracy_column, write_result
 from analyses.tradeoff.figures import frontier_cells, frontier_line, heat_map, panel_grid, paper_grid, paper_lines
 from analyses.tradeoff.grid import floor_between, frontier_of
-from models.config import ModelConfig
+from models.recall.config import ModelConfig
 
 SHARES = ["share_attention", "share_mlp", "share_both", "share_distributed", "share_not_stored"]
 CELL = ["heads", "width"]

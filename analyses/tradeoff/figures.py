@@ -6,9 +6,9 @@ from dataclasses import asdict
 
 import numpy as np
 
-from analyses.output import save_figure, subplots
+from analyses.sweeps.output import save_figure, subplots
 from analyses.tradeoff.common import accuracy_column
-from models.config import RunConfig
+from models.recall.config import RunConfig
 from probe.storage import LABELS
 
 PAPER_GRID = {"n_subjects": 32, "n_relations": 32, "answers_per_relation": 8, "d_model": 32, "d_head": 8}

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, accuracy_column, train_and_locate, train_and_locate_stack, write_result
 from analyses.tradeoff.figures import grid_figure
 from models.bridge import resolve_device
-from models.config import ModelConfig, RunConfig, override
+from models.cli import override
+from models.recall.config import ModelConfig, RunConfig
 from models.text import count
 
 STACK_CHOICES = ("auto", "on", "off")

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import cli
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps import cli
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, storage_row, write_result
 from analyses.tradeoff.figures import shrink_figure
 from models.bridge import build_bridge, resolve_device
 from models.checkpoint import load_checkpoint
-from models.config import RunConfig
-from models.pruning import head_norms, neuron_norms, prune, prune_order
-from models.trainer import train
+from models.recall.config import RunConfig
+from models.recall.pruning import head_norms, neuron_norms, prune, prune_order
+from models.recall.trainer import train
 from probe import columns
 from probe.storage import LABELS
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.executors import ExecutorSettings, open_executor
 from analyses.locate_facts import LocateSettings
-from analyses.sweep import Cell, Cells, one, run_jobs
+from analyses.sweeps.cells import Cell, Cells, one, run_jobs
+from analyses.sweeps.executors import ExecutorSettings, open_executor
 from analyses.tradeoff.common import Result, train_and_locate, write_result
 from analyses.tradeoff.figures import stacked_shares
-from models.config import RunConfig, override
+from models.cli import override
+from models.recall.config import RunConfig
 from probe.storage import LABELS
 
 # ------------------------------------------------------------------------- settings

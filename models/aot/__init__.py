@@ -7,8 +7,9 @@ one file per job:
                 padded stacks of K models
   forward.py    the trainer's fast forward on the whole population of sequences, pinned to the
                 TransformerLens model by tests/test_aot_models.py
-  trainer.py    training K models at once -> models.trainer.TrainResult
+  trainer.py    training K models at once -> models.training.result.TrainResult
 
-The pieces both families share stay in models/: the checkpoint section (section.py), Adam
-(optimizer.py), saving and reading (checkpoint.py) and the TransformerLens model (bridge.py).
+What every family shares lives outside this folder: the checkpoint section and the weights'
+keys (models/section.py), saving and reading (models/checkpoint.py), the TransformerLens model
+(models/bridge.py), Adam, the CUDA-graph step and TrainResult (models/training/).
 """

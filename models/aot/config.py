@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import setting
-from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
+from models.cli import setting
 from models.section import HEAD_LAYOUTS, ModelSection
+from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.association import SequenceTask
 
 

@@ -1,7 +1,7 @@
 """The attention-only trainer's fast forward: last-position logits of K stacked models of
 the memorisation tasks (Dana et al.) on the whole population of N^S sequences.
 
-A different algorithm from models.forward (factual recall: each sampled prompt's scores
+A different algorithm from models.cores.forward (factual recall: each sampled prompt's scores
 gathered from per-head vocabulary tables): here every one of the N^S sequences is scored at
 once, so the forward is a grid of per-position contractions over the vocabulary. Same math as TransformerLens;
 tests/test_aot_models.py pins it to the TransformerBridge model (1e-5) and, for the dana head
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
-from models.weights import ATTN, MLP
+from models.section import ATTN, MLP
 
 
 def population_logits(w: dict[str, torch.Tensor], context: int, score_scale: torch.Tensor,

@@ -20,7 +20,7 @@ from models import cli
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.bridge import resolve_device
-from models.config import override
+from models.cli import override
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}

@@ -2,7 +2,7 @@
 
 Each seed draws `batches` batches of `batch_size` sequences from the uniform prior once
 (the paper's data set: 1000 batches of 1024) and every model of that seed sees them in the
-same order for `epochs` epochs, with Adam (models.optimizer.Optimizer). All K models of a
+same order for `epochs` epochs, with Adam (models.training.optimizer.Optimizer). All K models of a
 call (any sizes, any seeds) are one padded stack (models.aot.weights.Stack): the loss is the sum
 of each model's mean loss on its own batch, so each model's gradient and Adam state equal
 those of its separate run.
@@ -30,12 +30,12 @@ from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.forward import population_logits
 from models.aot.weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
-from models.graphed import Step, use_cuda_graph
-from models.optimizer import Optimizer
-from models.progress import progress_bar
 from models.section import ModelSection
 from models.text import count
-from models.trainer import DATA_SEED_OFFSET, TrainResult
+from models.training.graphed import Step, use_cuda_graph
+from models.training.optimizer import Optimizer
+from models.training.progress import progress_bar
+from models.training.result import DATA_SEED_OFFSET, TrainResult
 from tasks.association import SequenceTask
 
 BATCH_ACCURACY_STEPS = 100  # batch_accuracy: the mean over the last this many training batches
@@ -50,7 +50,7 @@ def scores(stack: Stack, task: SequenceTask) -> dict[str, torch.Tensor]:
 def population_step(stack: Stack, task: SequenceTask, optimizer: Optimizer, data_all: torch.Tensor,
                     order: torch.Tensor):
     """One update of every model on its batch of this step, as a function of no arguments
-    (models.graphed.Step runs or replays it). `data_all` [n_seeds, batches, B] holds each
+    (models.training.graphed.Step runs or replays it). `data_all` [n_seeds, batches, B] holds each
     seed's data set; the batch is the one at the optimizer's device step count `t` (modulo
     the number of batches), so a replay reads the next one. Returns the batch's population
     logits before the update (detached) [K, T_0, N] and each model's count of every sequence
@@ -73,7 +73,7 @@ def population_step(stack: Stack, task: SequenceTask, optimizer: Optimizer, data
 @dataclass
 class AoTTraining:
     """K attention-only models ready to train on one device: every tensor their step reads
-    lives there (models.capture_check builds it on the meta device to check the step)."""
+    lives there (models.training.capture_check builds it on the meta device to check the step)."""
 
     sections: list[ModelSection]  # each model's config.json model section
     stack: Stack

@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from einops import einsum
 
 from models.aot.config import AoTModelConfig
-from models.section import ModelSection
-from models.weights import ATTN, BIASES, MLP, shapes
+from models.section import ATTN, BIASES, MLP, ModelSection, shapes
 from tasks.association import SequenceTask
 
 FROZEN_BIASES = BIASES + ("unembed.b_U",)  # the standard layout's biases, all zero and never trained

@@ -3,13 +3,13 @@
 A sweep is a set of cells. A cell (`Cell(key, fn, args)`) is a pure function of its settings
 returning one JSON row: `fn(*args)`, `fn` a module-level function so that a Ray worker can
 import it. Jobs ask for cells: a grid point is a job of one cell (`one`), a binary search
-(analyses.search) asks for one round of probes at a time (one probe, or several with `probes`)
+(analyses.sweeps.search) asks for one round of probes at a time (one probe, or several with `probes`)
 and needs their answers to choose the next. `run_jobs` drives every job at once and submits each
 job's next cells as soon as its previous ones have returned, so N searches of P probes keep
 N x P workers busy. Finished cells are recorded by this process in
 OUT/cells/ (`Cells`: one JSON file per cell, written atomically) and recorded cells are read
 back instead of recomputed, so a killed sweep, re-run, resumes. Each job sees its own rows in
-its own order: the results depend neither on the executor (analyses.executors) nor on the
+its own order: the results depend neither on the executor (analyses.sweeps.executors) nor on the
 order in which cells finish."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.checkpoint import write_json
-from models.progress import progress_bar
+from models.training.progress import progress_bar
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The last query's attention as three Triton kernels that never write a [K, H, B, V] tensor.
 
-`FusedAttention` computes what `models.forward.VocabAttention` computes (same arguments,
+`FusedAttention` computes what `models.cores.forward.VocabAttention` computes (same arguments,
 same outputs, same gradients up to the order of float sums), but walks each prompt's T
 tokens with the small key and value tables ([e, V] per head, a few KB, held in cache):
 - forward, one program per (model, head, block of prompts): gathers the tokens' keys, scores
@@ -18,7 +18,7 @@ buffer (bench/core_cost.py counts both; bench/README.md).
 
 Triton is optional (`pip install -e .[kernels]`): the kernels compile for CUDA tensors and, in
 a process without a GPU, run in Triton's interpreter on CPU tensors (exact, and far too slow to
-train with: the tests use it). `runs_on(device)` says which; elsewhere models.forward keeps
+train with: the tests use it). `runs_on(device)` says which; elsewhere models.cores.forward keeps
 its vocabulary path.
 """
 from __future__ import annotations
@@ -33,12 +33,12 @@ runs_on = triton_kernels.runs_on  # whether the fused core can run on a device: 
 
 
 def _launch(kernel: str, grid: tuple[int, int, int], q: torch.Tensor, *args, **meta) -> None:
-    """models.fused_kernels.`kernel` on `grid` (blocks of prompts or of vocabulary entries,
+    """models.cores.fused_kernels.`kernel` on `grid` (blocks of prompts or of vocabulary entries,
     heads, models), its first argument the queries `q`."""
     if not runs_on(q.device):
         raise ValueError(f"the fused attention core cannot run on {q.device} here "
                          "(it needs Triton, and CUDA tensors, or CPU tensors in a process without a GPU)")
-    getattr(triton_kernels.load("models.fused_kernels"), kernel)[grid](q, *args, **meta)
+    getattr(triton_kernels.load("models.cores.fused_kernels"), kernel)[grid](q, *args, **meta)
 
 
 def per_token_attention(q, key, value, index, score_pos, linear):
@@ -72,7 +72,7 @@ def token_order(index: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 class FusedAttention(torch.autograd.Function):
-    """models.forward.VocabAttention's contract, computed per token: q [K, H, e, B] (already
+    """models.cores.forward.VocabAttention's contract, computed per token: q [K, H, e, B] (already
     scaled), key and value tables [K, H, e, V], token index [K, H, B, T] (any strides: the
     tokens expanded over heads), optional positional scores [K, H, B, T]; returns the head
     outputs z [K, H, e, B] and the pattern [K, H, B, T]."""

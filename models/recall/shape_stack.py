@@ -2,7 +2,7 @@
 
 Cells of a sweep that share the sequence length and every other model and training option
 but differ in heads H, head size d_h, MLP width m, embedding size d and the task (S, R, D,
-N, its fact table and frequencies) train as one stack (models.shape_trainer.train_shapes).
+N, its fact table and frequencies) train as one stack (models.recall.shape_trainer.train_shapes).
 Each model is initialised at its own shape and task (init_weights, the same draws as alone)
 and zero-padded to the largest H, d_h, m, d, vocabulary V and answer count O. A padded head
 has zero W_Q, W_K, W_V and W_O (a padded d_h axis zero columns and rows of them): it scores
@@ -26,9 +26,9 @@ from dataclasses import asdict, replace
 
 import torch
 
-from models.config import RunConfig
-from models.section import ModelSection
-from models.weights import parameter_count, shapes, trainable_keys
+from models.recall.config import RunConfig
+from models.recall.weights import parameter_count, trainable_keys
+from models.section import ModelSection, shapes
 
 # What a stack's cells may differ in, besides the task (all but its sequence length).
 MODEL_FREE = ("d_model", "n_heads", "d_head", "d_mlp", "init_scale")

@@ -23,7 +23,7 @@ slower: its CPU backward), one flat Adam buffer for all parameters (1% of the st
 
 On a GPU the [K, H, B, V] buffer is the step's cost: at 169 stacked models of the trade-off
 grid's largest cell it is 2.9 GB, passed over about fourteen times a step. There the attention
-core is `models.fused_attention.FusedAttention` (Triton kernels that walk each prompt's tokens
+core is `models.cores.fused_attention.FusedAttention` (Triton kernels that walk each prompt's tokens
 and never write that buffer); `attention_core` chooses (`CORES`, `choose_core`).
 
 Same math as TransformerLens (tests/test_parity.py pins the logits to the TransformerBridge
@@ -36,8 +36,8 @@ import math
 
 import torch
 
-from models import fused_attention
-from models.weights import ATTN, MLP
+from models.cores import fused_attention
+from models.section import ATTN, MLP
 
 CORES = ("auto", "vocab", "fused")  # the attention core: chosen by rule, per vocabulary entry, per token
 
@@ -140,7 +140,7 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
     """Logits at the last position [K, batch, d_vocab_out] for a stack `w` ([K, ...]
     tensors) on tokens [K, batch, T]. `positional` says whether W_pos is non-zero (None:
     look, which costs a host sync). `query_scale` [K] is each model's 1/sqrt(d_head) when
-    the stack zero-pads heads of different sizes (models.shape_stack); None: the stack's
+    the stack zero-pads heads of different sizes (models.recall.shape_stack); None: the stack's
     own d_head. `attention_core`: one of CORES (choose_core)."""
     E = w["embed.W_E"]  # [K, V, d]
     K, B, T = tokens.shape

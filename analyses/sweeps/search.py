@@ -1,11 +1,11 @@
 """The search for the largest size that passes (`bisection`), answered here (`largest_passing`)
-or as a job of a sweep (`search`, `stacked_search`: analyses.sweep), one round of sizes at a
+or as a job of a sweep (`search`, `stacked_search`: analyses.sweeps.cells), one round of sizes at a
 time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 
-from analyses.sweep import Cell, Job
+from analyses.sweeps.cells import Cell, Job
 
 
 def bisection(start: int, *, lowest: int = 1, highest: int | None = None, grow: float = 2.0,

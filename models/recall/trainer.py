@@ -3,78 +3,37 @@
 Every tensor carries a leading model axis [K, ...]; the loss is the sum over models of each
 model's mean cross-entropy on its own fresh batch, so each model's gradient, Adam state and
 data stream equal those of its separate run. Training reads only the last position through
-models.forward; the best model by held-out accuracy is kept and written as a checkpoint.
-Runs of different shapes and tasks train as one zero-padded stack in models.shape_trainer.
+models.cores.forward; the best model by held-out accuracy is kept and written as a checkpoint.
+Runs of different shapes and tasks train as one zero-padded stack in models.recall.shape_trainer.
 
-Shared with the attention-only trainer (models.aot.trainer): the data-seed offset and the
-result type (TrainResult, one trained model ready to be saved); the optimizer is models.optimizer.
+What every family's trainer shares (the result type TrainResult, the data-seed offset, the
+snapshot schedule, the optimizer, the CUDA-graph step) is models/training/.
 """
 from __future__ import annotations
 
-import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from models.bridge import resolve_device
-from models.checkpoint import write_checkpoint
-from models.config import RunConfig
-from models.forward import has_positions, last_position_logits
-from models.graphed import Step, use_cuda_graph
-from models.optimizer import Optimizer
-from models.progress import progress_bar
-from models.section import ModelSection
-from models.subnormals import flushed, flushing
+from models.cores.forward import has_positions, last_position_logits
+from models.recall.config import RunConfig
+from models.recall.weights import init_weights, model_weights, stack, trainable_keys
 from models.text import count
-from models.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
-from models.weights import init_weights, model_weights, stack, trainable_keys
-from tasks import Task
-from tasks.factual_recall import Batch, FactualRecallTask, TaskStack
+from models.training.graphed import Step, use_cuda_graph
+from models.training.optimizer import Optimizer
+from models.training.progress import progress_bar
+from models.training.result import DATA_SEED_OFFSET, TrainResult, snapshot_schedule
+from models.training.subnormals import flushed, flushing
+from models.training.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
+from tasks.counter_sampler import TaskStack
+from tasks.factual_recall import Batch, FactualRecallTask
 
 EVAL_SEED = 999  # the held-out set
-DATA_SEED_OFFSET = 1_000_000  # both trainers draw the data of seed s from seed s + DATA_SEED_OFFSET
-
-
-@dataclass
-class TrainResult:
-    """One trained model of either family, ready to be written as a checkpoint: its task,
-    config.json model and training sections, weights, curve and snapshots."""
-
-    task: Task
-    section: ModelSection  # the config.json model section
-    weights: dict[str, torch.Tensor]  # the model's checkpoint dict (HookedTransformer keys), CPU
-    training: dict  # the config.json training section (final_accuracy, final_loss, seed, ...)
-    metrics: list[dict]  # metrics.jsonl: one row per evaluation
-    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # checkpoint dicts by step
-    stacked: dict[str, torch.Tensor] | None = None  # factual recall: all K final models [K, ...], CPU
-    session: dict | None = None  # factual recall: this call's part of the run (from_step, steps, seconds)
-
-    @property
-    def accuracy(self) -> float:
-        """Final accuracy: held-out (factual recall), or on all T_0 sequences (attention-only)."""
-        return self.training["final_accuracy"]
-
-    @property
-    def loss(self) -> float:
-        """Final loss in nats: cross-entropy, or KL for the distribution task."""
-        return self.training["final_loss"]
-
-    def save(self, out: str | Path) -> Path:
-        return write_checkpoint(out, self.section, self.task, self.training, self.weights,
-                                self.metrics, self.snapshots)
-
-
-def snapshot_schedule(max_steps: int, per_octave: int) -> set[int]:
-    """Log-spaced steps: 0 and round(2^(i/per_octave)) up to max_steps."""
-    if per_octave == 0:
-        return set()
-    n = int(math.log2(max(max_steps, 1)) * per_octave) + 1
-    steps = {0} | {round(2 ** (i / per_octave)) for i in range(n + 1)}
-    return {s for s in steps if s <= max_steps}
 
 
 def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attention: str,
@@ -100,7 +59,7 @@ def train(run: RunConfig, progress: bool = True, wandb_project: str | None = Non
     With `state_folder`, the training state is saved there with every snapshot, and a run
     finds its last complete state there and continues from it (bit-identical on a CPU).
     On a CPU, subnormal floats are flushed to zero on every torch thread while it trains
-    (models.subnormals: a trained model's tiny probabilities otherwise slow the step down);
+    (models.training.subnormals: a trained model's tiny probabilities otherwise slow the step down);
     `flush_subnormals=False` keeps them, for comparison."""
     run.train.validate()
     device = resolve_device(run.train.device)
@@ -241,7 +200,7 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
 def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
                 metrics: list[dict], snapshots: dict, steps_run: int, seconds: float, preset_name: str | None,
                 subnormals: str, graphed: bool) -> TrainResult:
-    """The kept model's TrainResult (`_result`, and models.shape_trainer's per run) from its
+    """The kept model's TrainResult (`_result`, and models.recall.shape_trainer's per run) from its
     parts: the run's final models `stacked` [K, ...] (CPU), their curve, their trainable
     weights' snapshots [K, ...] by step, the steps and seconds they ran, and whether their
     step was a CUDA graph's replay."""
@@ -258,7 +217,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
         "kept_model": kept, "runs": final, "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
-        "trainer": "models.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
+        "trainer": "models.recall.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
         "task_config": asdict(run.task), "model_config": asdict(run.model.resolved()),
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()}
@@ -292,7 +251,7 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
                query_scale: torch.Tensor | None = None, attention_core: str = "auto") -> torch.Tensor:
     """One update of every model on tokens [K, B, T], answers [K, B]; returns the summed loss.
     `query_scale` [K]: each model's 1/sqrt(d_head) in a stack of padded shapes;
-    `attention_core`: models.forward.CORES."""
+    `attention_core`: models.cores.forward.CORES."""
     logits = last_position_logits(weights, tokens, attention, positional, query_scale, attention_core)  # [K, B, O]
     loss = summed_loss(logits, answers)
     loss.backward()
@@ -303,7 +262,7 @@ def train_step(weights: dict, optimizer: Optimizer, tokens: torch.Tensor, answer
 def training_step(weights: dict, optimizer: Optimizer, data: TrainingData, attention: str, positional: bool,
                   query_scale: torch.Tensor | None = None, attention_core: str = "auto"):
     """One update of every model on its batch of this step, as a function of no arguments
-    (models.graphed.Step runs or replays it): the step count is read from the optimizer's
+    (models.training.graphed.Step runs or replays it): the step count is read from the optimizer's
     device counter `t` (steps taken), never from the host, so a replay draws the next batch."""
     def step() -> tuple[torch.Tensor]:
         tokens, answers = data.batch(optimizer.t)  # [K, B, T], [K, B]

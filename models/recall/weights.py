@@ -1,9 +1,9 @@
 """Weights of the factual-recall models: shapes, initialisation, trainable keys, stacks.
 
-Weights use the HookedTransformer state-dict keys (`blocks.0.attn.W_Q`, ...; ATTN and MLP
-are their prefixes, shared by both model families, as is BIASES). A *stack* maps each key
-to a tensor [K, *shape]: K models trained at once. `model_weights(stack, k)` is model k's
-plain checkpoint dict.
+Weights use the HookedTransformer state-dict keys (`blocks.0.attn.W_Q`, ...; their prefixes
+ATTN and MLP, the bias keys and their shapes are models.section's, shared by every family). A
+*stack* maps each key to a tensor [K, *shape]: K models trained at once. `model_weights(stack, k)`
+is model k's plain checkpoint dict.
 """
 from __future__ import annotations
 
@@ -11,36 +11,17 @@ import math
 
 import torch
 
-from models import parameterisation as param
-from models.config import ModelConfig
-from models.section import ModelSection
+from models.recall import parameterisation as param
+from models.recall.config import ModelConfig
+from models.section import ATTN, BIASES, MLP, ModelSection, shapes
 from tasks.factual_recall import FactualRecallTask
 
-ATTN = "blocks.0.attn."  # key prefixes of the attention layer and the MLP
-MLP = "blocks.0.mlp."
 # Written to the residual stream at random and never trained (paper section 2).
 FROZEN = ("embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U")
-# Biases are zero and stay zero (the paper counts 4*H*d_h*d attention and 2*m*d MLP parameters),
-# but for two of the authors' departures: b_O cancels the EOS embedding (frozen), b_in is trained.
-BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
+# Biases (models.section.BIASES) are zero and stay zero (the paper counts 4*H*d_h*d attention and
+# 2*m*d MLP parameters), but for two of the authors' departures: b_O cancels the EOS embedding
+# (frozen), b_in is trained.
 OV = (ATTN + "W_V", ATTN + "b_V", ATTN + "W_O", ATTN + "b_O")
-
-
-def shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
-    """Checkpoint key -> shape for a model section."""
-    d, H, dh = section.d_model, section.n_heads, section.d_head
-    V, O, T = section.d_vocab, section.d_vocab_out, section.n_ctx
-    out = {
-        "embed.W_E": (V, d), "pos_embed.W_pos": (T, d),
-        ATTN + "W_Q": (H, d, dh), ATTN + "W_K": (H, d, dh), ATTN + "W_V": (H, d, dh),
-        ATTN + "b_Q": (H, dh), ATTN + "b_K": (H, dh), ATTN + "b_V": (H, dh),
-        ATTN + "W_O": (H, dh, d), ATTN + "b_O": (d,),
-        "unembed.W_U": (d, O), "unembed.b_U": (O,),
-    }
-    if not section.attn_only:
-        m = section.d_mlp
-        out.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
-    return out
 
 
 def random_directions(n: int, d: int, kind: str, generator: torch.Generator) -> torch.Tensor:
@@ -57,7 +38,7 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     """One model's initial weights (CPU, float32): frozen embeddings and unembedding (random,
     one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
     trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
-    fix W_Q and W_V. The parameterisation's departures (models/parameterisation.py) change
+    fix W_Q and W_V. The parameterisation's departures (models/recall/parameterisation.py) change
     the scales, the MLP's distribution and b_O."""
     cfg = cfg.for_task(task)
     g = torch.Generator().manual_seed(seed)

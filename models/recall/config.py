@@ -1,6 +1,6 @@
 """Frozen configs of the factual-recall family: what a model is and how it is trained, a run
 (TaskConfig, ModelConfig, TrainConfig = RunConfig), and the Figure 4 left shape family
-(`shape_model`); the named presets and `preset` are models/presets.py, the attention-only
+(`shape_model`); the named presets and `preset` are models/recall/presets.py, the attention-only
 family's configs models/aot/config.py.
 
 Every field carries its help text, so `python -m models.train --help` documents it and a
@@ -9,11 +9,12 @@ flag `--field-name` overrides it (see models/cli.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 
-from models import parameterisation as param
-from models.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
+from models.cli import setting
+from models.recall import parameterisation as param
 from models.section import ModelSection
+from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.factual_recall import FactualRecallTask
 
 SAMPLERS = ("generator", "counter")
@@ -21,11 +22,6 @@ GIVE_UP = ("never", "milestones")
 # (fraction of the steps, held-out accuracy a run that reaches 99% has reached by then): validated
 # on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md)
 MILESTONES = ((0.25, 0.80), (0.5, 0.90), (0.75, 0.95))
-
-
-def setting(default, help: str, **kw):
-    """A config field with its --help text (and argparse `choices`, ...): one flag per field."""
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ class ModelConfig:
 
     @property
     def departures(self) -> frozenset[str]:
-        """The authors' departures from the standard model this one takes (models/parameterisation.py)."""
+        """The authors' departures from the standard model this one takes (models/recall/parameterisation.py)."""
         return param.departures(self.parameterisation)
 
     def resolved(self) -> ModelConfig:
@@ -207,12 +203,3 @@ def shape_model(alpha: float, beta: float, n_heads: float, d_model: float,
         raise ValueError(f"shape alpha={alpha:g}, beta={beta:g}, H={n_heads} gives d_head={d_head}, "
                          f"d_mlp={d_mlp} at d={d_model} (rounded down); both must be >= 1.")
     return ModelConfig(d_model=d_model, n_heads=n_heads, d_head=d_head, d_mlp=d_mlp, parameterisation=parameterisation)
-
-
-def override(config, values: dict):
-    """`config` with the given fields replaced; a name that is not one of its fields is refused."""
-    unknown = sorted(set(values) - {f.name for f in fields(config)})
-    if unknown:
-        raise ValueError(f"{type(config).__name__} has no field {', '.join(map(repr, unknown))}.")
-    return replace(config, **values)
-

@@ -1,6 +1,6 @@
 """The named factual-recall presets, and `preset`: a name (or a member of the shape family) ->
 its RunConfig."""
-from models.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, shape_model
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, shape_model
 
 PAPER_TASK = TaskConfig(n_subjects=32, n_relations=32, answers_per_relation=8, n_noise=64, seq_len=32)
 _FIG5_TASK = TaskConfig(n_subjects=16, n_relations=4, answers_per_relation=8, n_noise=20, seq_len=32,

@@ -1,6 +1,6 @@
-"""A CPU check that a training step can be captured in a CUDA graph (models.graphed).
+"""A CPU check that a training step can be captured in a CUDA graph (models.training.graphed).
 
-`check_capturable(step)` runs a step (a function of no arguments, as models.graphed.Step
+`check_capturable(step)` runs a step (a function of no arguments, as models.training.graphed.Step
 takes it) whose tensors were built on the `meta` device: every operation it dispatches,
 forward and backward, is seen by a TorchDispatchMode and computed on shapes only, so the
 check runs anywhere, in milliseconds. It refuses what a capture cannot hold:
@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-ROOT = Path(__file__).resolve().parent.parent  # the toolkit's sources: where a hazard is reported
+ROOT = Path(__file__).resolve().parents[2]  # the toolkit's sources: where a hazard is reported
 INDEXING = ("index", "index_put", "index_put_", "_index_put_impl_")  # torch tags them dynamic: only a mask is
 
 

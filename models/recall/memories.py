@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.weights import random_directions
+from models.recall.weights import random_directions
 
 KINDS = ("linear", "mlp")
 

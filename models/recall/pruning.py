@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from models.weights import ATTN, MLP
+from models.section import ATTN, MLP
 
 
 def neuron_norms(weights: dict[str, torch.Tensor]) -> torch.Tensor:

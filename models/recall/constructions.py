@@ -1,6 +1,6 @@
 """Hand-built models whose fact storage is known (paper section 4), written as checkpoints.
 
-python -m models.constructions --kind attention|mlp --out DIR
+python -m models.recall.constructions --kind attention|mlp --out DIR
 
 - attention (Theorem 3): subjects and relations are split into groups, one per head; at
   the EOS query head h attends to the one token of its group in the sequence, and its OV
@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import write_checkpoint
-from models.cli import add_config_flags, given, parser, prepare_out, run_cli
-from models.config import ModelConfig, TaskConfig, override
-from models.forward import last_position_logits
-from models.trainer import EVAL_SEED
-from models.weights import ATTN, MLP, init_weights, stack
+from models.cli import add_config_flags, given, override, parser, prepare_out, run_cli
+from models.cores.forward import last_position_logits
+from models.recall.config import ModelConfig, TaskConfig
+from models.recall.trainer import EVAL_SEED
+from models.recall.weights import init_weights, stack
+from models.section import ATTN, MLP
 from tasks.factual_recall import FactualRecallTask
 
 ATTENTION_LOGIT = 20.0  # score of a head's own group token at the EOS query (others get 0)
@@ -161,7 +162,7 @@ CONSTRUCTION_MODEL = ModelConfig(d_model=48, n_heads=4, d_head=4, d_mlp=32)
 
 
 def main(argv=None) -> int:
-    p = parser("python -m models.constructions", __doc__)
+    p = parser("python -m models.recall.constructions", __doc__)
     p.add_argument("--kind", required=True, choices=("attention", "mlp"),
                    help="attention: Theorem 3 (facts in the OV circuit); mlp: Theorem 4 (facts in the MLP)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")

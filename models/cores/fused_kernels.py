@@ -1,4 +1,4 @@
-"""The fused attention core's three Triton kernels (models.fused_attention launches them; it
+"""The fused attention core's three Triton kernels (models.cores.fused_attention launches them; it
 imports this module on first use, after deciding whether Triton compiles or interprets)."""
 import triton
 import triton.language as tl

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyses.executors import ExecutorSettings
+from analyses.sweeps.executors import ExecutorSettings
 from models.bridge import resolve_device
 from models.cli import Parser, add_config_flags, comma_list, given, parser, run_cli
 
@@ -123,7 +123,7 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
 
 
 def add_keep_checkpoints(p: argparse.ArgumentParser) -> None:
-    """--keep-checkpoints: a sweep keeps each cell's trained model (analyses.sweep.Cells.checkpoint)."""
+    """--keep-checkpoints: a sweep keeps each cell's trained model (analyses.sweeps.cells.Cells.checkpoint)."""
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each cell's trained model as a checkpoint in OUT/checkpoints/CELL/, which "
                         "locate_facts and visualize open (cells recorded by an earlier run are not retrained)")

@@ -1,4 +1,4 @@
-"""Where a sweep's cells run (analyses.sweep): `local`, one after another in this process;
+"""Where a sweep's cells run (analyses.sweeps.cells): `local`, one after another in this process;
 `processes`, in `--jobs` worker processes of this machine (spawned, so each may use CUDA:
 one GPU shared by the workers); or `ray`, every cell a Ray task on a local Ray instance (one
 worker per core) or on an existing cluster (`--ray-address`). On each, a cell computes with
@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analyses.sweep import Cell
+from analyses.sweeps.cells import Cell
 
 EXECUTORS = ("local", "processes", "ray")
 RETRIES = 3  # times Ray re-runs a cell whose worker died (a cell that raises is not retried)
-ROOT = Path(__file__).resolve().parents[1]  # the checkout the workers import this code from
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the workers import this code from
 
 
 @dataclass(frozen=True)

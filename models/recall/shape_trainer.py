@@ -1,6 +1,6 @@
 """Runs of different shapes and tasks trained as one zero-padded stack (the padding and the
-buckets: models.shape_stack), on the factual-recall trainer's step, evaluation and results
-(models.trainer)."""
+buckets: models.recall.shape_stack), on the factual-recall trainer's step, evaluation and results
+(models.recall.trainer)."""
 from __future__ import annotations
 
 import functools
@@ -10,13 +10,9 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from models.bridge import resolve_device
-from models.config import RunConfig
-from models.forward import has_positions
-from models.graphed import Step, use_cuda_graph
-from models.optimizer import Optimizer
-from models.progress import progress_bar
-from models.section import ModelSection
-from models.shape_stack import (
+from models.cores.forward import has_positions
+from models.recall.config import RunConfig
+from models.recall.shape_stack import (
     buckets,
     check_stackable,
     default_budget,
@@ -27,26 +23,29 @@ from models.shape_stack import (
     sizes,
     unpad,
 )
-from models.subnormals import flushed, flushing
-from models.text import count
-from models.trainer import (
+from models.recall.trainer import (
     EVAL_SEED,
     TrainingData,
-    TrainResult,
     best_so_far,
     check_finite,
     evaluate,
     kept_result,
-    snapshot_schedule,
     training_step,
 )
-from models.weights import init_weights, model_weights, stack, trainable_keys
+from models.recall.weights import init_weights, model_weights, stack, trainable_keys
+from models.section import ModelSection
+from models.text import count
+from models.training.graphed import Step, use_cuda_graph
+from models.training.optimizer import Optimizer
+from models.training.progress import progress_bar
+from models.training.result import TrainResult, snapshot_schedule
+from models.training.subnormals import flushed, flushing
 from tasks.factual_recall import Batch, FactualRecallTask
 
 
 def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True) -> list[TrainResult]:
     """Train runs that differ in d, H, d_h, m or the task (S, R, D, N, facts; one seq_len) as
-    one zero-padded stack (models.shape_stack), one TrainResult per run: what train(run)
+    one zero-padded stack (models.recall.shape_stack), one TrainResult per run: what train(run)
     gives alone, up to the summation order of the padded products. Each run keeps its models
     at their own shapes and task, its data stream, curve and early stop: a run that stops
     (its best model reached its target accuracy, it gave up, or its steps are spent) is frozen, its

@@ -1,0 +1,138 @@
+"""python -m models.train --preset tiny --out ckpt/ : train one-layer models on the
+factual-recall task and write the best as a checkpoint (docs/checkpoint_format.md).
+
+Every task, model and training field of the preset can be overridden by a flag; comma
+lists in --lr and --seed train one model per (lr, seed) at once and keep the best.
+The attention-only models of the association and distribution tasks train with
+`python -m models.aot.train`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from models import cli
+from models.bridge import resolve_device
+from models.checkpoint import interrupted_run, load_checkpoint, write_json
+from models.cli import override
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.presets import PRESETS, preset
+from models.recall.trainer import train
+from models.recall.weights import parameter_count
+from models.text import count
+from models.training.graphed import use_cuda_graph
+from models.training.train_state import state_dir
+
+DEFAULT_PRESET = "tiny"
+MOVABLE = ("device", "cuda_graph")  # where a run computes, not what: a resume may change them
+
+
+def parser() -> cli.Parser:
+    p = cli.parser("python -m models.train", __doc__)
+    p.add_argument("--preset", default=None,
+                   help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
+                        f"(default {DEFAULT_PRESET})")
+    p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
+    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
+                   help="continue an interrupted run in CKPT from its last complete snapshot (its own settings; "
+                        "--device and --cuda-graph may move it, e.g. from the CPU to CUDA, with --sampler counter)")
+    p.add_argument("--wandb", metavar="PROJECT", default=None,
+                   help="log to Weights & Biases (offline unless WANDB_MODE=online)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.add_config_flags(p, TaskConfig, "task")
+    cli.add_config_flags(p, ModelConfig, "model")
+    cli.add_config_flags(p, TrainConfig, "training")
+    return p
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    base = preset(args.preset or DEFAULT_PRESET)
+    return RunConfig(task=override(base.task, cli.given(args, TaskConfig)),
+                     model=override(base.model, cli.given(args, ModelConfig)),
+                     train=override(base.train, cli.given(args, TrainConfig)))
+
+
+def summary(result, out: Path) -> str:
+    t, task = result.training, result.task
+    section = result.section
+    counts = parameter_count(section)
+    lines = [
+        f"task      {task}  ({task.n_facts} facts)",
+        f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
+        f"trained   {count(len(t['runs']), 'model')} for {_ran(result.session, t)} on {t['device']}",
+    ]
+    if len(t["runs"]) > 1:
+        lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
+                  for r in t["runs"]]
+    lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
+              f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
+                                             f"  (target {t['target_accuracy']} not reached)"),
+              f"wrote     {out}/"]
+    return "\n".join(lines)
+
+
+def _ran(session: dict | None, training: dict) -> str:
+    """'1500 steps in 17.9 s', or for a resumed run what this call ran and the run's totals:
+    '476 steps (1024 to 1500) in 9.1 s; the run: 1500 steps in 17.9 s'."""
+    total = f"{count(training['steps_run'], 'step')} in {training['seconds']:.1f} s"
+    if not session or session["from_step"] == 0:
+        return total
+    return (f"{count(session['steps'], 'step')} ({session['from_step']} to {training['steps_run']}) in "
+            f"{session['seconds']:.1f} s; the run: {total}")
+
+
+def read_run(ckpt: Path) -> tuple[RunConfig, str]:
+    """The RunConfig and preset name an interrupted run in `ckpt` was started with."""
+    path = ckpt / "run.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; {ckpt} is not a run started by models.train, nothing to resume.")
+    try:
+        saved = json.loads(path.read_text())
+        train_cfg = {"sampler": "generator",  # runs started before the sampler was a setting drew with generators
+                     **saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
+        run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
+        return run, saved["preset"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a valid run description.") from None
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.resume:
+        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
+                     if name not in MOVABLE]
+        overrides += [name for name in ("preset", "out", "force") if getattr(args, name)]
+        if overrides:
+            flags = ", ".join("--" + n.replace("_", "-") for n in overrides)
+            raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
+        out = args.resume
+        if (out / "config.json").is_file():
+            load_checkpoint(out)  # a damaged checkpoint is refused (CheckpointError), not called complete
+            print(f"{out} is a complete checkpoint; nothing to resume.")
+            return 0
+        run, preset_name = read_run(out)
+        moved = {k: v for k, v in cli.given(args, TrainConfig).items() if k in MOVABLE}
+        run = replace(run, train=override(run.train, moved))  # run.json keeps the device the run started on
+        use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)
+    else:
+        run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
+        run.train.validate()
+        run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
+        use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
+        out = cli.prepare_out(args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_"), args.force)
+        write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+    try:
+        result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
+                       state_folder=state_dir(out))
+        result.save(out)
+    except KeyboardInterrupt:  # Ctrl-C: say what was saved and how to go on
+        raise KeyboardInterrupt(interrupted_run(out)) from None
+    print(summary(result, out))
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run_cli(main)
