@@ -132,8 +132,11 @@ def fit_line(x, y) -> Fit:
 
 
 def fit_log_log(x, y) -> Fit:
-    """log y = intercept + slope log x (x, y > 0): the slope is the exponent of y ~ x^slope."""
-    return fit_line(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)))
+    """log y = intercept + slope log x: the slope is the exponent of y ~ x^slope, over the
+    points with x, y > 0 (a log has no other; `points` counts those)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    positive = (x > 0) & (y > 0)
+    return fit_line(np.log(x[positive]), np.log(y[positive]))
 
 
 def fit_polynomial(x, y, degree: int) -> Fit:

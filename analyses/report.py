@@ -248,8 +248,8 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     labels = {(int(s), int(r)): label for s, r, label in
               zip(facts_table[columns.SUBJECT], facts_table[columns.RELATION], facts_table[columns.LABEL])}
     prompts, table = visualize(model, task, chosen, seed)
-    say("attention views of " + ", ".join(f"S{p.subject} R{p.relation} ({labels[(p.subject, p.relation)]})"
-                                          for p in prompts))
+    say("attention views of " + ", ".join(f"S{p.subject} R{p.relation}" + (
+        f" ({labels[(p.subject, p.relation)]})" if (p.subject, p.relation) in labels else "") for p in prompts))
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
                       "Everything on this page is in this one file: it opens offline.</p>"),
                       model_section(ckpt, config, task), locate_section(located.folder),

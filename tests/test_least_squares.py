@@ -28,6 +28,13 @@ def test_no_more_points_than_parameters_is_undetermined(fit, points, parameters)
     assert f.to_json() == {"undetermined": True, "points": points, "parameters": parameters}
 
 
+def test_a_log_log_fit_leaves_out_what_has_no_log():
+    f = fit_log_log([8, 16, 32, 64], [0, 22, 56, 176])  # a size that stored nothing
+    assert f.points == 3 and f.get("slope") == pytest.approx(fit_line(np.log([16, 32, 64]),
+                                                                       np.log([22, 56, 176])).get("slope"))
+    assert not fit_log_log([8, 16, 32], [0, 0, 5]).determined
+
+
 def test_points_at_too_few_x_values_are_undetermined():
     f = fit_line([3, 3, 3], [1.0, 2.0, 4.0])  # three seeds of one size: no slope
     assert not f.determined and f.show("slope") == "undetermined (3 points at 1 x value, 2 parameters)"

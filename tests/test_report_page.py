@@ -179,8 +179,10 @@ def recorded_ckpt(tmp_path):
 def test_the_page_reuses_recorded_results_and_shows_their_facts(recorded_ckpt):
     said = []
     page = report.build(recorded_ckpt, "cpu", progress=False, say=said.append)
-    assert said == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} (the same settings)",
-                    f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} (the same settings)"]
+    assert said[:2] == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} (the same settings)",
+                        f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} (the same settings)"]
+    assert len(said) == 3 and re.fullmatch(r"attention views of S\d+ R\d+ \(\w+\), S\d+ R\d+ \(\w+\)", said[2])
+    assert "(attention)" in said[2] and "(mlp)" in said[2]  # the facts shown, with their labels
     assert "<title>Report: ckpt</title>" in page
     assert f"Checkpoint <code>{recorded_ckpt}</code>. Everything on this page is in this one file" in page
     assert "<td>snapshots</td><td>2</td>" in page and "optimizer=adam, lr=0.01, seed=0" in page
@@ -317,8 +319,8 @@ def test_the_page_s_defaults_and_its_results_read_from_the_folder_asked(recorded
     shutil.move(recorded_ckpt / "analysis", moved)
     said = []
     report.build(recorded_ckpt, "cpu", progress=False, analyses=moved, say=said.append)
-    assert said == [f"locate_facts: reusing {moved / 'locate_facts'} (the same settings)",
-                    f"hallucination: reusing {moved / 'hallucination'} (the same settings)"]
+    assert said[:2] == [f"locate_facts: reusing {moved / 'locate_facts'} (the same settings)",
+                        f"hallucination: reusing {moved / 'hallucination'} (the same settings)"]
 
 
 def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path, capsys):

@@ -17,7 +17,8 @@ plan         What a transformer sweep (its flags) would spend before it runs: it
              today's rules and the new ones (--give-up milestones --fill-rounds), the time on
              one H100, and the milestone rule's validation on every recorded curve.
 
-memory and transformer fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
+memory and transformer fit the log-log slope (summary.json `fitted_slope`, with its 95% interval under `fit`;
+undetermined with two sizes or fewer) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3
