@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -390,10 +391,11 @@ def test_a_ctrl_c_reaches_the_driver_alone_not_its_worker_processes(tmp_path):
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C interrupted a worker's cell")  # not the test run itself
     assert rows == [{"n": n} for n in range(3)] and not multiprocessing.active_children()
+    reached = "before"
     with pytest.raises(KeyboardInterrupt):
-        with sigint_blocked():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached = "not yet"  # blocked inside: the Ctrl-C waits for the end of the block
+        with sigint_blocked():  # blocks it in this thread: a SIGINT to this thread waits for the end of the block
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            reached = "not yet"
         reached = "delivered"
     assert reached == "not yet"
 
