@@ -24,7 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.cores.forward import has_positions, last_position_logits
 from models.recall.presets import preset
-from models.recall.trainer import TrainingData, summed_loss
+from models.recall.trainer import summed_loss
+from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, stack, trainable_keys
 from models.training.optimizer import Optimizer
 from tasks import counter_sampler

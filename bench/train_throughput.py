@@ -56,7 +56,8 @@ from models.cores import fused_attention  # noqa: E402
 from models.cores.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
 from models.recall.config import RunConfig  # noqa: E402
 from models.recall.presets import preset  # noqa: E402
-from models.recall.trainer import TrainingData, train, training_step  # noqa: E402
+from models.recall.trainer import train, training_step  # noqa: E402
+from models.recall.training_data import TrainingData  # noqa: E402
 from models.recall.weights import init_weights, stack, trainable_keys  # noqa: E402
 from models.training.graphed import Step  # noqa: E402
 from models.training.optimizer import Optimizer  # noqa: E402
@@ -81,7 +82,7 @@ def make_ours(preset_name: str, batch: int, k: int, device: torch.device, seq_le
               model: dict | None = None, attention_core: str = "auto"):
     """A closure doing one step of models.recall.trainer on K stacked models (seeds 0..K-1), from
     fresh weights or, given `trained` (a saved training state of one model), K copies of it;
-    the data from `sampler` (models.recall.trainer.TrainingData); with `graphed`, the step captured
+    the data from `sampler` (models.recall.training_data.TrainingData); with `graphed`, the step captured
     in a CUDA graph and replayed, as the trainer does (models.training.graphed.Step); `model`: fields
     of the preset's model replaced; `attention_core`: models.cores.forward.CORES."""
     run = bench_run(preset_name, seq_len, model)

@@ -4,13 +4,15 @@
   recall/      the factual-recall family (Nichani, Lee & Bietti): config.py, presets.py (what a
                model is, the named presets and `preset`), parameterisation.py (the authors'
                departures), weights.py, trainer.py (K models at once -> TrainResult),
-               shape_trainer.py and shape_stack.py (runs of different shapes and tasks as one
-               padded stack), train.py (`python -m models.train`), constructions.py, memories.py,
-               pruning.py
+               training_data.py (every model's batches), fits.py (refusing a run too large for
+               the device), shape_trainer.py and shape_stack.py (runs of different shapes and
+               tasks as one padded stack), train.py (`python -m models.train`), constructions.py,
+               memories.py, pruning.py
   aot/         the attention-only family (Dana et al.): config, weights, forward, trainer, train
   training/    the machinery every family's trainer uses: optimizer.py (Adam), graphed.py (a
                step replayed as a CUDA graph), capture_check.py, train_state.py (resumable
-               state), result.py (TrainResult), progress.py, subnormals.py
+               state), result.py (TrainResult), divergence.py (dropping a diverged model),
+               progress.py, subnormals.py
   cores/       the fast forward's attention cores (forward.py) and their Triton kernels
                (fused_attention.py, fused_kernels.py), pinned to the TransformerLens model by
                parity tests
@@ -18,8 +20,10 @@
                section (ModelSection), the weights' keys and shapes
   checkpoint.py  saving and reading checkpoints of every task kind
   bridge.py    the TransformerLens model (TransformerBridge) and `load`: checkpoint -> (model,
-               task) for any family; tokenizer.py the task's strings on it
+               task) for any family; tokenizer.py the task's strings on it; answer_calls.py its
+               return_type="loss" and `generate` in the task's answer vocabulary
   cli.py       the command lines' plumbing: config fields with help (`setting`), `override`
+  out_folder.py  the --out folder a command writes, and what --force replaces
 
 Imports point down: a family uses training/, cores/ and the checkpoint format; those never
 import a family; no family imports another (tests/test_layout.py).

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from models.answer_calls import attach_answer_calls
 from models.checkpoint import load_checkpoint
 from models.section import ModelSection
 from models.text import count
@@ -55,7 +56,8 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
     """A TransformerBridge holding `weights` (HookedTransformer-format keys), in eval mode,
     its parameters with gradients on as TransformerLens gives them (the toolkit's instruments
     run without gradients: under torch.inference_mode or torch.no_grad); with `task`, its
-    vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens)."""
+    vocabulary as the tokenizer (models.tokenizer: to_tokens, to_str_tokens), and
+    return_type="loss" and `generate` in its answer vocabulary (models.answer_calls)."""
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -70,6 +72,7 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
         from models.tokenizer import attach_tokenizer  # imports transformers: only where a bridge is built
 
         attach_tokenizer(model, task)
+        attach_answer_calls(model, task)
     return model
 
 

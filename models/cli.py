@@ -5,12 +5,10 @@ ValueError from main, or a flag argparse refuses)."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import types
 import typing
 from dataclasses import MISSING, field, fields, replace
-from pathlib import Path
 
 
 def setting(default, help: str, **kw):
@@ -112,16 +110,3 @@ def run_cli(main) -> None:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)
-
-
-def prepare_out(out: Path, force: bool) -> Path:
-    """An empty directory to write into: refuse one that holds files unless `force`, which
-    clears it (the user asked to replace it)."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out

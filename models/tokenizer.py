@@ -34,6 +34,18 @@ class TaskTokenizer(PreTrainedTokenizer):
         eos = EOS if EOS in self.ids else None
         super().__init__(eos_token=eos, pad_token=eos, padding_side="right", **kwargs)
 
+    def __call__(self, text=None, *args, **kwargs):
+        """HF's tokenizer call; prompts of one length need no padding, which a vocabulary
+        without EOS (the attention-only family's) has no token for: a batch of several
+        lengths is refused there in one line."""
+        if self.pad_token is None and kwargs.get("padding"):
+            lengths = {len(t.split()) for t in ([text] if isinstance(text, str) else text)}
+            if len(lengths) > 1:
+                raise ValueError(f"prompts of different lengths ({', '.join(map(str, sorted(lengths)))} tokens) "
+                                 "cannot be padded: this task has no padding token; tokenize one length at a time.")
+            kwargs["padding"] = False
+        return super().__call__(text, *args, **kwargs)
+
     @property
     def vocab_size(self) -> int:
         return len(self.labels)

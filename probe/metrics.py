@@ -4,9 +4,9 @@ functions take (a function of the logits [batch, pos, d_vocab_out] returning a s
     metric = logit_diff_metric(answers, rivals)
     transformer_lens.patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric)
 
-`model(tokens, return_type="loss")` cannot score this task: it predicts every next input
-token, while the task is scored at the last position only, in the separate answer
-vocabulary. `last_position_loss` is the task's loss.
+The task is scored at the last position only, in the separate answer vocabulary:
+`last_position_loss` is the task's loss as a function of the logits (on the analysis model,
+`model(tokens, return_type="loss")` gives the same number: models/answer_calls.py).
 """
 from __future__ import annotations
 

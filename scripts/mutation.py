@@ -50,6 +50,13 @@ MODULES = {
     "models/cores/fused_attention.py": ["tests/test_fused_attention.py",
                                         "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
     "analyses/sweeps/executors.py": ["tests/test_sweep.py", "-k", "not ray"],
+    "analyses/capacity/zipf/memory.py": ["tests/test_capacity_zipf.py"],
+    "analyses/capacity/zipf/optimisers.py": ["tests/test_capacity_zipf.py", "-k", "step or sgd or adam or read_back"],
+    "analyses/capacity/zipf/fits.py": ["tests/test_capacity_zipf_fits.py", "tests/test_capacity_zipf_cli.py::test_fits_"
+                                       "beside_the_talk_s_laws_and_none_drawn_for_alpha_at_most_one", "-k",
+                                       "not descent and not orthogonal and not problems and not best_error"],
+    "analyses/capacity/zipf/dynamics.py": ["tests/test_capacity_zipf_fits.py", "-k",
+                                           "descent or orthogonal or problems or best_error"],
 }
 
 

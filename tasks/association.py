@@ -90,6 +90,17 @@ class SequenceTask:
         powers = self.n_tokens ** torch.arange(self.context - 1, -1, -1, device=index.device)  # [S]
         return (index[..., None] // powers) % self.n_tokens
 
+    def index_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The index [batch] of each sequence among the T_0 (the inverse of `sequences`), from its
+        token ids [batch, S]; a prompt of another length or with an id outside the N tokens is
+        refused (ValueError)."""
+        if tokens.dim() != 2 or tokens.shape[1] != self.context:
+            raise ValueError(f"a prompt of this task is S = {self.context} tokens, got shape {tuple(tokens.shape)}.")
+        if ((tokens < 0) | (tokens >= self.n_tokens)).any():
+            raise ValueError(f"token ids must lie in 0..{self.n_tokens - 1}.")
+        powers = self.n_tokens ** torch.arange(self.context - 1, -1, -1, device=tokens.device)  # [S]
+        return (tokens * powers).sum(-1)
+
     def sample_index(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """Sequence indices [batch] drawn from the uniform prior."""
         return torch.randint(0, self.n_sequences, (batch_size,), generator=generator, device=generator.device)
@@ -169,10 +180,11 @@ class AssociationTask(SequenceTask):
         """The next token [batch] of the sequences with these indices [batch]."""
         return self.next_tokens.to(index.device)[index]
 
-    def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
+    def sequence_losses(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Cross-entropy (nats) of each sequence's next token: logits [..., T_0, N] on the
-        whole population -> [..., T_0]."""
+        whole population -> [..., T_0], or [..., n, N] on the sequences `index` [n] -> [..., n]."""
         target = self.next_tokens.to(logits.device)  # [T_0]
+        target = target if index is None else target[index.to(logits.device)]
         return -logits.log_softmax(-1).gather(-1, target.expand(logits.shape[:-1])[..., None])[..., 0]
 
     def sequence_correct(self, logits: torch.Tensor) -> torch.Tensor:
@@ -218,10 +230,11 @@ class DistributionTask(SequenceTask):
         """The most likely next token [batch] under pi_t of the sequences with these indices [batch]."""
         return self.log_targets.to(index.device).argmax(-1)[index]
 
-    def sequence_losses(self, logits: torch.Tensor) -> torch.Tensor:
+    def sequence_losses(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """KL(pi_t || softmax(logits_t)) in nats per sequence: logits [..., T_0, N] on the
-        whole population -> [..., T_0]."""
+        whole population -> [..., T_0], or [..., n, N] on the sequences `index` [n] -> [..., n]."""
         log_pi = self.log_targets.to(logits.device)  # [T_0, N]
+        log_pi = log_pi if index is None else log_pi[index.to(logits.device)]
         return (log_pi.exp() * (log_pi - logits.log_softmax(-1))).sum(-1)
 
     def sequence_correct(self, logits: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.recall.trainer import TrainingData
+from models.recall.training_data import TrainingData
 from tasks import counter, triton_kernels
 from tasks.counter_sampler import TaskStack, counter_prompts
 from tasks.factual_recall import FactualRecallTask

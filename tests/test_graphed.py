@@ -248,7 +248,8 @@ def test_graphed_attention_only_training_is_bit_identical_to_eager(layout):
 
 @CUDA
 def test_a_replayed_step_never_waits_for_the_host():
-    from models.recall.trainer import TrainingData, training_step
+    from models.recall.trainer import training_step
+    from models.recall.training_data import TrainingData
     from models.recall.weights import init_weights, stack, trainable_keys
 
     run = preset("tiny")

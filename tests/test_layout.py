@@ -4,9 +4,10 @@ functions included; those under `if TYPE_CHECKING:` left out, they never run):
 - dependencies point one way between the packages: analyses -> models, probe, tasks;
   models -> tasks; probe -> tasks; tasks -> nothing of the toolkit;
 - inside models/, layers: the checkpoint format every family shares (models/*.py: section,
-  checkpoint, bridge, tokenizer, cli) <- the shared machinery (models/training/, models/cores/)
-  <- the families (every other folder of models/: recall/, aot/, ...) <- the public entry points
-  (models/__init__.py, models/train.py); a family never imports another family;
+  checkpoint, bridge, tokenizer, answer_calls, cli, out_folder) <- the shared machinery
+  (models/training/, models/cores/) <- the families (every other folder of models/: recall/,
+  aot/, ...) <- the public entry points (models/__init__.py, models/train.py); a family never
+  imports another family;
 - inside analyses/, the sweep engine and what every study shares (analyses/sweeps/) imports no study;
 - no two modules import each other, directly or round a circle;
 - no module is over 350 lines."""

@@ -146,14 +146,14 @@ def test_resume_refuses_every_other_setting(tmp_path, capsys):
         assert exit_.value.code == 2 and f"drop {flags[0]}" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_divergence_stops_naming_step_and_model(tmp_path):
+def test_divergence_of_every_model_stops_naming_step_and_model(tmp_path):
     out = tmp_path / "nan"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--optimizer", "sgd",
-                           "--lr", "1e-2,1e30", "--steps", "200"], capture_output=True, text=True)
+                           "--lr", "1e30,1e31", "--steps", "200"], capture_output=True, text=True)
     assert proc.returncode != 0
     message = proc.stderr.strip()
     assert len(message.splitlines()) == 1 and "Traceback" not in message
-    assert "step " in message and "model 1 of 2 (lr=1e+30" in message and "non-finite" in message
+    assert "step " in message and "model 0 of 2 (lr=1e+30" in message and "non-finite" in message
     last = complete_steps(out / "train_state")[-1]
     assert f"last good snapshot is step {last}" in message
     tensors, _ = load_state(out / "train_state", last)

@@ -213,7 +213,7 @@ def test_a_small_stack_equals_its_runs_alone(sampler):
 
 
 def test_a_small_stack_that_diverges_stops_naming_the_step_the_model_and_the_last_snapshot():
-    from models.recall.trainer import TrainingDiverged
+    from models.training.divergence import TrainingDiverged
 
     runs = small_runs("counter")
     runs[1] = replace(runs[1], train=replace(runs[1].train, lr=(1e30,)))

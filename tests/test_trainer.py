@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from models.cores import fused_attention
 from models.cores.forward import has_positions, last_position_logits
 from models.recall.presets import preset
-from models.recall.trainer import TrainingData, summed_loss, train, train_step
+from models.recall.trainer import summed_loss, train, train_step
+from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, stack, trainable_keys
 from models.training.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
 from models.training.result import snapshot_schedule

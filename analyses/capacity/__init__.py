@@ -1,4 +1,5 @@
-"""python -m analyses.capacity memory|transformer|departures|plan : how many associations / facts fit?
+"""python -m analyses.capacity memory|transformer|departures|plan|zipf|oscillation|overoptimisation :
+how many associations / facts fit, and what a memory of finite size recalls of Zipf data?
 
 memory       For each size, binary-search the largest number N* of associations an
              associative memory (models/recall/memories.py) stores at >= 99% accuracy (best over
@@ -16,6 +17,14 @@ plan         What a transformer sweep (its flags) would spend before it runs: it
              answered by recorded results, model-steps by shape and d and in total under
              today's rules and the new ones (--give-up milestones --fill-rounds), the time on
              one H100, and the milestone rule's validation on every recorded curve.
+zipf         The error of associative memories of size d under Zipf data p(z) ∝ z^-α against
+             the samples n and d, for the talk's memory schemes (counts, seen once, seen s
+             times) and the memories optimisers learn (one gradient step, SGD, Adam), with
+             the exponents beside the talk's laws (docs/capacity.md).
+oscillation  Gradient descent on two correlated, imbalanced tokens over steps: a large step
+             oscillates, yet reaches perfect accuracy sooner (ICML 2024).
+overoptimisation  Gradient descent on N tokens in d = 2: the error over steps against the best
+             over training and the best of any memory.
 
 memory and transformer fit the log-log slope (summary.json `fitted_slope`, with its 95% interval under `fit`;
 undetermined with two sizes or fewer) and write, to --out: cells/ (one

@@ -1,5 +1,5 @@
-"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out, and
-`plan`, a transformer sweep's model-steps before it runs."""
+"""The command line: `memory`, `transformer` and `departures`, each a sweep written to --out,
+`plan`, a transformer sweep's model-steps before it runs, and the Zipf studies (zipf/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,7 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
+from analyses.capacity.zipf import cli as zipf_cli
 from analyses.sweeps import cli
 from analyses.sweeps.cells import Cells
 from analyses.sweeps.output import write_csv
@@ -63,6 +64,7 @@ def parser():
     cli.add_seed(v, "initialisation and data")
     cli.add_settings(v, DepartureStudy, "the study")
     cli.add_settings(v, TransformerSweep, "the training (as a Figure 4 left probe)", exclude=(*UNTRAINED, "seed"))
+    zipf_cli.add_parsers(sub)
     for q in (t, v):
         cli.add_keep_checkpoints(q)
     for q in (m, t, v):
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "plan":
         return plan(args)
+    if args.command in zipf_cli.COMMANDS:
+        return zipf_cli.run(args)
     executor = cli.executor(args)
     progress = not args.quiet
     if args.command == "memory":

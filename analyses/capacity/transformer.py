@@ -32,7 +32,7 @@ from models.recall.config import (
     shape_model,
 )
 from models.recall.shape_trainer import train_stacks
-from models.recall.trainer import train
+from models.recall.trainer import best_so_far, train
 from models.recall.weights import parameter_count
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 
@@ -228,10 +228,11 @@ def probe_row(shape, d, S, run: RunConfig, result) -> dict:
     shows whether it was still rising."""
     t = result.training
     steps = [row["step"] for row in result.metrics]
-    runs = [{"lr": lr, "best_accuracy": max(row["models"][k]["accuracy"] for row in result.metrics),
+    def curve(k: int) -> list:  # None where the model was dropped as diverged
+        return [None if (a := row["models"][k]["accuracy"]) is None else round(a, 5) for row in result.metrics]
+    runs = [{"lr": lr, "best_accuracy": best_so_far(result.metrics, k),
              "final_accuracy": result.metrics[-1]["models"][k]["accuracy"],
-             "curve": {"step": steps, "accuracy": [round(row["models"][k]["accuracy"], 5) for row in result.metrics]}}
-            for k, (lr, _) in enumerate(run.train.runs)]
+             "curve": {"step": steps, "accuracy": curve(k)}} for k, (lr, _) in enumerate(run.train.runs)]
     return {"alpha": shape[0], "beta": shape[1], "heads": shape[2], "d": d, "S": S, "facts": S * S,
             "accuracy": t["final_accuracy"], "best_accuracy": max(r["best_accuracy"] for r in runs),
             "lr": t["lr"], "steps_run": t["steps_run"], "seconds": t["seconds"],

@@ -15,7 +15,7 @@ from models.cli import given, override
 from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from models.recall.presets import preset
 from models.recall.shape_trainer import train_shapes
-from models.recall.trainer import train
+from models.recall.trainer import best_so_far, train
 from models.recall.weights import parameter_count
 from models.training.result import TrainResult
 from probe import columns
@@ -98,7 +98,7 @@ def located_row(run: RunConfig, result: TrainResult, locating: LocateSettings) -
     return {"heads": run.model.n_heads, "width": None if run.model.attn_only else run.model.d_mlp,
             "attn_only": run.model.attn_only, "freeze_ov": run.train.freeze_ov,
             "accuracy": t["final_accuracy"], "lr": t["lr"], "steps_run": t["steps_run"],
-            "best_accuracy": max(m["accuracy"] for row in result.metrics for m in row["models"]),  # the paper's measure
+            "best_accuracy": best_so_far(result.metrics),  # the paper's measure
             "attention_parameters": counts["attention"], "mlp_parameters": counts["mlp"], **row}
 
 

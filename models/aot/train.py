@@ -21,6 +21,7 @@ from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import train_aot
 from models.bridge import resolve_device
 from models.cli import override
+from models.out_folder import FORCE_HELP, prepare_out
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}
@@ -34,7 +35,7 @@ def parser() -> cli.Parser:
     p.add_argument("task", choices=list(TASKS), help="association (one next token per sequence, cross-entropy) "
                    "or distribution (a target distribution per sequence, KL)")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/aot_TASK)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     task = p.add_argument_group("task")
     task.add_argument("--n-tokens", type=int, default=50, help="N, tokens of the vocabulary (default 50)")
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     train = override(TRAINING, cli.given(args, AoTTrainConfig))
     model.validate()
     train.validate()  # bad settings are refused before --out is touched
-    out = cli.prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
+    out = prepare_out(args.out or Path("ckpt") / f"aot_{args.task}", args.force)
     start = time.perf_counter()
     result = train_aot(task, [(model, args.seed)], train, progress=not args.quiet)[0]
     seconds = time.perf_counter() - start

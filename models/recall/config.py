@@ -36,6 +36,16 @@ class TaskConfig:
     facts: str = setting("random", "fact table: random | structured", choices=("random", "structured"))
     fact_seed: int = setting(0, "seed of the random fact table")
 
+    @property
+    def d_vocab(self) -> int:
+        """Input ids S + R + N + 1, as the built task's (its sizes, read without building it)."""
+        return self.n_subjects + self.n_relations + self.n_noise + 1
+
+    @property
+    def d_vocab_out(self) -> int:
+        """Answer ids R * D, as the built task's."""
+        return self.n_relations * self.answers_per_relation
+
     def build(self) -> FactualRecallTask:
         return FactualRecallTask(self.n_subjects, self.n_relations, self.answers_per_relation,
                                  self.n_noise, self.seq_len, self.subject_zipf,
@@ -106,9 +116,9 @@ class ModelConfig:
         if not self.init_scale >= 0:
             raise ValueError(f"init_scale must be >= 0, got {self.init_scale!r}.")
 
-    def for_task(self, task: FactualRecallTask) -> ModelConfig:
-        """The sizes the task and the options imply: one-hot embeddings set d = d_vocab +
-        d_vocab_out, merged attention weights set d_head = d."""
+    def for_task(self, task: FactualRecallTask | TaskConfig) -> ModelConfig:
+        """The sizes the task (built, or its config) and the options imply: one-hot embeddings
+        set d = d_vocab + d_vocab_out, merged attention weights set d_head = d."""
         cfg = self.resolved()
         if cfg.embedding == "onehot":
             cfg = replace(cfg, d_model=task.d_vocab + task.d_vocab_out)
@@ -119,8 +129,8 @@ class ModelConfig:
             cfg = replace(cfg, d_head=cfg.d_model)
         return cfg
 
-    def checkpoint_section(self, task: FactualRecallTask) -> ModelSection:
-        """The `model` section of config.json for `task`, validated."""
+    def checkpoint_section(self, task: FactualRecallTask | TaskConfig) -> ModelSection:
+        """The `model` section of config.json for `task` (built, or its config), validated."""
         cfg = self.for_task(task)
         cfg.validate()
         return ModelSection(cfg.d_model, cfg.n_heads, cfg.d_head, None if cfg.attn_only else cfg.d_mlp,

@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import write_checkpoint
-from models.cli import add_config_flags, given, override, parser, prepare_out, run_cli
+from models.cli import add_config_flags, given, override, parser, run_cli
 from models.cores.forward import last_position_logits
+from models.out_folder import FORCE_HELP, prepare_out
 from models.recall.config import ModelConfig, TaskConfig
 from models.recall.trainer import EVAL_SEED
 from models.recall.weights import init_weights, stack
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     p.add_argument("--kind", required=True, choices=("attention", "mlp"),
                    help="attention: Theorem 3 (facts in the OV circuit); mlp: Theorem 4 (facts in the MLP)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the frozen random embeddings (default 0)")
     add_config_flags(p, TaskConfig, "task", default_label="default", base=CONSTRUCTION_TASK)
     add_config_flags(p, ModelConfig, "model", default_label="default", base=CONSTRUCTION_MODEL)

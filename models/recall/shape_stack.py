@@ -118,8 +118,9 @@ MEMORY_FRACTION = 0.8  # of the free device memory: the default budget on CUDA
 
 
 def run_section(run: RunConfig) -> ModelSection:
-    """The run's config.json model section, at its own task's sizes."""
-    return run.model.checkpoint_section(run.task.build())
+    """The run's config.json model section, at its own task's sizes (read from the task's
+    config: the task, its fact table, is not built)."""
+    return run.model.checkpoint_section(run.task)
 
 
 def stack_bytes(runs: list[RunConfig]) -> int:
@@ -129,19 +130,31 @@ def stack_bytes(runs: list[RunConfig]) -> int:
     return _estimate([run_section(run) for run in runs], runs)
 
 
+def stack_parts(runs: list[RunConfig]) -> dict[str, int]:
+    """stack_bytes by part (bytes): `weights` (with gradients and Adam's state), `held-out
+    prompts`, the `training step`'s activations and the `evaluation`'s."""
+    return _parts([run_section(run) for run in runs], runs)
+
+
 def _estimate(sections: list[ModelSection], runs: list[RunConfig]) -> int:
-    """The device bytes of a stack of `runs`, their model sections given: the weights; the trainable
-    ones' gradients, two Adam moments and gradient masks; Adam's temporaries (three of the
-    largest trainable tensor); and the step's and the evaluation's activations at once (a
+    """The device bytes of a stack of `runs`, their model sections given (_parts)."""
+    return sum(_parts(sections, runs).values())
+
+
+def _parts(sections: list[ModelSection], runs: list[RunConfig]) -> dict[str, int]:
+    """The device bytes of a stack of `runs` by part, their model sections given: the weights; the
+    trainable ones' gradients, two Adam moments and gradient masks; Adam's temporaries (three of
+    the largest trainable tensor); and the step's and the evaluation's activations at once (a
     step captured in a CUDA graph keeps its memory while the evaluation runs)."""
     counts = [len(run.train.runs) for run in runs]
     padded, K, cfg = padded_section(sections), sum(counts), runs[0].train
     shape = shapes(padded)
     trained = [math.prod(shape[key]) for key in trainable_keys(shape, runs[0].model, cfg.freeze_ov)]
     weights = sum(math.prod(s) for s in shape.values()) + 4 * sum(trained) + 3 * max(trained, default=0)
-    held_out = K * cfg.eval_size * padded.n_ctx * INDEX_BYTES  # each model's own held-out prompts (at most)
-    return (K * BYTES * weights + held_out + _activation_bytes(padded, K, cfg.batch_size, backward=True)
-            + _activation_bytes(padded, K, cfg.eval_size, backward=False))
+    return {"weights": K * BYTES * weights,
+            "held-out prompts": K * cfg.eval_size * padded.n_ctx * INDEX_BYTES,  # each model's own (at most)
+            "training step": _activation_bytes(padded, K, cfg.batch_size, backward=True),
+            "evaluation": _activation_bytes(padded, K, cfg.eval_size, backward=False)}
 
 
 def _activation_bytes(section: ModelSection, K: int, B: int, backward: bool) -> int:

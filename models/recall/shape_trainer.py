@@ -25,16 +25,16 @@ from models.recall.shape_stack import (
 )
 from models.recall.trainer import (
     EVAL_SEED,
-    TrainingData,
     best_so_far,
-    check_finite,
     evaluate,
     kept_result,
     training_step,
 )
+from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
 from models.section import ModelSection
 from models.text import count
+from models.training.divergence import check_finite
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar

@@ -17,7 +17,9 @@ from models import cli
 from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.cli import override
+from models.out_folder import FORCE_HELP, prepare_out
 from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.fits import check_fits
 from models.recall.presets import PRESETS, preset
 from models.recall.trainer import train
 from models.recall.weights import parameter_count
@@ -35,7 +37,10 @@ def parser() -> cli.Parser:
                    help=f"starting configuration: {', '.join(PRESETS)} or shape:ALPHA,BETA,H,D "
                         f"(default {DEFAULT_PRESET})")
     p.add_argument("--out", type=Path, default=None, help="checkpoint directory to write (default ckpt/PRESET)")
-    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the checkpoint at --out if it was trained with these same settings (one that was "
+                        "interrupted is resumed) instead of training again; with --force, replace it otherwise")
     p.add_argument("--resume", type=Path, metavar="CKPT", default=None,
                    help="continue an interrupted run in CKPT from its last complete snapshot (its own settings; "
                         "--device and --cuda-graph may move it, e.g. from the CPU to CUDA, with --sampler counter)")
@@ -64,9 +69,11 @@ def summary(result, out: Path) -> str:
         f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
         f"trained   {count(len(t['runs']), 'model')} for {_ran(result.session, t)} on {t['device']}",
     ]
+    dropped = {d["model"]: d for d in t.get("dropped", [])}
     if len(t["runs"]) > 1:
-        lines += [f"          lr={r['lr']:g} seed={r['seed']}: accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}"
-                  for r in t["runs"]]
+        lines += [f"          lr={r['lr']:g} seed={r['seed']}: " +
+                  (f"dropped at step {dropped[k]['step']} ({dropped[k]['reason']})" if k in dropped else
+                   f"accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}") for k, r in enumerate(t["runs"])]
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
               f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
                                              f"  (target {t['target_accuracy']} not reached)"),
@@ -99,12 +106,27 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
         raise ValueError(f"{path}: not a valid run description.") from None
 
 
+def same_settings(out: Path, run: RunConfig) -> bool:
+    """Whether `out` holds a run started (run.json) with the settings of `run`, where it
+    computes aside (MOVABLE). A setting the record lacks counts as different."""
+    try:
+        saved = json.loads((out / "run.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+    def what(settings: dict) -> dict:
+        return {**settings, "train": {k: v for k, v in settings["train"].items() if k not in MOVABLE}}
+    wanted = what(json.loads(json.dumps(asdict(run))))
+    return isinstance(saved, dict) and isinstance(saved.get("train"), dict) and \
+        what({k: saved.get(k) for k in wanted}) == wanted
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.resume:
         overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
                      if name not in MOVABLE]
-        overrides += [name for name in ("preset", "out", "force") if getattr(args, name)]
+        overrides += [name for name in ("preset", "out", "force", "reuse") if getattr(args, name)]
         if overrides:
             flags = ", ".join("--" + n.replace("_", "-") for n in overrides)
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
@@ -120,10 +142,20 @@ def main(argv=None) -> int:
     else:
         run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()
+        check_fits(run, resolve_device(run.train.device))  # from the configs: before the task is built
         run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
-        out = cli.prepare_out(args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_"), args.force)
-        write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+        out = args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_")
+        if args.reuse and same_settings(out, run) and (out / "config.json").is_file():
+            kept = load_checkpoint(out).config["training"]  # a damaged checkpoint is refused, not kept
+            print(f"{out} holds a checkpoint trained with these settings (held-out accuracy "
+                  f"{kept['final_accuracy']:.4f}); kept it (drop --reuse to train again).")
+            return 0
+        if args.reuse and same_settings(out, run):
+            print(f"{out} holds an interrupted run of these settings; resuming it.")
+        else:
+            out = prepare_out(out, args.force)
+            write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
     try:
         result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
                        state_folder=state_dir(out))

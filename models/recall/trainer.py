@@ -7,10 +7,12 @@ models.cores.forward; the best model by held-out accuracy is kept and written as
 Runs of different shapes and tasks train as one zero-padded stack in models.recall.shape_trainer.
 
 What every family's trainer shares (the result type TrainResult, the data-seed offset, the
-snapshot schedule, the optimizer, the CUDA-graph step) is models/training/.
+snapshot schedule, the optimizer, the CUDA-graph step, what becomes of a diverging model) is
+models/training/; every model's data stream is models.recall.training_data.
 """
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -18,19 +20,22 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from models.bridge import resolve_device
 from models.cores.forward import has_positions, last_position_logits
 from models.recall.config import RunConfig
+from models.recall.fits import check_fits
+from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
 from models.text import count
+from models.training.divergence import describe, drop, nonfinite, stopped
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar
 from models.training.result import DATA_SEED_OFFSET, TrainResult, snapshot_schedule
 from models.training.subnormals import flushed, flushing
 from models.training.train_state import complete_steps, load_state, remove_partial, restore, save_state, saved_snapshots
-from tasks.counter_sampler import TaskStack
 from tasks.factual_recall import Batch, FactualRecallTask
 
 EVAL_SEED = 999  # the held-out set
@@ -48,21 +53,21 @@ def evaluate(weights: dict, tokens: torch.Tensor, answers: torch.Tensor, attenti
     return loss, accuracy
 
 
-class TrainingDiverged(ValueError):
-    """A model's loss or weights became NaN or infinite."""
-
-
 def train(run: RunConfig, progress: bool = True, wandb_project: str | None = None,
           preset_name: str | None = None, state_folder: Path | None = None,
           flush_subnormals: bool = True) -> TrainResult:
     """Train the K = len(lr) x len(seed) models of `run` together; keep the best.
-    With `state_folder`, the training state is saved there with every snapshot, and a run
-    finds its last complete state there and continues from it (bit-identical on a CPU).
-    On a CPU, subnormal floats are flushed to zero on every torch thread while it trains
-    (models.training.subnormals: a trained model's tiny probabilities otherwise slow the step down);
-    `flush_subnormals=False` keeps them, for comparison."""
+    A model whose loss or weights become NaN or infinite is dropped, said in one line on
+    stderr and recorded (`training.dropped`), and the others train on; when every model has
+    diverged, TrainingDiverged (models.training.divergence). With `state_folder`, the training
+    state is saved there with every snapshot, and a run finds its last complete state there and
+    continues from it (bit-identical on a CPU). On a CPU, subnormal floats are flushed to
+    zero on every torch thread while it trains (models.training.subnormals: a trained model's
+    tiny probabilities otherwise slow the step down); `flush_subnormals=False` keeps them, for
+    comparison."""
     run.train.validate()
     device = resolve_device(run.train.device)
+    check_fits(run, device)  # a run that cannot fit is refused before anything is allocated
     with flushed(device, flush_subnormals):
         subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
         state = _start(run, device, state_folder)
@@ -93,6 +98,7 @@ class _Training:
     metrics: list[dict]  # one row per evaluation
     snapshots: dict[int, dict[str, torch.Tensor]]  # trainable weights [K, ...] by step, CPU
     start: float  # time.perf_counter() at step 0 (earlier sessions' seconds included)
+    dropped: list[dict]  # the models that diverged: model, lr, seed, step, reason
     first_step: int = 0  # the step this call started from (a resumed run's last saved state)
     session_start: float = 0.0  # time.perf_counter() when this call's training began
 
@@ -114,18 +120,21 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
     held_out = task.eval_set(cfg.eval_size, EVAL_SEED, device)
     schedule = snapshot_schedule(cfg.steps, cfg.snapshots_per_octave)
 
-    step, metrics, snapshots = 0, [], {}
+    step, metrics, snapshots, dropped = 0, [], {}, []
     saved = complete_steps(state_folder) if state_folder else []
     if state_folder:
         remove_partial(state_folder)
     if saved:
-        step, metrics = restore(*load_state(state_folder, saved[-1]), params, optimizer, data.generators,
-                                cfg.sampler)
+        tensors, info = load_state(state_folder, saved[-1])
+        step, metrics = restore(tensors, info, params, optimizer, data.generators, cfg.sampler)
         snapshots = saved_snapshots(state_folder, params)
+        dropped = info.get("dropped", [])
+        for gone in dropped:  # its weights were saved as zeros; its learning rate comes from the run
+            drop(gone["model"], params, optimizer)
     now = time.perf_counter()
     start = now - (metrics[-1]["seconds"] if metrics else 0.0)
     return _Training(run, task, device, weights, params, positional, optimizer, data, step_once, held_out,
-                     schedule, step, metrics, snapshots, start, step, now)
+                     schedule, step, metrics, snapshots, start, dropped, step, now)
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
@@ -152,35 +161,58 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
         state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
 
 
-def best_so_far(metrics: list[dict]) -> float:
-    """The best held-out accuracy of any model at any evaluation in `metrics`."""
-    return max(m["accuracy"] for row in metrics for m in row["models"])
+def best_so_far(metrics: list[dict], k: int | None = None) -> float:
+    """The best held-out accuracy of any model (or of model `k`) at any evaluation in
+    `metrics`; a dropped model's evaluations (None) do not count."""
+    return max(m["accuracy"] for row in metrics for m in (row["models"] if k is None else [row["models"][k]])
+               if m["accuracy"] is not None)
 
 
 def _snapshot(state: _Training, state_folder: Path | None) -> None:
-    """Keep the trainable weights of this step (refusing non-finite ones); save the whole
-    training state beside them when the run is resumable."""
-    check_finite(state.params, state.run.train.runs, state.step, state.snapshots)
+    """Keep the trainable weights of this step (dropping models with non-finite ones); save
+    the whole training state beside them when the run is resumable."""
+    _drop_diverged(state, state.params)
     state.snapshots[state.step] = {k: p.detach().to("cpu", copy=True) for k, p in state.params.items()}
     if state_folder:
         save_state(state_folder, state.step, state.params, state.optimizer, state.data.generators, state.metrics,
-                   state.run.train.sampler)
+                   state.run.train.sampler, state.dropped)
+
+
+def _drop_diverged(state: _Training, tensors: dict[str, torch.Tensor]) -> None:
+    """Drop each model with a NaN or inf in `tensors` ([K, ...]), saying so in one line each;
+    raise TrainingDiverged (one line) where no model would be left."""
+    runs = state.run.train.runs
+    gone = {d["model"] for d in state.dropped}
+    new = {k: what for k, what in nonfinite(tensors, len(runs)).items() if k not in gone}
+    if new and len(gone) + len(new) == len(runs):  # none would be left: the run stops, named by the first
+        k, what = next(iter(new.items()))
+        raise stopped(state.step, k, runs, what, state.snapshots)
+    for k, what in new.items():
+        drop(k, state.params, state.optimizer)
+        gone.add(k)
+        state.dropped.append({"model": k, "lr": runs[k][0], "seed": runs[k][1], "step": state.step,
+                              "reason": f"non-finite {what}"})
+        tqdm.write(f"{describe(state.step, k, runs, what)}; dropped it, {len(runs) - len(gone)} of {len(runs)} "
+                   "models train on.", file=sys.stderr)
 
 
 def _evaluate(state: _Training, logger) -> dict:
-    """Record every model's held-out loss and accuracy at this step; the best model's entry."""
+    """Record every model's held-out loss and accuracy at this step (None for a dropped
+    model); the best model's entry."""
     runs = state.run.train.runs
     loss, acc = evaluate(state.weights, state.held_out.tokens, state.held_out.answers, state.run.model.attention,
                          state.positional)
+    _drop_diverged(state, {"loss": loss})
+    gone = {d["model"] for d in state.dropped}
     row = {"step": state.step, "seconds": round(time.perf_counter() - state.start, 3),
-           "models": [{"lr": lr, "seed": s, "loss": float(l), "accuracy": float(a)}
-                      for (lr, s), l, a in zip(runs, loss.tolist(), acc.tolist())]}
-    check_finite({"loss": loss}, runs, state.step, state.snapshots)
+           "models": [{"lr": lr, "seed": s, "loss": None if k in gone else float(l),
+                       "accuracy": None if k in gone else float(a)}
+                      for k, ((lr, s), l, a) in enumerate(zip(runs, loss.tolist(), acc.tolist()))]}
     state.metrics.append(row)
     if logger:
         logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
-                    for key in ("loss", "accuracy")}, step=state.step)
-    return max(row["models"], key=lambda m: (m["accuracy"], -m["loss"]))
+                    for key in ("loss", "accuracy") if m[key] is not None}, step=state.step)
+    return max((m for m in row["models"] if m["accuracy"] is not None), key=lambda m: (m["accuracy"], -m["loss"]))
 
 
 def _result(state: _Training, preset_name: str | None, subnormals: str) -> TrainResult:
@@ -188,6 +220,9 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
     curve and snapshots (the run's totals: `steps_run`, `seconds`); all K final models under
     `stacked`; what this call ran under `session`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
+    return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
+                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals,
+                       state.step_once.graphed, state.dropped)
     now = time.perf_counter()
     result = kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
                          state.snapshots, state.step, now - state.start, preset_name, subnormals,
@@ -199,14 +234,16 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
 
 def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],
                 metrics: list[dict], snapshots: dict, steps_run: int, seconds: float, preset_name: str | None,
-                subnormals: str, graphed: bool) -> TrainResult:
+                subnormals: str, graphed: bool, dropped: list[dict] = ()) -> TrainResult:
     """The kept model's TrainResult (`_result`, and models.recall.shape_trainer's per run) from its
     parts: the run's final models `stacked` [K, ...] (CPU), their curve, their trainable
-    weights' snapshots [K, ...] by step, the steps and seconds they ran, and whether their
-    step was a CUDA graph's replay."""
+    weights' snapshots [K, ...] by step, the steps and seconds they ran, whether their
+    step was a CUDA graph's replay, and the models dropped as diverged (never kept; their
+    final weights are zeros)."""
     cfg, runs = run.train, run.train.runs
     final = metrics[-1]["models"]
-    kept = max(range(len(runs)), key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
+    kept = max((k for k in range(len(runs)) if final[k]["accuracy"] is not None),
+               key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
     for row in metrics:  # the kept model's curve is the checkpoint's curve; all K stay under "models"
         row.update(loss=row["models"][kept]["loss"], accuracy=row["models"][kept]["accuracy"])
     kept_weights = model_weights(stacked, kept)
@@ -215,26 +252,13 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "lr": runs[kept][0], "seed": runs[kept][1], "preset": preset_name,
         "steps_run": steps_run, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
-        "kept_model": kept, "runs": final, "device": device,
+        "kept_model": kept, "runs": final, "dropped": list(dropped), "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
         "trainer": "models.recall.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
         "task_config": asdict(run.task), "model_config": asdict(run.model.resolved()),
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()}
     return TrainResult(task, run.model.checkpoint_section(task), kept_weights, training, metrics, snapshots, stacked)
-
-
-def check_finite(tensors: dict, runs: list, step: int, snapshots: dict) -> None:
-    """Raise TrainingDiverged naming the step and the first model with a NaN or inf."""
-    for name, t in tensors.items():
-        bad = ~torch.isfinite(t.detach().reshape(len(runs), -1)).all(-1)  # [K]
-        if bad.any():
-            k = int(bad.nonzero()[0])
-            last = max(snapshots, default=None)
-            raise TrainingDiverged(
-                f"step {step}: model {k} of {len(runs)} (lr={runs[k][0]:g}, seed={runs[k][1]}) has a non-finite "
-                f"{'loss' if name == 'loss' else 'weight ' + name}; training stopped"
-                + (f", the last good snapshot is step {last}." if last is not None else "."))
 
 
 def summed_loss(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
@@ -268,60 +292,6 @@ def training_step(weights: dict, optimizer: Optimizer, data: TrainingData, atten
         tokens, answers = data.batch(optimizer.t)  # [K, B, T], [K, B]
         return (train_step(weights, optimizer, tokens, answers, attention, positional, query_scale, attention_core),)
     return step
-
-
-def training_batch(task, generators, runs, batch_size):
-    """Tokens [K, B, T] and answers [K, B]: one fresh batch per seed, shared by that seed's
-    models (a view, not a copy, when every model has the same seed)."""
-    batches = {s: task.sample(batch_size, g) for s, g in generators.items()}
-    if len(batches) == 1:
-        batch = next(iter(batches.values()))
-        K = len(runs)
-        return batch.tokens.expand(K, *batch.tokens.shape), batch.answers.expand(K, batch_size)
-    tokens = torch.stack([batches[s].tokens for _, s in runs])
-    answers = torch.stack([batches[s].answers for _, s in runs])
-    return tokens, answers
-
-
-class TrainingData:
-    """Every model's fresh batch at each step: tokens [K, B, T] and answers [K, B], one batch
-    per (task, seed), shared by the models that have both. The `generator` sampler draws each
-    seed's batch from its own torch.Generator in turn (their RNG states are the stream's
-    state); `counter` draws all batches in one sample_counter call, each a function of its
-    task, seed and the step alone (the step is the stream's state). `task` is one task every
-    model learns, or one per model (a stack of tasks; the counter sampler only): each model's
-    batch is then drawn at its own task's sizes, in its own token layout."""
-
-    def __init__(self, task: FactualRecallTask | list[FactualRecallTask], runs: list[tuple[float, int]],
-                 batch_size: int, device: torch.device, sampler: str):
-        tasks = task if isinstance(task, list) else [task] * len(runs)  # [K] each model's
-        distinct = list({id(t): t for t in tasks}.values())
-        if len(distinct) > 1 and sampler != "counter":
-            raise ValueError("models of different tasks train together only with the counter sampler "
-                             "(--sampler counter).")
-        draws = sorted({(distinct.index(t), seed) for t, (_, seed) in zip(tasks, runs)})  # [U] (task, seed)
-        seeds = [seed for _, seed in draws]
-        self.task = distinct[0] if len(distinct) == 1 else TaskStack([distinct[i] for i, _ in draws])
-        self.runs, self.batch_size, self.counter = runs, batch_size, sampler == "counter"
-        self.generators = {} if self.counter else {
-            s: torch.Generator(device=device).manual_seed(s + DATA_SEED_OFFSET) for s in seeds}
-        self.seeds = torch.tensor([s + DATA_SEED_OFFSET for s in seeds], device=device)  # [U] data seeds
-        if self.counter:  # the sampler's tables, on the device before the first step reads them
-            self.task.counter_tables(self.seeds.device)
-        rows = [draws.index((distinct.index(t), seed)) for t, (_, seed) in zip(tasks, runs)]
-        self.rows = None if rows == list(range(len(runs))) else torch.tensor(rows, device=device)  # [K] into [U]
-
-    def batch(self, step: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch of step `step` (steps taken so far; the generator sampler ignores it)."""
-        if not self.counter:
-            return training_batch(self.task, self.generators, self.runs, self.batch_size)
-        batch = self.task.sample_counter(self.batch_size, self.seeds, step)  # [U, B, T], [U, B]
-        if self.rows is None:
-            return batch.tokens, batch.answers
-        if len(self.seeds) == 1:  # a view, as training_batch gives
-            K = len(self.runs)
-            return batch.tokens.expand(K, -1, -1), batch.answers.expand(K, -1)
-        return batch.tokens[self.rows], batch.answers[self.rows]
 
 
 def _wandb(project: str, run: RunConfig, preset_name: str | None):

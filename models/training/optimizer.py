@@ -37,11 +37,21 @@ class Optimizer:
     def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
         self.params, self.kind = params, kind
         self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
+        self.rates = lr  # [K] every model's learning rate; self.lr holds views of it
         self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
         if kind == "adam":
             self.m = {k: torch.zeros_like(p) for k, p in params.items()}
             self.v = {k: torch.zeros_like(p) for k, p in params.items()}
             self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
+
+    @torch.no_grad()
+    def stop(self, k: int) -> None:
+        """Model k moves no more: its learning rate and Adam moments zero, in place (a captured
+        step reads these tensors)."""
+        self.rates[k] = 0.0
+        for moments in (getattr(self, "m", {}), getattr(self, "v", {})):
+            for t in moments.values():
+                t[k].zero_()
 
     @torch.no_grad()
     def step(self) -> None:

@@ -3,7 +3,8 @@ Adam's moments and step count, the data generators' RNG states (none with the co
 sampler, whose stream is a function of the step) and the metrics so far.
 
 CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
-CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics; written last, so a
+CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics, dropped (the models
+                                             dropped as diverged: models.training.divergence); written last, so a
                                              state is complete exactly when its JSON exists
 The tensors are read back onto any device: a counter-sampler run resumes on another device
 (CPU -> CUDA and back) with the same batches; a generator-sampler run only on its own kind of
@@ -24,7 +25,7 @@ __all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "load_
 
 
 def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict],
-               sampler: str) -> None:
+               sampler: str, dropped: list[dict] = ()) -> None:
     tensors = {f"weights.{k}": p.detach() for k, p in params.items()}
     if optimizer.kind == "adam":
         tensors.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
@@ -33,7 +34,8 @@ def save_state(folder: Path, step: int, params: dict, optimizer, generators: dic
     write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
     device = str(next(iter(params.values())).device)
     write_json(folder / f"step_{step:08d}.json",
-               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "device": device, "metrics": metrics})
+               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "device": device, "metrics": metrics,
+                "dropped": list(dropped)})
 
 
 def remove_partial(folder: Path) -> None:

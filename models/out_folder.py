@@ -1,0 +1,121 @@
+"""The folder a command writes a checkpoint into (--out), and what --force may replace there.
+
+A checkpoint folder holds the model's own files (MODEL_FILES: what write_checkpoint and
+models.train put there) and may hold other things: the analyses' results (`analysis/`, by
+default), a user's notes. --force replaces the model's files and nothing else:
+
+- a folder that is not a checkpoint (no config.json of this format, no models.train run.json)
+  and holds anything but a checkpoint's own files is refused;
+- `.`, `..`, `~`, the working directory, a parent of it, the home folder are refused;
+- in a checkpoint, the model's files are deleted one by one (never a folder wholesale: a
+  user's file inside snapshots/ stays); `analysis/` is moved aside to
+  `analysis.replaced-<UTC time>/` (its results are the replaced model's, and the report would
+  otherwise reuse them for the new one); every other file stays. One line says what was kept
+  and moved.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from models.checkpoint import FORMAT
+
+MODEL_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "run.json")  # files at the top
+MODEL_FOLDERS = {"snapshots": re.compile(r"^step_\d{8}\.safetensors$"),  # folder -> its files' names
+                 "train_state": re.compile(r"^step_\d{8}\.(safetensors|json)$")}
+TEMPORARY = re.compile(r"^\..+\.tmp$")  # checkpoint.atomic_write's temporary files
+ANALYSIS = "analysis"  # where the analyses write a checkpoint's results (analyses/sweeps/cli.py: CKPT/analysis/NAME)
+FORCE_HELP = ("replace the checkpoint at --out: its model's files only (a user's files stay, its analysis/ is moved "
+              "aside); a folder that is not a checkpoint is refused")
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """Whether `folder` is a checkpoint of this toolkit: a config.json of this format, or a
+    run.json that models.train started (an interrupted run)."""
+    def read(name):
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+    config, run = read("config.json"), read("run.json")
+    return (config is not None and config.get("format") == FORMAT) or (run is not None and "train" in run)
+
+
+def model_files(folder: Path) -> list[Path]:
+    """The model's own files in `folder` (MODEL_FILES, their temporary files, the snapshots
+    and training states), files only."""
+    own = [p for p in folder.iterdir() if p.is_file() and (p.name in MODEL_FILES or TEMPORARY.match(p.name))]
+    for name, pattern in MODEL_FOLDERS.items():
+        if (folder / name).is_dir():
+            own += [p for p in (folder / name).iterdir()
+                    if p.is_file() and (pattern.match(p.name) or TEMPORARY.match(p.name))]
+    return own
+
+
+def others(folder: Path) -> list[str]:
+    """What `folder` holds besides the model's own files (names relative to it, sorted)."""
+    own = set(model_files(folder))
+    top = [p.name + "/" * p.is_dir() for p in folder.iterdir() if p not in own and p.name not in MODEL_FOLDERS]
+    inner = [f"{name}/{p.name}" for name in MODEL_FOLDERS if (folder / name).is_dir()
+             for p in (folder / name).iterdir() if p not in own]
+    return sorted(top + inner)
+
+
+def refuse_unsafe(out: Path) -> None:
+    """Refuse (ValueError) an --out that is the working directory, a parent of it, or the
+    home folder (`.`, `..`, `~`): a checkpoint goes in a folder of its own."""
+    where = out.expanduser().resolve()
+    cwd, home = Path.cwd().resolve(), Path.home().resolve()
+    if where == cwd or where in cwd.parents or where == home or str(out).strip() in (".", "..", "~"):
+        what = ("the working directory" if where == cwd else "the home folder" if where == home
+                else "a parent of the working directory")
+        raise ValueError(f"--out {out} is {what}; a checkpoint goes in a folder of its own (e.g. --out ckpt/NAME).")
+
+
+def prepare_out(out: Path, force: bool, say=print) -> Path:
+    """A folder to write a checkpoint into: `out`, created, when it is empty or new; a
+    checkpoint's folder with its model's files removed when `force` (the rules above); else
+    refused (ValueError), nothing touched."""
+    refuse_unsafe(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory.")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
+        replace_model(out, say)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def replace_model(out: Path, say=print) -> None:
+    """Delete the model's files in the checkpoint folder `out`, move its `analysis/` aside and
+    keep everything else, saying so in one line; refuse (ValueError) a folder that is not a
+    checkpoint and holds other things."""
+    kept = others(out)
+    if kept and not is_checkpoint(out):
+        raise ValueError(f"--out {out} holds files that are not a checkpoint's ({_shown(kept)}); --force replaces a "
+                         "checkpoint's files only: choose another --out.")
+    for path in model_files(out):
+        path.unlink()
+    for name in MODEL_FOLDERS:
+        if (out / name).is_dir() and not any((out / name).iterdir()):
+            (out / name).rmdir()
+    notes = []
+    if (out / ANALYSIS).is_dir():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        aside = next(p for i in range(1, 1000) if not (p := out / f"{ANALYSIS}.replaced-{stamp}{'-' * (i > 1)}"
+                                                                    f"{i if i > 1 else ''}").exists())
+        (out / ANALYSIS).rename(aside)
+        notes.append(f"moved {ANALYSIS}/ (the replaced model's results) to {aside}/")
+        kept = [k for k in kept if k != ANALYSIS + "/"]
+    if kept:
+        notes.append(f"kept {_shown(kept)}")
+    say(f"--force: replaced the model in {out}" + ("; " + "; ".join(notes) if notes else "") + ".")
+
+
+def _shown(names: list[str], most: int = 4) -> str:
+    """Names for one line: the first `most`, then how many in all."""
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
