@@ -220,13 +220,10 @@ def _result(state: _Training, preset_name: str | None, subnormals: str) -> Train
     curve and snapshots (the run's totals: `steps_run`, `seconds`); all K final models under
     `stacked`; what this call ran under `session`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
-    return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
-                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals,
-                       state.step_once.graphed, state.dropped)
     now = time.perf_counter()
     result = kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
                          state.snapshots, state.step, now - state.start, preset_name, subnormals,
-                         state.step_once.graphed)
+                         state.step_once.graphed, state.dropped)
     result.session = {"from_step": state.first_step, "steps": state.step - state.first_step,
                       "seconds": round(now - state.session_start, 2)}
     return result
