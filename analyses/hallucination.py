@@ -7,7 +7,10 @@ section 5). It finds the phase where the model answers from the relation alone (
 H(a | r) = log D for uniform facts, relation-only loss near zero, subject-only loss high)
 and, on a log-spaced subset of snapshots, the share of facts the attention path and the
 MLP path recall on their own: when does each store fill up? Writes metrics.csv,
-summary.json, hallucination.png and storage.png to DIR (default CKPT/analysis/hallucination).
+summary.json (with the content hash of the snapshots measured, snapshots_sha256),
+hallucination.png and storage.png to DIR (default CKPT/analysis/hallucination; with settings
+other than the defaults, a folder inside it named after them, e.g. eval-size-512). A DIR that
+holds other results is refused, as is a folder inside another checkpoint.
 """
 from __future__ import annotations
 
@@ -18,11 +21,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses import plots
+from analyses import plots, recorded
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import build_bridge, load_weights, resolve_device
-from models.checkpoint import CheckpointError, load_checkpoint, read_config, read_weights, snapshot_path, snapshot_steps
+from models.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_config,
+    read_weights,
+    snapshot_path,
+    snapshot_steps,
+    snapshots_sha256,
+)
 from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
@@ -194,7 +205,8 @@ def follow(ckpt: str | Path, settings: HallucinationSettings = HallucinationSett
            device: str = "auto", progress: bool = True) -> Dynamics:
     """Measure every snapshot of `ckpt` and find the phase (nothing written)."""
     metrics, task = measure(ckpt, device, **asdict(settings), progress=progress)
-    return Dynamics(metrics, {"checkpoint": str(ckpt), "settings": asdict(settings), **summarise(metrics, task, rule)})
+    return Dynamics(metrics, {"checkpoint": str(ckpt), "snapshots_sha256": snapshots_sha256(ckpt),
+                              "settings": asdict(settings), **summarise(metrics, task, rule)})
 
 
 def write(dynamics: Dynamics, out: Path) -> None:
@@ -216,6 +228,11 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings, rule = cli.settings(args, HallucinationSettings), cli.settings(args, PhaseRule)
     out = cli.out_dir(args, "CKPT/analysis/hallucination")
+    if args.out is None:  # beside the default settings' results, never over them
+        out = out / recorded.settings_folder(settings, rule)
+    snapshots_to_follow(args.ckpt)  # a checkpoint without snapshots is refused first
+    wanted = {"snapshots_sha256": snapshots_sha256(args.ckpt), "settings": asdict(settings), "rule": asdict(rule)}
+    recorded.refuse_other_results("hallucination", out, wanted, args.ckpt, "the hallucination analysis")
     dynamics = follow(args.ckpt, settings, rule, args.device, progress=not args.quiet)
     write(dynamics, out)
     print(report(dynamics, args.ckpt, out))

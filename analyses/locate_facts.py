@@ -6,7 +6,12 @@ mean-ablations, ROME-style activation patching of the subject and of the relatio
 associative-memory recall probes on the OV circuit and on the MLP, and per head the
 attention-denoising scores. A decision rule (probe/storage.py) labels each fact
 attention, mlp, both, distributed or not_stored. Writes facts.csv, heads.csv,
-head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_facts).
+head_tokens.csv, summary.json and figures to DIR (default CKPT/analysis/locate_facts; with
+settings other than the defaults, a folder inside it named after them, e.g. contexts-4_seed-1,
+so they never take the default results' place). summary.json records the checkpoint, the
+step and the content hash of the weights measured (weights_sha256). A DIR that holds other
+results (other settings or weights, a sweep) is refused, as is a checkpoint's own folder or a
+folder inside another checkpoint.
 
 With --facts 3:1,7:0 it measures those facts only, each on the very prompts and against
 the same model-wide references (ablation means, chance levels) as in a run over every
@@ -22,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses import plots
+from analyses import plots, recorded
 from analyses.locate_summary import LocateSummary
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
@@ -100,10 +105,16 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     heads = step(denoising_scores(model, task, prompts=prompts)).merge(specialisation(head_tokens), on="head")
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
-    recorded = {**asdict(settings), "rule": asdict(rule), "device": str(model_device(model)),
-                **({} if chosen is None else {"facts": [list(f) for f in chosen]})}
-    summary = LocateSummary.of(facts, heads, task, recorded, round(time.perf_counter() - start, 2))
+    measured = {**measured_settings(settings, rule, chosen), "device": str(model_device(model))}
+    summary = LocateSummary.of(facts, heads, task, measured, round(time.perf_counter() - start, 2))
     return Located(facts, heads, head_tokens, summary)
+
+
+def measured_settings(settings: LocateSettings, rule: StorageRule = StorageRule(),
+                      facts: Sequence[tuple[int, int]] | None = None) -> dict:
+    """The settings summary.json records (but the device): the prompts', the rule's, and the
+    facts measured when not every fact was."""
+    return {**asdict(settings), "rule": asdict(rule), **({} if facts is None else {"facts": [list(f) for f in facts]})}
 
 
 def _per_head_effects(facts: pd.DataFrame, n_heads: int) -> pd.DataFrame:
@@ -208,12 +219,16 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, LocateSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
-    facts = parse_facts(args.facts, task) if args.facts else None
+    facts = None if args.facts is None else parse_facts(args.facts, task)
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
-    if facts is not None and args.out is None:  # beside the run over every fact, never over it
-        out = out / facts_folder(facts)
+    if args.out is None:  # beside the default settings' run over every fact, never over it
+        out = out / recorded.settings_folder(settings) / (facts_folder(facts) if facts is not None else "")
+    origin = recorded.source(args.ckpt, args.step)
+    wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH],
+              "settings": measured_settings(settings, StorageRule(), facts)}
+    recorded.refuse_other_results("locate_facts", out, wanted, args.ckpt, "locate_facts")
     located = locate(model, task, **asdict(settings), progress=not args.quiet, facts=facts)
-    located = replace(located, summary=located.summary.from_checkpoint(str(args.ckpt), args.step))
+    located = replace(located, summary=located.summary.from_checkpoint(origin))
     write(located, out, task)
     print(report(located, args.ckpt, out))
     return 0

@@ -37,9 +37,11 @@ class TopHead:
 
 @dataclass(frozen=True)
 class Source:
-    """The checkpoint (and snapshot step, None for the final weights) the model came from."""
+    """The checkpoint (and snapshot step, None for the final weights) the model came from,
+    and the content hash of those weights (analyses.recorded.source)."""
     checkpoint: str
     step: int | None
+    weights_sha256: str
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class LocateSummary:
     task: str  # repr of the task
     settings: dict  # what was measured: contexts, patch_contexts, seed, the rule, the device
     seconds: float
-    source: Source | None = None  # written as `checkpoint`, `step` when known
+    source: Source | None = None  # written as `checkpoint`, `step`, `weights_sha256` when known
     intervals: str = "wilson"  # how the intervals were computed (summaries without it: "bootstrap")
 
     @classmethod
@@ -81,11 +83,12 @@ class LocateSummary:
                                     float(r.relation_score)) for r in top.itertuples()),
             task=repr(task), settings=settings, seconds=seconds)
 
-    def from_checkpoint(self, checkpoint: str, step: int | None) -> LocateSummary:
-        return replace(self, source=Source(checkpoint, step))
+    def from_checkpoint(self, source: dict) -> LocateSummary:
+        """This summary with its source (analyses.recorded.source: checkpoint, step, hash)."""
+        return replace(self, source=Source(**source))
 
     def to_json(self) -> dict:
-        """summary.json's content: every field, `source` as `checkpoint` and `step`."""
+        """summary.json's content: every field, `source` as `checkpoint`, `step` and `weights_sha256`."""
         fields = asdict(self)
         source = fields.pop("source")
         return {**fields, **(source or {})}

@@ -9,10 +9,13 @@ has snapshots, the hallucination analysis.
 
 Both analyses run with their default settings (locate_facts on the final weights). Results
 recorded in DIR/NAME, or where the analyses write by default (CKPT/analysis/NAME), are reused
-when their settings are the report's (it says which it reuses, and names each setting that
+when they were computed from this checkpoint's very weights (the content hash their
+summary.json records) with the report's settings (it says which it reuses, and names what
 differs where it does not); otherwise, or with --fresh, the analysis runs and its results are
 written to DIR/NAME, after every analysis has run: nothing is written when one fails, and
-results of other settings are never written over (a DIR/NAME that holds them is refused).
+results of other weights or settings are never written over (a DIR/NAME that holds them is
+refused; in the checkpoint's own folder, results of its earlier weights are replaced). A DIR
+inside another checkpoint is refused.
 Figures are embedded, so index.html is the whole report: it fetches nothing and opens from
 any folder.
 """
@@ -29,62 +32,19 @@ import pandas as pd
 
 from analyses import hallucination, locate_facts
 from analyses.locate_facts import LocateSettings
+from analyses.recorded import HASH, read_summary, recorded_results, refuse_other_results, source
 from analyses.sweeps import cli
-from analyses.sweeps.cells import setting_changes
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
-from models.checkpoint import read_config, snapshot_steps, write_text
+from models.checkpoint import read_config, snapshot_steps, snapshots_sha256, weights_sha256, write_text
 from models.section import ModelSection
 from probe import columns
 from probe.phases import PhaseRule
-from probe.storage import LABELS, StorageRule
+from probe.storage import LABELS
 
 LOCATE_FIGURES = {"labels_per_relation.png": "Storage label of every fact, per relation",
                   "margins.png": "Per fact: logit margin written by attention vs by the MLP",
                   "head_tokens.png": "Head x token attention of the EOS query"}
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); rerun with --fresh.") from None
-
-
-def differences(folder: Path, wanted: dict) -> list[str]:
-    """How the results recorded in `folder` (its summary.json) differ from `wanted` (each
-    key's value; a locate_facts `settings` compared without its device): [] when they do not."""
-    recorded = _read_json(folder / "summary.json")
-    if isinstance(recorded.get("settings"), dict):
-        recorded["settings"] = {k: v for k, v in recorded["settings"].items() if k != "device"}
-    return setting_changes({k: recorded.get(k) for k in wanted}, wanted)
-
-
-def recorded_results(name: str, folders: list[Path], wanted: dict, fresh: bool, say) -> Path | None:
-    """The first of `folders` whose summary.json records `wanted`, saying so; None, saying
-    why, when none does or `fresh` is asked."""
-    if fresh:
-        return None
-    for folder in dict.fromkeys(folders):
-        if not (folder / "summary.json").is_file():
-            continue
-        differing = differences(folder, wanted)
-        if not differing:
-            say(f"{name}: reusing {folder} (the same settings)")
-            return folder
-        say(f"{name}: not reusing {folder} ({'; '.join(differing)})")
-    return None
-
-
-def refuse_other_results(name: str, into: Path, wanted: dict) -> None:
-    """Refuse (ValueError) to write `name` results into `into` when it holds files other than
-    results of `wanted`: the report never writes over another computation."""
-    if not into.is_dir() or not any(into.iterdir()):
-        return
-    differing = differences(into, wanted) if (into / "summary.json").is_file() else ["no summary.json"]
-    if differing:
-        raise ValueError(f"{into} holds other {name} results ({'; '.join(differing)}), which the report does not "
-                         "write over; move them, or choose another --out.")
 
 
 @dataclass(frozen=True)
@@ -100,17 +60,19 @@ class Needed:
 def located_results(ckpt: Path, model, task, into: Path, fresh: bool = False, progress: bool = True,
                     say=print) -> Needed:
     """locate_facts on the final weights with the default settings: recorded results (`into`,
-    or CKPT/analysis/locate_facts) when their settings match, else to be computed and written
-    to `into` (refused, ValueError, where `into` holds other results)."""
-    wanted = {"step": None, "settings": {**asdict(LocateSettings()), "rule": asdict(StorageRule())}}
+    or CKPT/analysis/locate_facts) when they were computed from these weights with these
+    settings, else to be computed and written to `into` (refused, ValueError, where `into`
+    holds other results)."""
+    origin = source(ckpt)
+    wanted = {"step": None, HASH: origin[HASH], "settings": locate_facts.measured_settings(LocateSettings())}
     found = recorded_results("locate_facts", [into, ckpt / "analysis" / "locate_facts"], wanted, fresh, say)
     if found is not None:
         return Needed(found)
-    refuse_other_results("locate_facts", into, wanted)
+    refuse_other_results("locate_facts", into, wanted, ckpt, "the report")
 
     def compute():
         located = locate_facts.locate(model, task, progress=progress)
-        return replace(located, summary=located.summary.from_checkpoint(str(ckpt), None))
+        return replace(located, summary=located.summary.from_checkpoint(origin))
     return Needed(into, compute, lambda located: locate_facts.write(located, into, task))
 
 
@@ -156,6 +118,8 @@ def model_section(ckpt: Path, config: dict, task) -> str:
                                    for k in ("optimizer", "lr", "seed", "steps_run", "final_accuracy", "final_loss")
                                    if k in t) or "not recorded"],
             ["snapshots", len(snapshot_steps(ckpt))]]
+    if (ckpt / "model.safetensors").is_file():  # the hash the results shown were computed from
+        rows.append(["weights", f"sha256 {weights_sha256(ckpt)}"])
     return "<h2>Model</h2>" + _table(rows, ["", ""])
 
 
@@ -163,11 +127,12 @@ INTERVALS = {"wilson": "Wilson", "bootstrap": "bootstrap"}  # summaries written 
 
 
 def locate_section(folder: Path) -> str:
-    s = _read_json(folder / "summary.json")
+    s = read_summary(folder / "summary.json")
     parts = ["<h2>Where the facts live (locate_facts)</h2>",
              (f'<p class="note">From <code>{html.escape(str(folder))}</code>, {s["n_facts"]} facts, '
-             f"settings {html.escape(json.dumps(s.get('settings', {})))}. Intervals are 95% "
-             f"{INTERVALS[s.get('intervals', 'bootstrap')]} intervals over facts.</p>"),
+              f"settings {html.escape(json.dumps(s.get('settings', {})))}"
+              + (f", computed from the weights sha256 {s[HASH][:12]}..." if s.get(HASH) else "")
+              + f". Intervals are 95% {INTERVALS[s.get('intervals', 'bootstrap')]} intervals over facts.</p>"),
              f"<p>accuracy {_interval(s['accuracy_interval'])}</p>",
              _table([[label, s["label_counts"][label], _interval(s["label_share_intervals"][label], percent=True)]
                      for label in LABELS], ["label", "facts", "share [95% CI]"])]
@@ -190,15 +155,17 @@ def locate_section(folder: Path) -> str:
 def hallucination_results(ckpt: Path, into: Path, device: str = "auto", fresh: bool = False,
                           progress: bool = True, say=print) -> Needed | None:
     """The hallucination analysis with the default settings: recorded results (`into`, or
-    CKPT/analysis/hallucination) when their settings match, else to be computed and written
-    to `into` (refused where it holds other results); None without snapshots."""
+    CKPT/analysis/hallucination) when they were computed from these snapshots with these
+    settings, else to be computed and written to `into` (refused where it holds other
+    results); None without snapshots."""
     if not snapshot_steps(ckpt):
         return None
-    wanted = {"settings": asdict(hallucination.HallucinationSettings()), "rule": asdict(PhaseRule())}
+    wanted = {"snapshots_sha256": snapshots_sha256(ckpt), "settings": asdict(hallucination.HallucinationSettings()),
+              "rule": asdict(PhaseRule())}
     found = recorded_results("hallucination", [into, ckpt / "analysis" / "hallucination"], wanted, fresh, say)
     if found is not None:
         return Needed(found)
-    refuse_other_results("hallucination", into, wanted)
+    refuse_other_results("hallucination", into, wanted, ckpt, "the report")
     return Needed(into, lambda: hallucination.follow(ckpt, device=device, progress=progress),
                   lambda dynamics: hallucination.write(dynamics, into))
 
@@ -209,7 +176,7 @@ def hallucination_section(folder: Path | None) -> str:
     if folder is None:
         return parts[0] + '<p class="note">Absent: the checkpoint has no snapshots (train with '\
                           "<code>--snapshots-per-octave</code> &gt; 0 to study the training dynamics).</p>"
-    s = _read_json(folder / "summary.json")
+    s = read_summary(folder / "summary.json")
     phase = s.get("phase")
     if phase:
         parts += [(f"<p>Hallucination phase from step {phase.get('start_step')} to {phase.get('end_step')}: the model "
@@ -236,7 +203,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     analyses = ckpt / "analysis" / "report" if analyses is None else Path(analyses)
     model, task = load(ckpt, device, kind="factual_recall")
     config, _ = read_config(ckpt)
-    given = parse_facts(facts, task) if facts else None  # refused before anything is written
+    given = None if facts is None else parse_facts(facts, task)  # refused before anything is written
     located = located_results(ckpt, model, task, analyses / "locate_facts", fresh, progress, say)
     dynamics = hallucination_results(ckpt, analyses / "hallucination", device, fresh, progress, say)
     to_run = [needed for needed in (dynamics, located) if needed is not None and needed.compute is not None]

@@ -14,8 +14,9 @@ text_neuron_activations view of every token.
 
 Writes DIR/index.html (default CKPT/analysis/visualize): one self-contained page that
 works offline (circuitsvis's inline script; never its CDN version), and DIR/views.json
-(per fact: tokens, answer, prediction, each head's EOS attention on s and r, the shown
-MLP units' writes onto a*); answers are named R1:a3 (relation 1's answer 3).
+(the checkpoint, the step and the content hash of the weights shown; per fact: tokens,
+answer, prediction, each head's EOS attention on s and r, the shown MLP units' writes onto
+a*); answers are named R1:a3 (relation 1's answer 3).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 import pandas as pd
 import torch
 
+from analyses import recorded
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_summary
 from models import load
@@ -74,15 +76,18 @@ class FactPrompt:
 
 
 def parse_facts(text: str, task: FactualRecallTask) -> list[tuple[int, int]]:
-    """'3:1,7:0' -> [(3, 1), (7, 0)]: distinct facts of the task (probe.prompts.checked_facts)."""
-    facts = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
+    """'3:1,7:0' -> [(3, 1), (7, 0)]: facts of the task (probe.prompts.checked_facts), by the
+    rule of every list flag (cli.list_items: none empty, none twice)."""
+    def fact(item: str) -> tuple[int, int]:
         try:
-            s, r = (int(p) for p in parts)
+            s, r = (int(p) for p in item.split(":"))
         except ValueError:
-            raise ValueError(f"--facts expects SUBJECT:RELATION pairs like 3:1,7:0, got {item.strip()!r}.") from None
-        facts.append((s, r))
+            raise ValueError(f"SUBJECT:RELATION pairs like 3:1,7:0 expected, got {item!r}") from None
+        return s, r
+    try:
+        facts = cli.list_items(text, fact, what="fact")
+    except ValueError as e:
+        raise ValueError(f"--facts: {e}.") from None
     return checked_facts(task, facts)
 
 
@@ -303,7 +308,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, ViewSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
-    facts = parse_facts(args.facts, task) if args.facts else None
+    facts = None if args.facts is None else parse_facts(args.facts, task)
     out = cli.out_dir(args, "CKPT/analysis/visualize")
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)
     units = unit_view(model, prompts)
@@ -314,7 +319,7 @@ def main(argv=None) -> int:
     if units is not None:
         for shown, writes in zip(facts_shown, units.writes):
             shown["unit_writes"] = dict(zip(units.units, writes))
-    write_summary(out / "views.json", {"checkpoint": str(args.ckpt), "step": args.step, "seed": settings.seed,
+    write_summary(out / "views.json", {**recorded.source(args.ckpt, args.step), "seed": settings.seed,
                                        "facts": facts_shown})
     text = page("Attention and MLP views", body)
     write_text(out / "index.html", text)

@@ -10,6 +10,7 @@ line naming the file and the problem.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -221,6 +222,29 @@ def snapshot_steps(ckpt: str | Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := SNAPSHOT_RE.match(p.name)))
+
+
+def weights_sha256(ckpt: str | Path, step: int | None = None) -> str:
+    """The content hash (sha256, hex) of the weights an analysis reads: model.safetensors, or
+    the snapshot of `step`. Results recorded with it belong to these very weights: a copy of
+    the checkpoint has the same, a retrained or another checkpoint another."""
+    return _sha256([Path(ckpt) / "model.safetensors" if step is None else snapshot_path(ckpt, step)])
+
+
+def snapshots_sha256(ckpt: str | Path) -> str:
+    """One content hash (sha256, hex) of every snapshot, in step order, with its step."""
+    return _sha256([snapshot_path(ckpt, step) for step in snapshot_steps(ckpt)], named=True)
+
+
+def _sha256(files: list[Path], named: bool = False) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        if named:
+            digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def read_metrics(ckpt: str | Path) -> list[dict]:

@@ -1,10 +1,11 @@
 """Command-line plumbing shared by every entry point: config fields with their help text
 (`setting`) and overrides by name (`override`), flags generated from the frozen config
-dataclasses, comma lists, and bad input turned into one line on stderr and exit code 2 (a
-ValueError from main, or a flag argparse refuses)."""
+dataclasses, comma lists (one rule for every list flag: `list_items`), and bad input turned
+into one line on stderr and exit code 2 (a ValueError from main, or a flag argparse refuses)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 import typing
@@ -31,6 +32,9 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(**kwargs)
+        # a value that starts with '-' and a digit (-1, -1,1,8, -1:0) is a value, so the flag's own
+        # range check names the problem; argparse's own matcher takes -1 only, and -1,1,8 for a flag
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str):
         print(f"error: {message}", file=sys.stderr)
@@ -62,7 +66,8 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls, title: str, *,
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(kind) is tuple:
             item = typing.get_args(kind)[0]
-            group.add_argument(flag, type=comma_list(item), default=None, metavar="A,B,...", help=help_text)
+            group.add_argument(flag, type=comma_list(item, distinct=not f.metadata.get("repeats", False)),
+                               default=None, metavar="A,B,...", help=help_text)
         else:
             group.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"), help=help_text)
 
@@ -81,17 +86,59 @@ def given(args: argparse.Namespace, config_cls) -> dict:
     return {f.name: getattr(args, f.name) for f in fields(config_cls) if getattr(args, f.name, None) is not None}
 
 
-def comma_list(item_type):
-    """An argparse type: 'A,B,...' -> a tuple of `item_type`, at least one value."""
+def whole_number(what: str):
+    """An argparse type: an integer >= 0, refused as 'a WHAT is an integer >= 0, got -1'."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 0:
+            shown = repr(text) if value is None else value
+            raise argparse.ArgumentTypeError(f"a {what} is an integer >= 0, got {shown}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+seed = whole_number("seed")  # --seed: torch and the counter sampler take seeds >= 0
+
+
+def list_items(text: str, parse=str, distinct: bool = True, what: str = "value") -> tuple:
+    """The one rule of every list flag: 'A,B,...' -> (parse(A), parse(B), ...), at least one
+    item, no empty item ('', 'A,,B', 'A,'), and (`distinct`) no value twice ('0,0', '1e-2,0.01'):
+    a value given twice would train, count or vote twice. ValueError, one line, otherwise
+    (`parse` may raise its own; `what` names an item in the messages)."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ValueError(f"expected at least one {what}, got {text!r}")
+    if "" in items:
+        raise ValueError(f"an empty {what} in {text!r} (two commas, or one at an end)")
+    values = tuple(parse(item) for item in items)
+    if distinct:
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                first = items[values.index(value)]
+                same = f"{first} given twice" if first == items[i] else f"{first} and {items[i]} are the same {what}"
+                raise ValueError(f"{same} in {text!r}: list each {what} once")
+    return values
+
+
+def comma_list(item_type, distinct: bool = True):
+    """An argparse type: 'A,B,...' -> a tuple of `item_type` by `list_items`' rule (at least
+    one value, none empty, none twice unless not `distinct`)."""
+    def item(text: str):
+        try:
+            return item_type(text)
+        except ValueError:
+            raise ValueError(f"expected a comma-separated list of {item_type.__name__}, got the item {text!r}") \
+                from None
+
     def parse(text: str) -> tuple:
         try:
-            values = tuple(item_type(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {item_type.__name__}, got {text!r}") from None
-        if not values:
-            raise argparse.ArgumentTypeError("expected at least one value")
-        return values
+            return list_items(text, item, distinct)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     parse.__name__ = f"{item_type.__name__} list"
     return parse
 

@@ -9,9 +9,9 @@ default), a user's notes. --force replaces the model's files and nothing else:
 - `.`, `..`, `~`, the working directory, a parent of it, the home folder are refused;
 - in a checkpoint, the model's files are deleted one by one (never a folder wholesale: a
   user's file inside snapshots/ stays); `analysis/` is moved aside to
-  `analysis.replaced-<UTC time>/` (its results are the replaced model's, and the report would
-  otherwise reuse them for the new one); every other file stays. One line says what was kept
-  and moved.
+  `analysis.replaced-<UTC time>/` (its results are the replaced model's, recorded with its
+  weights' hash: kept there, where the new model's analyses would replace them); every other
+  file stays. One line says what was kept and moved.
 """
 from __future__ import annotations
 

@@ -38,6 +38,8 @@ MODULES = {
                                        "tensors_and_rebinds_none", "tests/test_reliability.py::test_resume_from_a_"
                                        "middle_state_equals_the_uninterrupted_run"],
     "analyses/report.py": ["tests/test_report_page.py"],
+    "analyses/recorded.py": ["tests/test_recorded.py"],
+    "models/cli.py": ["tests/test_list_flags.py"],
     "models/training/capture_check.py": ["tests/test_capture_check.py"],
     "analyses/capacity/transformer.py": ["tests/test_capacity_transformer_tables.py",
                                          "tests/test_capacity_transformer.py", "-k",

@@ -83,7 +83,9 @@ def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     assert planned["recorded"].all()
     for rules, flags in (("today", []), ("new", ["--give-up", "milestones", "--fill-rounds"])):
         out = tmp_path / rules
-        assert _cli(["transformer", *TINY, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)[0] == 0
+        code, _, err = _cli(["transformer", *TINY, *flags, "--device", "cpu", "--quiet", "--out", str(out)], capsys)
+        warned = "warning: --give-up milestones was validated on runs of 16,384 steps" in err  # 64 steps here
+        assert code == 0 and warned == bool(flags)
         assert planned.loc[planned["rules"] == rules, "model_steps"].sum() == _spent(out)
     assert _spent(tmp_path / "new") < _spent(tmp_path / "today")  # the rule stopped failing probes early
     settings = json.loads((tmp_path / "new" / "settings.json").read_text())
@@ -181,3 +183,13 @@ def test_the_rule_is_off_above_the_validated_sizes():
     assert sweep.run((1, 1, 2), MILESTONES_MAX_D, 8, "cpu").train.give_up == "milestones"
     assert sweep.run((1, 1, 2), MILESTONES_MAX_D + 1, 8, "cpu").train.give_up == "never"
     assert replace(sweep, give_up="never").run((1, 1, 2), 8, 8, "cpu").train.give_up == "never"
+
+
+@pytest.mark.parametrize("folder, kind", [("tradeoff/grid", "tradeoff grid"), ("capacity/mlp", "capacity memory"),
+                                          ("capacity/departures", "capacity departures")])
+def test_an_oracle_of_another_kind_of_sweep_is_refused_in_one_line(folder, kind, capsys):
+    oracle = RESULTS.parent / folder
+    code, _, err = _cli(["plan", "--shape", "1,1,2", "--d", "8", "--oracle", str(oracle)], capsys)
+    assert code == 2 and err == (f"error: --oracle {oracle}: holds a '{kind}' sweep (its settings.json), not a "
+                                 "transformer capacity sweep; --oracle takes the --out of `python -m analyses.capacity "
+                                 "transformer`.\n")

@@ -2,6 +2,7 @@
 import itertools
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -362,8 +363,11 @@ def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
     from analyses.tradeoff import main
 
     locating = ["--contexts", "2", "--patch-contexts", "1", "--device", "cpu", "--quiet"]  # --ckpt: the rest is fixed
-    assert main(["shrink", "--ckpt", str(tiny_ckpt), "--mlp-steps", "2", *locating, "--out", str(tmp_path)]) == 0
-    facts = pd.read_csv(tmp_path / "shrink_facts.csv")
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis", "snapshots"))
+    out = tmp_path / "out"
+    argv = ["shrink", "--ckpt", str(ckpt), "--mlp-steps", "2", *locating, "--out", str(out)]
+    assert main(argv) == 0
+    facts = pd.read_csv(out / "shrink_facts.csv")
     steps = facts.groupby("component")["removed"].unique().apply(sorted).to_dict()
     assert steps == {"mlp": [0, 32, 64], "heads": [1, 2, 3, 4]}
     assert (facts.groupby(["component", "removed"]).size() == 64).all()  # every fact at every step
@@ -371,3 +375,12 @@ def test_shrink_bookkeeping(tiny_ckpt, tmp_path):
     assert (before == facts[facts["removed"] == 0].set_index(["subject", "relation"])["label"]).all()
     everything = facts[(facts["component"] == "heads") & (facts["removed"] == 4)]
     assert (everything["label"] == "not_stored").mean() > 0.5  # no head left: the facts are gone
+
+    # the checkpoint trained again at the same path: its recorded cells are another model's, never reused
+    from models.checkpoint import load_checkpoint, read_weights, write_weights
+
+    section = load_checkpoint(ckpt).section
+    weights = read_weights(ckpt / "model.safetensors", section)
+    write_weights(ckpt / "model.safetensors", {**weights, "blocks.0.mlp.W_in": -weights["blocks.0.mlp.W_in"]})
+    with pytest.raises(ValueError, match=r"holds a sweep with other settings .*ckpt_weights_sha256: recorded"):
+        main(argv)

@@ -62,6 +62,25 @@ def test_train_cli_writes_a_checkpoint(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["format"] == "factual-recall-ckpt" and len(config["training"]["runs"]) == 2
     assert "kept" in proc.stdout and [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary left behind
+    assert config["training"]["stopped_by"] == "step budget at step 40" and "stopped" not in proc.stdout
+
+
+def test_the_milestone_rule_warns_outside_its_validation_and_says_when_it_stops(tmp_path, capsys):
+    from models.recall.config import TrainConfig
+    from models.train import main
+
+    out = tmp_path / "ckpt"
+    assert main(["--out", str(out), "--quiet", "--steps", "100", "--eval-every", "10", "--lr", "1e-4",
+                 "--give-up", "milestones", "--snapshots-per-octave", "0", "--eval-size", "256"]) == 0
+    said = capsys.readouterr()
+    assert said.err == ("warning: --give-up milestones was validated on runs of 16,384 steps at d <= 64 only "
+                        "(docs/capacity.md); at 100 steps it may stop a run that would reach its target\n")
+    assert ("stopped   by the milestone rule (--give-up milestones) at step 30 of 100: best held-out accuracy "
+            in said.out) and "below 0.8 at 0.25 of the steps" in said.out
+    assert json.loads((out / "config.json").read_text())["training"]["stopped_by"] == "milestones at step 30"
+    rule = TrainConfig(give_up="milestones", steps=16384)
+    assert rule.milestones_warning(64) is None and "at d = 128 it may stop" in rule.milestones_warning(128)
+    assert TrainConfig(steps=100).milestones_warning(128) is None  # the rule off: nothing to say
 
 
 @pytest.mark.parametrize("kind", ["attention", "mlp"])

@@ -183,7 +183,7 @@ def test_the_study_trains_each_variant_once_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, problem", [(["--variants", "standard+foo"], "unknown departure 'foo'"),
-                                            (["--variants", "authors,authors"], "--variants must be without repeats"),
+                                            (["--variants", "authors,authors"], "authors given twice"),
                                             (["--shape", "1,1"], "--shape must be ALPHA,BETA,H")])
 def test_the_study_refuses_bad_input_in_one_line(tmp_path, capsys, flags, problem):
     from tests.test_capacity_memory import _cli

@@ -221,6 +221,23 @@ def test_cli_on_a_model_with_an_mlp(tiny_ckpt, tmp_path):
     assert type(final["step"]) is int and final["step"] == metrics.step.iloc[-1]  # a step, not 100.0
 
 
+def test_cli_records_the_snapshots_it_read_and_keeps_other_settings_apart(tiny_ckpt, tmp_path, capsys):
+    from models.checkpoint import snapshots_sha256
+
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis"))
+    flags = ["--device", "cpu", "--quiet", "--eval-size", "256", "--storage-points", "0"]
+    assert hallucination.main([str(ckpt), *flags]) == 0
+    own = ckpt / "analysis" / "hallucination" / "eval-size-256_storage-points-0"  # never the defaults' folder
+    assert json.loads((own / "summary.json").read_text())["snapshots_sha256"] == snapshots_sha256(ckpt)
+    assert sorted(p.name for p in own.parent.iterdir()) == [own.name]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: hallucination.main([str(ckpt), *flags[:5], "--out", str(own)]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(f"error: {own} holds other hallucination results "
+                                                    "(settings.storage_points: recorded 0, now 12)"), err
+
+
 def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
     ckpt = tmp_path / "no-snapshots"
     write_checkpoint(ckpt, tiny_result.section, tiny_result.task, tiny_result.training, tiny_result.weights, [], {})

@@ -237,7 +237,7 @@ def test_cli_measures_chosen_facts_beside_the_run_over_every_fact(tiny_ckpt, tmp
     assert main([str(ckpt), "--facts", "3:1", "--contexts", "4", "--patch-contexts", "1", "--quiet",
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    folder = ckpt / "analysis" / "locate_facts" / "facts_3-1"
+    folder = ckpt / "analysis" / "locate_facts" / "contexts-4_patch-contexts-1" / "facts_3-1"  # settings', facts' own
     facts = pd.read_csv(folder / "facts.csv")
     assert len(facts) == 1 and (facts.subject[0], facts.relation[0]) == (3, 1)
     name = facts.answer_name[0]

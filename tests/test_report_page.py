@@ -107,26 +107,6 @@ def test_the_hallucination_section_shows_the_phase_or_its_absence(tmp_path):
     assert report.hallucination_section(None).startswith("<h2>Hallucination phase</h2><p class=\"note\">Absent")
 
 
-def test_recorded_results_are_reused_only_with_the_same_settings(tmp_path):
-    said = []
-    first, second, empty = tmp_path / "first", tmp_path / "second", tmp_path / "empty"
-    for folder, contexts in ((first, 4), (second, 8)):
-        folder.mkdir()
-        (folder / "summary.json").write_text(json.dumps({"step": None, "settings": {"contexts": contexts,
-                                                                                   "device": "cuda"}}))
-    wanted = {"step": None, "settings": {"contexts": 8}}
-    found = report.recorded_results("locate_facts", [empty, first, second, first], wanted, False, said.append)
-    assert found == second  # the device is not a setting
-    assert said == [f"locate_facts: not reusing {first} (settings.contexts: recorded 4, now 8)",
-                    f"locate_facts: reusing {second} (the same settings)"]
-    assert report.recorded_results("locate_facts", [second], wanted, True, said.append) is None  # fresh
-    assert report.recorded_results("x", [first], {"step": 3, "settings": {"contexts": 5}}, False, said.append) is None
-    assert said[-1] == f"x: not reusing {first} (settings.contexts: recorded 4, now 5; step: recorded null, now 3)"
-    (first / "summary.json").write_text("{cut")
-    with pytest.raises(ValueError, match=r"summary.json: not valid JSON \(.*\); rerun with --fresh\.$"):
-        report.recorded_results("locate_facts", [first], wanted, False, said.append)
-
-
 def test_the_page_shows_the_first_fact_of_each_label_found():
     facts = pd.DataFrame({"subject": [0, 1, 2, 3, 4], "relation": [0, 0, 1, 1, 2],
                           "label": ["mlp", "attention", "mlp", "not_stored", "attention"]})
@@ -151,7 +131,7 @@ def recorded_ckpt(tmp_path):
 
     from analyses.hallucination import HallucinationSettings
     from analyses.locate_facts import LocateSettings
-    from models.checkpoint import write_checkpoint
+    from models.checkpoint import snapshots_sha256, weights_sha256, write_checkpoint
     from models.cli import override
     from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
     from probe.phases import PhaseRule
@@ -165,22 +145,24 @@ def recorded_ckpt(tmp_path):
     located = ckpt / "analysis" / "locate_facts"
     located.mkdir(parents=True)
     settings = {**asdict(LocateSettings()), "rule": asdict(StorageRule()), "device": "cuda"}
-    (located / "summary.json").write_text(json.dumps(locate_summary(step=None, settings=settings)))
+    (located / "summary.json").write_text(json.dumps(locate_summary(step=None, settings=settings,
+                                                                    weights_sha256=weights_sha256(ckpt))))
     pd.DataFrame({"subject": [0, 1, 2], "relation": [0, 0, 1], "label": ["mlp", "mlp", "attention"]}).to_csv(
         located / "facts.csv", index=False)
     dynamics = ckpt / "analysis" / "hallucination"
     dynamics.mkdir()
     (dynamics / "summary.json").write_text(json.dumps({
-        "settings": asdict(HallucinationSettings()), "rule": asdict(PhaseRule()),
-        "phase": {"start_step": 8, "end_step": 45}, "log_D": 1.386}))
+        "snapshots_sha256": snapshots_sha256(ckpt), "settings": asdict(HallucinationSettings()),
+        "rule": asdict(PhaseRule()), "phase": {"start_step": 8, "end_step": 45}, "log_D": 1.386}))
     return ckpt
 
 
 def test_the_page_reuses_recorded_results_and_shows_their_facts(recorded_ckpt):
     said = []
     page = report.build(recorded_ckpt, "cpu", progress=False, say=said.append)
-    assert said[:2] == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} (the same settings)",
-                        f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} (the same settings)"]
+    same = "(the same weights and settings)"
+    assert said[:2] == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} {same}",
+                        f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} {same}"]
     assert len(said) == 3 and re.fullmatch(r"attention views of S\d+ R\d+ \(\w+\), S\d+ R\d+ \(\w+\)", said[2])
     assert "(attention)" in said[2] and "(mlp)" in said[2]  # the facts shown, with their labels
     assert "<title>Report: ckpt</title>" in page
@@ -223,7 +205,7 @@ def test_results_not_recorded_are_computed_into_the_folder_asked(recorded_ckpt, 
     assert (into / "facts.csv").is_file()
     said.clear()
     again = done(report.located_results(recorded_ckpt, model, task, into, say=said.append))  # not fresh by default
-    assert again == into and said == [f"locate_facts: reusing {into} (the same settings)"]
+    assert again == into and said == [f"locate_facts: reusing {into} (the same weights and settings)"]
 
 
 def test_the_sections_in_full(tmp_path):
@@ -319,8 +301,8 @@ def test_the_page_s_defaults_and_its_results_read_from_the_folder_asked(recorded
     shutil.move(recorded_ckpt / "analysis", moved)
     said = []
     report.build(recorded_ckpt, "cpu", progress=False, analyses=moved, say=said.append)
-    assert said[:2] == [f"locate_facts: reusing {moved / 'locate_facts'} (the same settings)",
-                        f"hallucination: reusing {moved / 'hallucination'} (the same settings)"]
+    assert said[:2] == [f"locate_facts: reusing {moved / 'locate_facts'} (the same weights and settings)",
+                        f"hallucination: reusing {moved / 'hallucination'} (the same weights and settings)"]
 
 
 def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path, capsys):
@@ -330,7 +312,7 @@ def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path,
     assert report.main([str(recorded_ckpt), "--device", "cpu", "--quiet", "--out", str(out), "--facts", "3:1",
                         "--seed", "2"]) == 0
     said = capsys.readouterr().out.splitlines()
-    assert said[0] == f"locate_facts: reusing {out / 'locate_facts'} (the same settings)"
+    assert said[0] == f"locate_facts: reusing {out / 'locate_facts'} (the same weights and settings)"
     text = (out / "index.html").read_text()
     assert said[-1] == f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)"
     assert text.count('id="circuits-vis-') == 2 and not (recorded_ckpt / "analysis").exists()
@@ -355,7 +337,7 @@ def test_a_hallucination_analysis_not_recorded_is_run_into_the_folder_asked(reco
     assert done(report.hallucination_results(recorded_ckpt, into, say=said.append)) == into  # device auto: the CPU
     assert (into / "summary.json").is_file() and said == []
     assert done(report.hallucination_results(recorded_ckpt, into, say=said.append)) == into
-    assert said == [f"hallucination: reusing {into} (the same settings)"]
+    assert said == [f"hallucination: reusing {into} (the same weights and settings)"]
     shutil.rmtree(recorded_ckpt / "snapshots")
     assert report.hallucination_results(recorded_ckpt, into, say=said.append) is None  # nothing to follow
 
@@ -371,25 +353,3 @@ def test_fresh_reruns_both_analyses_though_their_results_are_recorded(recorded_c
     dynamics = json.loads((own / "hallucination" / "summary.json").read_text())
     assert dynamics.get("phase") != {"start_step": 8, "end_step": 45}  # the analysis', not the one written by hand
     assert recorded.read_bytes() == written_by_hand  # a recorded result is never written over
-
-
-def test_the_report_refuses_a_folder_of_other_results_and_takes_one_of_the_same(tmp_path):
-    """A folder the report would write into: absent, empty or holding the very results wanted
-    passes; any other content is refused in one line naming what differs."""
-    wanted = {"settings": {"contexts": 8}, "step": None}
-    into = tmp_path / "locate_facts"
-    report.refuse_other_results("locate_facts", into, wanted)  # absent
-    into.mkdir()
-    report.refuse_other_results("locate_facts", into, wanted)  # empty
-    (into / "facts.csv").write_text("fact\n")
-    with pytest.raises(ValueError) as refused:
-        report.refuse_other_results("locate_facts", into, wanted)
-    assert str(refused.value) == (f"{into} holds other locate_facts results (no summary.json), which the report "
-                                  "does not write over; move them, or choose another --out.")
-    (into / "summary.json").write_text(json.dumps({"settings": {"contexts": 8, "device": "cuda"}, "step": None}))
-    report.refuse_other_results("locate_facts", into, wanted)  # the same results, computed on another device
-    (into / "summary.json").write_text(json.dumps({"settings": {"contexts": 4, "device": "cpu"}, "step": None}))
-    with pytest.raises(ValueError) as refused:
-        report.refuse_other_results("hallucination", into, wanted)
-    assert str(refused.value) == (f"{into} holds other hallucination results (settings.contexts: recorded 4, now 8), "
-                                  "which the report does not write over; move them, or choose another --out.")

@@ -92,7 +92,7 @@ def test_two_grids_of_one_name_are_told_apart_by_their_paths(tmp_path, capsys):
         str(tmp_path / "x" / "grid"), str(tmp_path / "y" / "grid")]
     code, _, err = _cli([str(tmp_path / "x" / "grid"), str(tmp_path / "y" / "grid"), "--labels", "a,a",
                          "--out", str(tmp_path / "d")], capsys)
-    assert code == 2 and "--labels needs two different names" in err
+    assert code == 2 and "argument --labels: a given twice in 'a,a'" in err  # the rule of every list flag
 
 
 def _drawn(monkeypatch, module):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analyses import report, visualize
+from analyses import recorded, report, visualize
 from models.cli import run_cli
 from tests.test_locate_facts import constructed
 
@@ -136,7 +136,8 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     (dynamics / "summary.json").write_text(json.dumps({"phase": {"start_step": 8, "end_step": 45,
                                                                  "plateau_loss": 1.3862},
                                                        "log_D": 1.3862943611198906, "rule": recorded["rule"],
-                                                       "settings": recorded["settings"]}))
+                                                       "settings": recorded["settings"],
+                                                       "snapshots_sha256": recorded["snapshots_sha256"]}))
     stamp = os.stat(located / "summary.json").st_mtime_ns
     page = report.build(ckpt, "cpu", facts="0:0", progress=False)
     assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
@@ -151,20 +152,21 @@ def test_report_out_holds_what_it_computes_and_reuses_results_of_the_same_settin
 
     fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
     assert locate_facts.main([str(fresh), "--device", "cpu", "--quiet"]) == 0  # the report's settings
-    assert hallucination.main([str(fresh), "--device", "cpu", "--quiet", "--eval-size", "64"]) == 0  # not them
+    assert hallucination.main([str(fresh), "--device", "cpu", "--quiet", "--eval-size", "64",  # not them, where
+                               "--out", str(fresh / "analysis" / "hallucination")]) == 0  # the report looks
     before = sorted((p, p.stat().st_mtime_ns) for p in (fresh / "analysis").rglob("*"))
     capsys.readouterr()
     out = tmp_path / "report"
     assert report.main([str(fresh), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
     said = capsys.readouterr().out
-    assert f"locate_facts: reusing {fresh / 'analysis' / 'locate_facts'} (the same settings)" in said
+    assert f"locate_facts: reusing {fresh / 'analysis' / 'locate_facts'} (the same weights and settings)" in said
     assert (f"hallucination: not reusing {fresh / 'analysis' / 'hallucination'} "
             "(settings.eval_size: recorded 64, now 2048)") in said
     assert sorted((p, p.stat().st_mtime_ns) for p in (fresh / "analysis").rglob("*")) == before  # nothing written
     assert (out / "index.html").is_file() and (out / "hallucination" / "summary.json").is_file()
     assert not (out / "locate_facts").exists()
     assert report.main([str(fresh), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
-    assert f"hallucination: reusing {out / 'hallucination'} (the same settings)" in capsys.readouterr().out
+    assert f"hallucination: reusing {out / 'hallucination'} (the same weights and settings)" in capsys.readouterr().out
 
 
 def files(folder: Path) -> list:
@@ -176,9 +178,11 @@ def test_report_leaves_results_of_other_settings_alone(ckpt, tmp_path, capsys):
     from analyses import hallucination, locate_facts
 
     fresh = Path(shutil.copytree(ckpt, tmp_path / "ckpt", ignore=shutil.ignore_patterns("analysis")))
-    assert locate_facts.main([str(fresh), "--device", "cpu", "--quiet", "--contexts", "4"]) == 0
+    # other settings' results where the report looks (by default they go to folders of their own)
+    assert locate_facts.main([str(fresh), "--device", "cpu", "--quiet", "--contexts", "4",
+                              "--out", str(fresh / "analysis" / "locate_facts")]) == 0
     assert hallucination.main([str(fresh), "--device", "cpu", "--quiet", "--eval-size", "64",
-                               "--storage-points", "0"]) == 0
+                               "--storage-points", "0", "--out", str(fresh / "analysis" / "hallucination")]) == 0
     theirs = files(fresh / "analysis")
     capsys.readouterr()
     assert report.main([str(fresh), "--device", "cpu", "--quiet"]) == 0
@@ -225,8 +229,9 @@ def test_a_snapshot_s_analysis_has_its_own_folder(ckpt, tmp_path):
     assert visualize.main([str(fresh), *common, "--facts", "3:1", "--step", str(step)]) == 0
     assert [f for f in files(fresh / "analysis") if f"step_{step}" not in f[0].parts] == finals
     snapshot = fresh / "analysis" / f"step_{step}"
-    assert json.loads((snapshot / "locate_facts" / "summary.json").read_text())["step"] == step
-    assert report.differences(snapshot / "locate_facts", {"step": None}) == [f"step: recorded {step}, now null"]
+    located = snapshot / "locate_facts" / "contexts-2_patch-contexts-1"  # not the default settings: their own folder
+    assert json.loads((located / "summary.json").read_text())["step"] == step
+    assert recorded.differences(located, {"step": None}) == [f"step: recorded {step}, now null"]
     assert json.loads((snapshot / "visualize" / "views.json").read_text())["step"] == step
 
 

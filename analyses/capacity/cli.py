@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -24,10 +26,11 @@ from analyses.sweeps import cli
 from analyses.sweeps.cells import Cells
 from analyses.sweeps.output import write_csv
 from models.bridge import resolve_device
+from models.recall.config import TrainConfig
 
 
 def _shape(text: str) -> tuple:
-    values = cli.comma_list(float)(text)
+    values = cli.comma_list(float, distinct=False)(text)  # 1,1,8: a shape's values may repeat
     if len(values) not in (3, 4):
         raise argparse.ArgumentTypeError(f"a shape is ALPHA,BETA,H or ALPHA,BETA,H,LARGEST_D, got {text!r}")
     return values
@@ -109,6 +112,9 @@ def main(argv=None) -> int:
         print(study_text(table, summary) + f"\nwrote {args.out}/ ({summary['cells_computed']} new training runs)")
     else:
         sweep = _transformer_sweep(args)
+        warning = TrainConfig(steps=sweep.steps, give_up=sweep.give_up).milestones_warning()  # off above d = 64
+        if warning:
+            print(warning, file=sys.stderr)
         cells = Cells(args.out, sweep.recorded(), executor.torch_threads,
                       keep_checkpoints=args.keep_checkpoints)
         rows = search_transformers(sweep, cells, executor, args.device, progress, compute=not args.recorded_only)
@@ -125,12 +131,27 @@ def _transformer_sweep(args) -> TransformerSweep:
                         **resumed_sampler(args))
 
 
+def _recorded_analysis(folder: Path) -> str | None:
+    """The kind of sweep recorded in FOLDER/settings.json (its `analysis`), None where unreadable."""
+    try:
+        recorded = json.loads((folder / "settings.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return recorded.get("analysis") if isinstance(recorded, dict) else None
+
+
 def plan(args) -> int:
     """The milestone rule's validation, then the sweep's plan under today's rules and the new ones."""
     sweep = _transformer_sweep(args)
     for folder in args.oracle or ():
         if not (folder / "settings.json").is_file():
             raise ValueError(f"--oracle {folder}: no recorded sweep there (settings.json missing).")
+        kind = _recorded_analysis(folder)
+        if kind != "capacity transformer":
+            held = f"a {kind!r} sweep" if kind else "no sweep it names"
+            raise ValueError(f"--oracle {folder}: holds {held} (its settings.json), not a transformer capacity sweep; "
+                             "--oracle takes the --out of "
+                             "`python -m analyses.capacity transformer`.")
     oracle = Oracle(tuple(args.oracle)) if args.oracle else default_oracle(sweep)
     print(validate().text())
     text, table = plan_text(sweep, oracle, recorded_rate(oracle) if args.oracle else None)

@@ -28,7 +28,7 @@ from models.recall.weights import init_weights
 class DepartureStudy:
     """The shape, size and S = R at which the variants are compared."""
 
-    shape: tuple[float, ...] = setting((2.0, 2.0, 8.0), "ALPHA,BETA,H of the shape studied")
+    shape: tuple[float, ...] = setting((2.0, 2.0, 8.0), "ALPHA,BETA,H of the shape studied", repeats=True)
     d: int = setting(32, "its embedding dimension d")
     sizes: tuple[int, ...] = setting((30,), "S = R trained: sizes where the standard and the authors' models "
                                             "disagree (at (2, 2, 8), d = 32, S* is 34 for the authors', 25 for the "

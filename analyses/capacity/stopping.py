@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analyses.capacity.common import TARGET
-from models.recall.config import TrainConfig
+from models.recall.config import MILESTONES_MAX_D, TrainConfig
 
-MILESTONES_MAX_D = 64  # the largest d with recorded curves: the rule is off above it
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "capacity"
 
 

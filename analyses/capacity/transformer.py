@@ -85,6 +85,10 @@ class TransformerSweep:
         cli.at_least(self, max_size=self.min_size)
         cli.require(self, "lr", all(lr > 0 for lr in self.lr), "> 0")
         ModelConfig(parameterisation=self.parameterisation).validate()
+        named = [",".join(f"{v:g}" for v in shape[:3]) for shape in self.shapes]
+        twice = [name for i, name in enumerate(named) if name in named[:i]]
+        if twice:
+            raise ValueError(f"--shape {twice[0]} given twice: list each shape (ALPHA,BETA,H) once.")
         for shape in self.shapes:
             if min(self.d) > _largest_d(shape):
                 raise ValueError(f"shape {','.join(f'{v:g}' for v in shape)}: its largest d is below every --d.")

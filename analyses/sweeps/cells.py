@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.checkpoint import write_json
+from models.text import count
 from models.training.progress import progress_bar
 
 
@@ -196,7 +197,8 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
     is read from `cells` if recorded, else submitted to `executor` (once, however many jobs
     wait on it) and recorded when it returns. `total`: the number of cells, when known.
     compute=False reads recorded cells only: a job that asks for another one is left, and
-    its result is None (the tables of a sweep still running, or cut short)."""
+    its result is None (the tables of a sweep still running, or cut short). Ctrl-C stops it
+    with a KeyboardInterrupt that says what is recorded and that the same command resumes."""
     results: list = [None] * len(jobs)
     waiting: dict[str, list[int]] = {}  # key of a submitted cell -> the jobs waiting on it
     asked: dict[int, tuple[Cell | tuple[Cell, ...], dict]] = {}  # job -> its request, the rows in so far
@@ -227,22 +229,35 @@ def run_jobs(jobs: list[Job], cells: Cells, executor, *, desc: str = "cells", to
                 return
             reply = _reply(request, rows)
 
-    with bar:
-        for i in range(len(jobs)):
-            advance(i, None)
-        bar.show()
-        while waiting:
-            cell, row = executor.finished()
-            row = _record(cells, cell, row)
-            bar.done(computed=True, n=len(cell.parts) or 1)
-            for i in waiting.pop(cell.key):
-                request, rows = asked[i]
-                rows[cell.key] = row
-                if len(rows) == len(_cells(request)):
-                    del asked[i]
-                    advance(i, _reply(request, rows))
+    try:
+        with bar:
+            for i in range(len(jobs)):
+                advance(i, None)
             bar.show()
+            while waiting:
+                cell, row = executor.finished()
+                row = _record(cells, cell, row)
+                bar.done(computed=True, n=len(cell.parts) or 1)
+                for i in waiting.pop(cell.key):
+                    request, rows = asked[i]
+                    rows[cell.key] = row
+                    if len(rows) == len(_cells(request)):
+                        del asked[i]
+                        advance(i, _reply(request, rows))
+                bar.show()
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(cells)) from None
     return results
+
+
+def _interrupted(cells) -> str:
+    """What a sweep stopped by Ctrl-C leaves: the cells recorded, and how to go on."""
+    folder = getattr(cells, "dir", None)
+    if folder is None:  # nothing recorded on disk (a plan)
+        return "interrupted"
+    recorded = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+    return (f"interrupted: {count(recorded, 'cell')} recorded in {folder}/ ({cells.computed} by this run); rerun the same "
+            "command to resume from them")
 
 
 def _recorded(cells: Cells, cell: Cell) -> dict | tuple[dict, ...] | None:

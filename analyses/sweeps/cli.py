@@ -13,9 +13,10 @@ from pathlib import Path
 
 from analyses.sweeps.executors import ExecutorSettings
 from models.bridge import resolve_device
-from models.cli import Parser, add_config_flags, comma_list, given, parser, run_cli
+from models.cli import Parser, add_config_flags, comma_list, given, list_items, parser, run_cli, seed, whole_number
+from models.out_folder import is_checkpoint
 
-__all__ = ["Parser", "parser", "directory", "device", "seed", "comma_list", "run_cli",
+__all__ = ["Parser", "parser", "directory", "device", "seed", "step", "comma_list", "list_items", "run_cli",
            "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
            "add_keep_checkpoints",
            "executor", "add_settings", "settings", "flag", "require", "at_least"]
@@ -46,13 +47,18 @@ def checkpoint_parser(name: str, description: str, seed_of: str, *, step: bool =
 
 # ------------------------------------------------------------------ shared flags
 def directory(text: str) -> Path:
-    """--out: a directory that may not exist yet, but neither it nor a parent is a file."""
+    """--out: a directory that may not exist yet, but neither it nor a parent is a file, and
+    it is not a checkpoint's own folder (models.out_folder.is_checkpoint: results go beside its weights,
+    in CKPT/analysis/)."""
     path = Path(text)
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
                 raise argparse.ArgumentTypeError(f"{p} exists and is not a directory")
             break
+    if is_checkpoint(path):
+        raise argparse.ArgumentTypeError(f"{path} is a checkpoint's own folder: results go to a folder of their own, "
+                                         f"by default {path / 'analysis'}/NAME")
     return path
 
 
@@ -65,11 +71,7 @@ def device(text: str) -> str:
     return text
 
 
-def seed(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a seed is an integer, got {text!r}") from None
+step = whole_number("step")  # --step: a training step
 
 
 def add_checkpoint(p: argparse.ArgumentParser, with_snapshots: bool = False) -> None:
@@ -91,6 +93,8 @@ def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
     --step N under CKPT/analysis/step_N/NAME: a snapshot's analysis never takes the place of
     the final weights')."""
     if args.out is not None:
+        if getattr(args, "ckpt", None):
+            refuse_other_checkpoint(args.out, Path(args.ckpt))
         return args.out
     default = str(default)
     if not default.startswith("CKPT/"):
@@ -99,6 +103,15 @@ def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
     if step is not None:
         default = default.replace("CKPT/analysis/", f"CKPT/analysis/step_{step}/")
     return Path(args.ckpt) / default.removeprefix("CKPT/")
+
+
+def refuse_other_checkpoint(out: Path, ckpt: Path) -> None:
+    """Refuse (ValueError, one line) an --out inside another checkpoint's folder (its
+    analysis/, say), where `ckpt`'s results would pass for that checkpoint's own."""
+    inside = next((p for p in out.resolve().parents if is_checkpoint(p)), None)
+    if inside is not None and inside != ckpt.resolve():
+        raise ValueError(f"--out {out} is inside another checkpoint ({inside}), whose results it would pass for; "
+                         f"choose a folder outside it (default {ckpt / 'analysis'}/NAME).")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -110,7 +123,7 @@ def add_seed(p: argparse.ArgumentParser, of: str) -> None:
 
 
 def add_step(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--step", type=int, default=None, help=STEP_HELP)
+    p.add_argument("--step", type=step, default=None, help=STEP_HELP)
 
 
 def add_quiet(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -166,10 +167,7 @@ def default_jobs(threads: int = 1) -> int:
 class ProcessExecutor:
     """Cells run in `jobs` worker processes of this machine, each with `threads` torch
     threads. The workers are spawned (not forked), so each may use CUDA, and import this
-    checkout's code (a spawned process starts with this one's sys.path). They are started with
-    SIGINT blocked: a Ctrl-C, which a terminal sends to every process of the command, reaches
-    this process alone, which stops the workers and their queues itself (no traceback from a
-    worker, no semaphore left behind). A cell that raises
+    checkout's code (a spawned process starts with this one's sys.path). A cell that raises
     stops the sweep with its error; a worker that dies (killed, out of memory) stops it with
     an error saying so; either way the cells finished before are recorded and the cells
     still computing are not waited for (open_executor kills the workers)."""
@@ -184,7 +182,7 @@ class ProcessExecutor:
         return min(self.jobs, len(self.in_flight))
 
     def submit(self, cell: Cell) -> None:
-        with sigint_blocked():  # a worker (and the pool's thread) started here inherits the mask
+        with _ctrl_c_held():  # a worker started here never sees Ctrl-C: the sweep stops, and stops the workers
             self.in_flight[self.pool.submit(_run_cell, cell.fn, cell.args, self.threads)] = cell
 
     def finished(self) -> tuple[Cell, dict]:
@@ -209,10 +207,12 @@ class ProcessExecutor:
 
 
 @contextmanager
-def sigint_blocked():
-    """SIGINT blocked in this thread inside (where the platform can block signals); a Ctrl-C
-    meanwhile is delivered on leaving. A process started inside keeps it blocked."""
-    if not hasattr(signal, "pthread_sigmask"):
+def _ctrl_c_held():
+    """SIGINT blocked inside, in this thread and in every process started here (a spawned
+    worker inherits the mask); one that arrived meanwhile is raised on leaving. A Ctrl-C then
+    interrupts this process alone, which kills the workers (open_executor): no worker prints
+    its own traceback or leaves a semaphore behind."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
         yield
         return
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -12,6 +12,7 @@ from analyses.tradeoff.compare import compare_grids, compare_text, read_grid, wr
 from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
 from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_text, trained_model, write_shrink
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
+from models.checkpoint import weights_sha256
 from models.cli import add_config_flags, given
 from models.recall.config import ModelConfig, TaskConfig, TrainConfig
 from models.recall.presets import preset
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
     else:
         shrink = cli.settings(args, Shrink)
         trained = trained_model(shrink.ckpt, out, run, progress)  # a bad --ckpt is refused before anything is written
-        extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps}
+        extra = {"ckpt": shrink.ckpt or None, "mlp_steps": shrink.mlp_steps,  # and the weights' content hash:
+                 **({"ckpt_weights_sha256": weights_sha256(shrink.ckpt)} if shrink.ckpt else {})}  # no stale cells
         cells = Cells(out, sweep_settings("shrink", run, locating, extra), executor.torch_threads)
         result = shrink_tables(shrink_rows(trained, shrink, run, locating, cells, executor, progress), trained[2],
                                cells.computed)

@@ -40,11 +40,11 @@ def parser() -> cli.Parser:
     task = p.add_argument_group("task")
     task.add_argument("--n-tokens", type=int, default=50, help="N, tokens of the vocabulary (default 50)")
     task.add_argument("--context", type=int, default=2, help="S, tokens per sequence (default 2)")
-    task.add_argument("--task-seed", type=int, default=0,
+    task.add_argument("--task-seed", type=cli.seed, default=0,
                       help="seed of the association table, or of the target distributions (default 0)")
     task.add_argument("--concentration", type=float, default=None,
                       help="distribution task: pi_t = softmax(concentration * g_t) (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data set (default 0)")
+    p.add_argument("--seed", type=cli.seed, default=0, help="seed of the initial weights and the data set (default 0)")
     cli.add_config_flags(p, AoTModelConfig, "model", default_label="default", base=MODEL)
     cli.add_config_flags(p, AoTTrainConfig, "training (the paper's recipe: --lr 1e-3 --batches 1000 --epochs 10)",
                          default_label="default", base=TRAINING)

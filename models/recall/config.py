@@ -20,8 +20,11 @@ from tasks.factual_recall import FactualRecallTask
 SAMPLERS = ("generator", "counter")
 GIVE_UP = ("never", "milestones")
 # (fraction of the steps, held-out accuracy a run that reaches 99% has reached by then): validated
-# on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md)
+# on every recorded Figure 4 left curve (python -m analyses.capacity plan, docs/capacity.md), all
+# of them runs of 16,384 steps at d <= 64; a shorter run is still learning at its milestones
 MILESTONES = ((0.25, 0.80), (0.5, 0.90), (0.75, 0.95))
+MILESTONES_STEPS = (16384,)  # the step budgets of the recorded curves
+MILESTONES_MAX_D = 64  # the largest d with recorded curves
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,36 @@ class TrainConfig:
         """Whether the milestone rule (give_up = milestones) stops a run at `step`: the best
         held-out accuracy so far, over its models and evaluations, is below a milestone's
         accuracy at or after its fraction of the steps."""
-        return self.give_up == "milestones" and any(step >= fraction * self.steps and best_accuracy < accuracy
-                                                    for fraction, accuracy in MILESTONES)
+        return self.missed_milestone(step, best_accuracy) is not None
+
+    def missed_milestone(self, step: int, best_accuracy: float) -> tuple[float, float] | None:
+        """The first milestone (fraction of the steps, accuracy) the best held-out accuracy so
+        far is below at `step`, when the milestone rule is on; else None."""
+        if self.give_up != "milestones":
+            return None
+        return next(((fraction, accuracy) for fraction, accuracy in MILESTONES
+                     if step >= fraction * self.steps and best_accuracy < accuracy), None)
+
+    def stopped_by(self, steps_run: int, accuracy: float) -> str:
+        """Why a run ended (config.json's `stopped_by`): its best model's accuracy reached the
+        target, the milestone rule gave up (the only other stop before the budget), or the budget ran out."""
+        if accuracy >= self.target_accuracy:
+            return f"target accuracy at step {steps_run}"
+        if steps_run < self.steps:
+            return f"milestones at step {steps_run}"
+        return f"step budget at step {steps_run}"
+
+    def milestones_warning(self, d_model: int | None = None) -> str | None:
+        """One line when the milestone rule is on outside the runs it was validated on (16,384
+        steps, d <= 64; d unchecked when None: a capacity sweep turns the rule off above it):
+        there it may stop a run that would reach its target. None otherwise."""
+        outside = ([f"{self.steps:,} steps"] if self.steps not in MILESTONES_STEPS else []) + \
+                  ([f"d = {d_model}"] if d_model is not None and d_model > MILESTONES_MAX_D else [])
+        if self.give_up != "milestones" or not outside:
+            return None
+        return (f"warning: --give-up milestones was validated on runs of {MILESTONES_STEPS[0]:,} steps at d <= "
+                f"{MILESTONES_MAX_D} only (docs/capacity.md); at {' and '.join(outside)} it may stop a run that "
+                "would reach its target")
 
     @property
     def runs(self) -> list[tuple[float, int]]:
@@ -175,6 +206,13 @@ class TrainConfig:
     def validate(self) -> None:
         if not self.lr or any(not lr > 0 for lr in self.lr):
             raise ValueError(f"learning rates must be > 0, got {self.lr}.")
+        if not self.seed or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seed):
+            raise ValueError(f"seeds must be integers >= 0, got {','.join(map(str, self.seed))}.")
+        for name in ("lr", "seed"):  # a value twice would train the same model twice
+            values = getattr(self, name)
+            if len(set(values)) < len(values):
+                raise ValueError(f"{name} lists a value twice ({','.join(f'{v:g}' for v in values)}): "
+                                 "list each once.")
         for name in ("batch_size", "steps", "eval_every", "eval_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from models.out_folder import FORCE_HELP, prepare_out
 from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from models.recall.fits import check_fits
 from models.recall.presets import PRESETS, preset
-from models.recall.trainer import train
+from models.recall.trainer import best_so_far, train
 from models.recall.weights import parameter_count
 from models.text import count
 from models.training.graphed import use_cuda_graph
@@ -76,8 +77,14 @@ def summary(result, out: Path) -> str:
                    f"accuracy {r['accuracy']:.3f}, loss {r['loss']:.3f}") for k, r in enumerate(t["runs"])]
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
               f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
-                                             f"  (target {t['target_accuracy']} not reached)"),
-              f"wrote     {out}/"]
+                                             f"  (target {t['target_accuracy']} not reached)")]
+    if t["stopped_by"].startswith("milestones"):
+        best = best_so_far(result.metrics)
+        fraction, accuracy = TrainConfig(steps=t["steps"], give_up="milestones").missed_milestone(t["steps_run"], best)
+        lines.append(f"stopped   by the milestone rule (--give-up milestones) at step {t['steps_run']} of "
+                     f"{t['steps']}: best held-out accuracy {best:.4f}, below {accuracy:g} at {fraction:g} of the "
+                     "steps")
+    lines.append(f"wrote     {out}/")
     return "\n".join(lines)
 
 
@@ -143,7 +150,7 @@ def main(argv=None) -> int:
         run, preset_name = run_config(args), args.preset or DEFAULT_PRESET
         run.train.validate()
         check_fits(run, resolve_device(run.train.device))  # from the configs: before the task is built
-        run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before touching --out
+        section = run.model.checkpoint_section(run.task.build())  # refuse a bad task, model or device before --out
         use_cuda_graph(run.train.cuda_graph, resolve_device(run.train.device), run.train.sampler)  # `on` it can honour
         out = args.out or Path("ckpt") / preset_name.replace(":", "_").replace(",", "_")
         if args.reuse and same_settings(out, run) and (out / "config.json").is_file():
@@ -156,6 +163,9 @@ def main(argv=None) -> int:
         else:
             out = prepare_out(out, args.force)
             write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+        warning = run.train.milestones_warning(section.d_model)
+        if warning:  # the rule outside the runs it was validated on: said before the run it may stop
+            print(warning, file=sys.stderr)
     try:
         result = train(run, progress=not args.quiet, wandb_project=args.wandb, preset_name=preset_name,
                        state_folder=state_dir(out))

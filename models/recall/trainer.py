@@ -249,6 +249,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "lr": runs[kept][0], "seed": runs[kept][1], "preset": preset_name,
         "steps_run": steps_run, "final_loss": final[kept]["loss"], "final_accuracy": final[kept]["accuracy"],
         "reached_target": final[kept]["accuracy"] >= cfg.target_accuracy,
+        "stopped_by": cfg.stopped_by(steps_run, final[kept]["accuracy"]),
         "kept_model": kept, "runs": final, "dropped": list(dropped), "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
         "trainer": "models.recall.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,

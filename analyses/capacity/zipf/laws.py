@@ -50,7 +50,7 @@ class ZipfSweep:
     sgd_batch: int = setting(1, "sgd: samples per step (the talk's: 1; one pass over the sample)")
     adam_lr: float = setting(5.0, "adam: the step size times d (the authors take lr/d)")
     adam_batch: int = setting(100, "adam: samples per step (one pass over the sample)")
-    adam_betas: tuple[float, ...] = setting((0.0, 0.0), "adam: β1,β2 (the authors: 0,0)")
+    adam_betas: tuple[float, ...] = setting((0.0, 0.0), "adam: β1,β2 (the authors: 0,0)", repeats=True)
 
     def __post_init__(self):
         cli.at_least(self, tokens=1, outputs=2, samples=1, d=1, threshold=1, sgd_batch=1, adam_batch=1)
