@@ -421,8 +421,8 @@ def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     recorded = len(list((out / "cells").glob("*.json"))) if (out / "cells").is_dir() else 0
-    assert err == (f"interrupted: {count(recorded, 'cell')} recorded in {out / 'cells'}/ ({recorded} by this run); rerun "
-                   "the same command to resume from them\n")
+    assert err == (f"interrupted: {count(recorded, 'cell')} recorded in {out / 'cells'}/ ({recorded} by this run); "
+                   "rerun the same command to resume from them\n")
     deadline = time.monotonic() + 20
     while _group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)

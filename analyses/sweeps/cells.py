@@ -256,8 +256,8 @@ def _interrupted(cells) -> str:
     if folder is None:  # nothing recorded on disk (a plan)
         return "interrupted"
     recorded = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
-    return (f"interrupted: {count(recorded, 'cell')} recorded in {folder}/ ({cells.computed} by this run); rerun the same "
-            "command to resume from them")
+    return (f"interrupted: {count(recorded, 'cell')} recorded in {folder}/ ({cells.computed} by this run); "
+            "rerun the same command to resume from them")
 
 
 def _recorded(cells: Cells, cell: Cell) -> dict | tuple[dict, ...] | None:
