@@ -269,8 +269,8 @@ def test_one_attention_only_model_from_the_command_line(tmp_path, capsys):
 
 def test_the_default_model_memorises_the_paper_s_bigrams_in_a_few_hundred_steps(tmp_path, capsys):
     """`python -m models.aot.train association` with its defaults learns: the default model
-    stores every one of the 2500 bigrams of N = 50 within its first 400 steps (a fifth of its
-    2000), where the paper's d = d_h = 10, H = 1 model stores a few per cent."""
+    stores every one of the 2500 bigrams of N = 50 within its first 400 steps (two fifths of
+    its 1000), where the paper's d = d_h = 10, H = 1 model stores a few per cent."""
     from models.aot.train import main
 
     assert main(["association", "--epochs", "2", "--device", "cpu", "--out", str(tmp_path / "aot"), "--quiet"]) == 0

@@ -7,7 +7,7 @@ The task is N = --n-tokens tokens and sequences of S = --context of them; the mo
 attention layer (--d-mlp > 0 adds an MLP); training Dana et al.'s recipe (per seed,
 --batches batches drawn once, --epochs passes, Adam). The defaults train a model large enough
 to memorise the paper's 2500 bigrams (N = 50, S = 2) in well under a minute on a CPU: d = 32,
-H = 8, d_h = 32, lr 5e-3, 200 batches x 10 epochs. The paper's own models (d = d_h = 10, lr 1e-3,
+H = 8, d_h = 32, lr 5e-3, 200 batches x 5 epochs. The paper's own models (d = d_h = 10, lr 1e-3,
 1000 batches x 10 epochs) store a few hundred of them; every sweep of such models is
 `python -m analyses.aot_capacity`, which starts from the paper's recipe; this trains one.
 """
@@ -25,9 +25,9 @@ from models.out_folder import FORCE_HELP, prepare_out
 from tasks.association import AssociationTask, DistributionTask, SequenceTask
 
 TASKS = {"association": AssociationTask, "distribution": DistributionTask}
-# a model that memorises the 2500 bigrams of N = 50 in about 400 steps, and a recipe of 2000
+# a model that memorises the 2500 bigrams of N = 50 in about 400 steps, and a recipe of 1000
 MODEL = AoTModelConfig(d_model=32, n_heads=8, d_head=32)
-TRAINING = AoTTrainConfig(lr=5e-3, batches=200, epochs=10, eval_every=200)
+TRAINING = AoTTrainConfig(lr=5e-3, batches=200, epochs=5, eval_every=100)
 
 
 def parser() -> cli.Parser:
