@@ -6,8 +6,9 @@ Counts the aten operations that do work (views and other metadata operations lef
 one step of models.recall.trainer on one model with the counter sampler, after two warm-up steps:
 the batch, the forward and loss, the backward, the optimizer. A torch._foreach_* operation
 counts once: on a GPU it is one kernel where its tensors' shapes agree. Counted twice: as
-the CPU runs the step, and with the batch drawn as on CUDA (one Triton kernel, the sampler's
-form there), so the second count is the graphed GPU step's.
+the CPU runs the step, and as CUDA runs it, the batch drawn with one Triton kernel (the
+sampler's form there) and Adam's update one Triton kernel (models/training/adam_kernel.py, after one
+`cat` of the gradients), so the second count is the graphed GPU step's.
 
     .venv/bin/python bench/step_kernels.py [--preset config-a] [--batch 64]
 """
@@ -63,27 +64,27 @@ class Kernels(TorchDispatchMode):
         return counted
 
 
-def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> dict[str, collections.Counter]:
-    """The operations of one training step by phase; with `cuda_sampler`, the batch drawn as on
-    CUDA: the counter sampler's one Triton kernel (run here by Triton's interpreter)."""
+def step_kernels(preset_name: str, batch: int, cuda: bool = False) -> dict[str, collections.Counter]:
+    """The operations of one training step by phase; with `cuda`, as CUDA runs it: the counter
+    sampler's batch and Adam's update each one Triton kernel (run here by Triton's interpreter)."""
     run = preset(preset_name)
     task = run.task.build()
     weights = stack([init_weights(run.model, task, 0)])
     params = {k: weights[k].requires_grad_() for k in trainable_keys(weights, run.model)}
-    optimizer = Optimizer(params, torch.tensor([run.train.lr[0]]), run.train.optimizer)
+    optimizer = Optimizer(params, torch.tensor([run.train.lr[0]]), run.train.optimizer, kernel=cuda)
     data = TrainingData(task, [(run.train.lr[0], 0)], batch, torch.device("cpu"), "counter")
     positional = has_positions(weights)
 
     def phases():
         phase = collections.defaultdict(collections.Counter)
         with Kernels() as k, contextlib.ExitStack() as sampler:
-            if cuda_sampler:
+            if cuda:
                 sampler.enter_context(mock.patch.object(counter_sampler, "counter_prompts", functools.partial(
                     counter_sampler.counter_prompts, kernel=True)))
                 sampler.enter_context(mock.patch.object(counter_sampler, "_kernel_prompts", k.one_launch(
                     "triton::counter_kernel.prompts", counter_sampler._kernel_prompts)))
             tokens, answers = data.batch(optimizer.t)  # [1, B, T], [1, B]
-        phase["batch" + (" (one Triton kernel)" if cuda_sampler else "")] = k.ops
+        phase["batch" + (" (one Triton kernel)" if cuda else "")] = k.ops
         with Kernels() as k:
             logits = last_position_logits(weights, tokens, run.model.attention, positional)  # [1, B, O]
             loss = summed_loss(logits, answers)
@@ -93,7 +94,8 @@ def step_kernels(preset_name: str, batch: int, cuda_sampler: bool = False) -> di
         phase["backward"] = k.ops
         with Kernels() as k:
             optimizer.step()
-        phase[f"optimizer ({run.train.optimizer}, {len(params)} parameters)"] = k.ops
+        kernel = ", one Triton kernel" if optimizer.kernel else ""
+        phase[f"optimizer ({run.train.optimizer}, {len(params)} parameters{kernel})"] = k.ops
         return phase
 
     phases(), phases()  # warm-up: the sampler's tables are built on the first step
@@ -105,14 +107,14 @@ def main() -> None:
     p.add_argument("--preset", default="config-a", help="models.recall.presets preset (task + model)")
     p.add_argument("--batch", type=int, default=64, help="prompts per step (the count does not depend on it)")
     args = p.parse_args()
-    for cuda_sampler in (False, True):
-        print("on CUDA: the counter sampler as one Triton kernel (counted in Triton's interpreter)" if cuda_sampler
-              else "on the CPU: torch operations")
-        phases = step_kernels(args.preset, args.batch, cuda_sampler)
+    for cuda in (False, True):
+        print("on CUDA: the counter sampler and Adam each one Triton kernel (counted in Triton's interpreter)"
+              if cuda else "on the CPU: torch operations")
+        phases = step_kernels(args.preset, args.batch, cuda)
         for name, ops in phases.items():
             top = ", ".join(f"{op.removeprefix('aten::')} {n}" for op, n in ops.most_common(6))
-            print(f"  {name:<34}{sum(ops.values()):>5}   {top}")
-        print(f"  {'a whole step':<34}{sum(sum(ops.values()) for ops in phases.values()):>5}")
+            print(f"  {name:<46}{sum(ops.values()):>5}   {top}")
+        print(f"  {'a whole step':<46}{sum(sum(ops.values()) for ops in phases.values()):>5}")
 
 
 if __name__ == "__main__":

@@ -180,9 +180,10 @@ def subnormal_shares(preset_name: str, trained: dict, batch: int) -> tuple[float
     return ((p > 0) & (p < tiny)).float().mean().item(), (p == 0).float().mean().item()
 
 
-def core_name(core: str, device: torch.device) -> str:
-    """The attention core `core` resolves to on `device`: vocab or fused."""
-    return "fused" if choose_core(core, device) is fused_attention.FusedAttention else "vocab"
+def core_name(core: str, device: torch.device, sizes: StepShape | None = None) -> str:
+    """The attention core `core` resolves to on `device` for a step of `sizes`: vocab or fused."""
+    elements = sizes.K * sizes.H * sizes.B * sizes.V if sizes else None
+    return "fused" if choose_core(core, device, elements) is fused_attention.FusedAttention else "vocab"
 
 
 def median_ratio(a: list[float], b: list[float], scale: float = 1.0, digits: int = 2) -> tuple[str, float]:
@@ -261,6 +262,10 @@ def main() -> None:
                         help="the device's memory bytes/s (default: a known GPU's datasheet peak, else the "
                              "measured copy rate)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="record each attention core's median steps/s (graphed with --graphed) as the line "
+                             "--line of this measured record (results/gpu/measured.json: analyses.sweeps.gpu_records)")
+    parser.add_argument("--line", default=None, help="the bench line's name in --record")
     parser.add_argument("--counter", action="store_true",
                         help="also time ours with the counter sampler (variant ours-counter)")
     parser.add_argument("--graphed", action="store_true",
@@ -278,6 +283,8 @@ def main() -> None:
                              "(default: PRESET-STEPS-DEVICE in the temporary folder)")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    if (args.record is None) != (args.line is None):
+        parser.error("--record and --line go together")
     if args.graphed and device.type != "cuda":
         parser.error(f"--graphed needs a CUDA device, got {device}")
     args.counter = args.counter or args.graphed
@@ -286,7 +293,7 @@ def main() -> None:
     model = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp)) if value is not None}
     if model and args.trained_steps:
         parser.error("--n-heads and --d-mlp time fresh weights only: add --trained-steps 0")
-    core = core_name(args.attention_core, device)
+    core = core_name(args.attention_core, device, StepShape.of(bench_run(args.preset, model=model), args.batch, args.k))
     if args.compare_core is not None:
         FLUSHED[f"ours-{args.compare_core}"] = True
         if args.compare_core == "fused" and not fused_attention.runs_on(device):
@@ -402,6 +409,23 @@ def main() -> None:
     per_round, median = median_ratio(rates["ours"], rates["tl"], args.k, digits=1)
     print("speedup per round (model-steps/s of ours / steps/s of tl): " + per_round)
     print(f"speedup_vs_transformerlens {median:.1f}")
+    if args.record is not None:
+        record_line(args.record, args.line, rates, core_name(core, device), args.compare_core, args.graphed, sizes,
+                    device)
+
+
+def record_line(path: Path, line: str, rates: dict, core: str, compare: str | None, graphed: bool,
+                sizes: StepShape, device: torch.device) -> None:
+    """Each attention core's median steps/s (the graphed step's with --graphed) as `line` of the
+    measured record, with the code it measured (analyses.sweeps.gpu_records) and the step's [K, H, B, V]
+    elements, by which models.cores.forward.choose_core finds the line nearest a step."""
+    from analyses.sweeps.gpu_records import CODE, code_hash, record
+
+    timed = {core: "ours-graphed" if graphed else "ours"} | ({compare: f"ours-{compare}"} if compare else {})
+    record(path, line, {"code": code_hash(CODE["bench"]), "steps_per_second": {
+        name: round(statistics.median(rates[variant]), 2) for name, variant in timed.items()},
+        "graphed": graphed, "models": sizes.K, "buffer_elements": sizes.K * sizes.H * sizes.B * sizes.V,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@
                tasks as one padded stack), train.py (`python -m models.train`), constructions.py,
                memories.py, pruning.py
   aot/         the attention-only family (Dana et al.): config, weights, forward, trainer, train
+  induction/   the induction family (Bietti et al. 2023): section, config, weights, forward,
+               construction, trainer, train
   training/    the machinery every family's trainer uses: optimizer.py (Adam), graphed.py (a
                step replayed as a CUDA graph), capture_check.py, train_state.py (resumable
                state), result.py (TrainResult), divergence.py (dropping a diverged model),

@@ -16,7 +16,7 @@ import torch
 
 from models.answer_calls import attach_answer_calls
 from models.checkpoint import load_checkpoint
-from models.section import ModelSection
+from models.section import InductionSection, ModelSection
 from models.text import count
 
 
@@ -63,7 +63,8 @@ def build_bridge(section: ModelSection, weights: dict[str, torch.Tensor], device
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = TransformerBridge.boot_native(bridge_config(section), device=torch.device(device))
+        config = section.bridge_config() if isinstance(section, InductionSection) else bridge_config(section)
+        model = TransformerBridge.boot_native(config, device=torch.device(device))
     load_weights(model, weights)
     model.eval()
     if section.attention == "linear":

@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.section import ModelSection, shapes
+from models.section import InductionSection, ModelSection, shapes
 from tasks import TASKS, Task, task_kind
 from tasks.association import SequenceTask
 from tasks.factual_recall import FactualRecallTask
+from tasks.induction import InductionTask
 
 FORMAT = "factual-recall-ckpt"
 FORMAT_VERSION = 1
@@ -107,6 +108,8 @@ def _read_config(ckpt: Path, kind: str | None) -> tuple[dict, Task]:
         raise CheckpointError(f"{path}: task kind {found!r} is not one of {', '.join(TASKS)}.")
     if found == FactualRecallTask.kind:
         return config, _factual_recall_task(path, config["model"], config["task"])
+    if found == InductionTask.kind:
+        return config, _induction_task(path, config["model"], config["task"])
     return config, _sequence_task(path, config["model"], config["task"])
 
 
@@ -150,6 +153,33 @@ def _sequence_task(path: Path, data: dict, task_cfg: dict) -> SequenceTask:
     return task
 
 
+# --------------------------------------------------------------------------- the induction family
+def _induction_task(path: Path, data: dict, task_cfg: dict) -> InductionTask:
+    """The induction task of a checkpoint, its (multi-layer) model section checked against it."""
+    try:
+        task = InductionTask.from_config(task_cfg)
+        section = InductionSection.from_json(data)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {str(e).splitlines()[0]}") from None
+    expected = {"n_ctx": task.seq_len, "d_vocab": task.d_vocab, "d_vocab_out": task.d_vocab_out}
+    for key, value in expected.items():
+        if getattr(section, key) != value:
+            raise CheckpointError(f"{path}: model.{key} is {getattr(section, key)!r}, expected {value!r} for {task}.")
+    return task
+
+
+def model_section(config: dict) -> ModelSection | InductionSection:
+    """The model section of a validated config.json, of its task kind's family."""
+    if task_kind(config["task"]) == InductionTask.kind:
+        return InductionSection.from_json(config["model"])
+    return ModelSection.from_json(config["model"])
+
+
+def weight_shapes(section: ModelSection | InductionSection) -> dict[str, tuple[int, ...]]:
+    return section.weight_shapes() if isinstance(section, InductionSection) else shapes(section)
+
+
+# --------------------------------------------------------------------------- weights
 def read_weights(path: str | Path, section: ModelSection) -> dict[str, torch.Tensor]:
     """The tensors a model needs from one safetensors file, checked against the config's
     shapes and finite, as float32 on the CPU. Unknown tensors are dropped."""
@@ -162,7 +192,7 @@ def read_weights(path: str | Path, section: ModelSection) -> dict[str, torch.Ten
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{path}: not a valid safetensors file ({reason}).") from None
     weights = {}
-    for key, shape in shapes(section).items():
+    for key, shape in weight_shapes(section).items():
         if key not in tensors:
             raise CheckpointError(f"{path}: lacks the tensor {key}.")
         t = tensors[key]
@@ -181,8 +211,13 @@ def interrupted_run(ckpt: Path) -> str:
     config.json): resume it; no weights can be read before."""
     saved = complete_steps(state_dir(ckpt))
     state = (f"its training state is saved at step {saved[-1]}" if saved else "no training state was saved yet")
+    try:  # the induction family's run.json names its model's architecture
+        induction = "architecture" in json.loads((ckpt / "run.json").read_text()).get("model", {})
+    except (OSError, ValueError, AttributeError):
+        induction = False
+    command = "models.induction.train" if induction else "models.train"
     return (f"{ckpt}: a training run that was interrupted before it wrote its checkpoint (run.json, no config.json; "
-            f"{state}, readable once the run finishes); resume it with `python -m models.train --resume {ckpt}`.")
+            f"{state}, readable once the run finishes); resume it with `python -m {command} --resume {ckpt}`.")
 
 
 def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None = None) -> Checkpoint:
@@ -196,7 +231,7 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
         there = (f"its snapshots are at steps {', '.join(map(str, steps))}" if steps else
                  "it has no snapshots (train with --snapshots-per-octave N to write them)")
         raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
-    section = ModelSection.from_json(config["model"])  # checked by read_config
+    section = model_section(config)  # checked by read_config
     return Checkpoint(ckpt, config, section, task, read_weights(file, section))
 
 

@@ -26,13 +26,13 @@ class TaskTokenizer(PreTrainedTokenizer):
 
     model_input_names = ["input_ids"]
 
-    def __init__(self, labels: list[str], **kwargs):
+    def __init__(self, labels: list[str], pad: str | None = None, **kwargs):
         if len(set(labels)) != len(labels):
             raise ValueError("token labels must be distinct.")
         self.labels = list(labels)
         self.ids = {label: i for i, label in enumerate(self.labels)}
         eos = EOS if EOS in self.ids else None
-        super().__init__(eos_token=eos, pad_token=eos, padding_side="right", **kwargs)
+        super().__init__(eos_token=eos, pad_token=pad or eos, padding_side="right", **kwargs)
 
     def __call__(self, text=None, *args, **kwargs):
         """HF's tokenizer call; prompts of one length need no padding, which a vocabulary
@@ -86,9 +86,27 @@ class TaskTokenizer(PreTrainedTokenizer):
         return ", ".join("..".join(run) for run in runs)
 
 
+class CharacterTokenizer(TaskTokenizer):
+    """One token per character (a character-level task: the induction task's text); a prompt is
+    its characters as they are, spaces and newlines included."""
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return list(text)
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
+    def _summary(self) -> str:
+        return repr("".join(self.labels))
+
+
 def task_tokenizer(task) -> TaskTokenizer:
-    """The tokenizer of a task's input vocabulary (any task kind: its `token_label`s)."""
-    return TaskTokenizer([task.token_label(i) for i in range(task.d_vocab)])
+    """The tokenizer of a task's input vocabulary (any task kind: its `token_label`s; characters
+    for a character-level task)."""
+    labels = [task.token_label(i) for i in range(task.d_vocab)]
+    if getattr(task, "character_level", False):
+        return CharacterTokenizer(labels, pad=labels[0])  # to_tokens pads (one string: never)
+    return TaskTokenizer(labels)
 
 
 def attach_tokenizer(bridge, task) -> None:

@@ -3,6 +3,7 @@
 - factual recall (Nichani, Lee & Bietti 2024): tasks.factual_recall.FactualRecallTask
 - association and distribution (Dana, Pydi & Chevaleyre): tasks.association.AssociationTask,
   tasks.association.DistributionTask
+- in-context associations, the induction-head task (Bietti et al. 2023): tasks.induction.InductionTask
 
 A checkpoint's config.json `task` section names its `kind` (absent: factual_recall);
 `task_from_config` builds the task of any kind from it (docs/checkpoint_format.md).
@@ -13,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from tasks.association import AssociationTask, DistributionTask, SequenceBatch, SequenceTask
 from tasks.factual_recall import Batch, FactualRecallTask, zipf_probs
+from tasks.induction import InductionBatch, InductionTask
 
 
 @runtime_checkable
@@ -53,7 +55,8 @@ class Task(Protocol):
         """The task of a config.json `task` section of this kind."""
 
 
-TASKS: dict[str, type[Task]] = {task.kind: task for task in (FactualRecallTask, AssociationTask, DistributionTask)}
+TASKS: dict[str, type[Task]] = {task.kind: task for task in (FactualRecallTask, AssociationTask, DistributionTask,
+                                                              InductionTask)}
 DEFAULT_KIND = FactualRecallTask.kind  # the kind of a task section that names none
 
 
@@ -71,4 +74,4 @@ def task_from_config(cfg: dict) -> Task:
 
 
 __all__ = ["Task", "TASKS", "task_kind", "task_from_config", "Batch", "FactualRecallTask", "zipf_probs",
-           "SequenceTask", "SequenceBatch", "AssociationTask", "DistributionTask"]
+           "SequenceTask", "SequenceBatch", "AssociationTask", "DistributionTask", "InductionTask", "InductionBatch"]

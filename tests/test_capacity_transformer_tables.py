@@ -137,6 +137,7 @@ def test_a_probe_cell_and_a_round_cell_keep_each_model_under_its_own_key(tmp_pat
     assert stack.key == "shape0.5,2,4_d8_S3+5_seeds0,1" and stack.parts == parts and stack.fn is tf.round_rows
     assert stack.args[:5] == ((0.5, 2.0, 4.0), 8, (3, 5), sweep, "cpu")
     assert stack.args[5] == {k: (tmp_path / "checkpoints" / k).resolve() for k in parts}
+    assert stack.args[6] == (tmp_path / "state" / stack.key).resolve()  # the round resumes from it
 
 
 class _Result:
@@ -177,8 +178,8 @@ def _stand_in_training(monkeypatch):
         calls.append(("train", run, progress))
         return _Result(run)
 
-    def train_stacks(runs, *, progress):
-        calls.append(("stacks", tuple(runs), progress))
+    def train_stacks(runs, *, progress, state_folder=None):
+        calls.append(("stacks", tuple(runs), progress) + ((state_folder,) if state_folder else ()))
         return [_Result(run) for run in runs]
 
     monkeypatch.setattr(tf, "train", train)
@@ -202,11 +203,11 @@ def test_a_round_trains_every_size_and_seed_stacked_where_told(stack, device, st
     calls = _stand_in_training(monkeypatch)
     sweep = TransformerSweep(answers=2, seq_len=4, seeds=(3, 5), stack=stack)
     keep = {probe_key(SHAPE, 8, 2, 3): tmp_path / "a", probe_key(SHAPE, 8, 4, 5): None}
-    rows = tf.round_rows(SHAPE, 8, (2, 4), sweep, device, keep)
+    rows = tf.round_rows(SHAPE, 8, (2, 4), sweep, device, keep, tmp_path / "state")
     runs = [sweep.run(SHAPE, 8, S, device, seed) for S in (2, 4) for seed in (3, 5)]
     assert [run.train.seed for run in runs] == [(3,), (5,), (3,), (5,)]
     if stacked:
-        assert calls == [("stacks", tuple(runs), False)]
+        assert calls == [("stacks", tuple(runs), False, tmp_path / "state")]
     else:
         assert calls == [("train", run, False) for run in runs]
     assert list(rows) == [probe_key(SHAPE, 8, S, seed) for S in (2, 4) for seed in (3, 5)]

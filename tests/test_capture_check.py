@@ -160,6 +160,22 @@ def test_the_shape_stack_step_is_capturable(name, sampler):
     check_capturable(_start_shapes(_shape_runs(*SHAPE_STACKS[name], sampler), META).step_once.step)
 
 
+@pytest.mark.parametrize("name", ["tiny", "lr x seed", "authors", "shape stack"])
+def test_the_steps_with_adam_s_triton_kernel_are_capturable(name, monkeypatch):
+    """Adam as CUDA runs it (models/training/adam_kernel.py: the weights in one flat buffer, one `cat` of
+    the gradients, one kernel), the kernel an operator the check sees with its operands."""
+    from models.training import optimizer
+
+    monkeypatch.setattr(optimizer, "uses_kernel", lambda device: True)
+    if name == "shape stack":
+        state = _start_shapes(_shape_runs(*SHAPE_STACKS["sizes d and tasks"], "counter"), META)
+    else:
+        run = FACTUAL_RECALL[name]
+        state = _start(replace(run, train=replace(run.train, batch_size=64, eval_size=64)), META, None)
+    assert state.optimizer.kernel
+    check_capturable(state.step_once.step)
+
+
 @pytest.mark.parametrize("body, reason", [
     (lambda w: w.detach().copy_(HOST_TABLE[None].float()), "a copy from the host to the device"),
     (lambda w: torch.empty(4, 3).copy_(w.detach()), "a copy from the device to the host (waits for the device)"),

@@ -1,5 +1,6 @@
 """The fused attention core (Triton, interpreted on the CPU) equals the vocabulary core and
 autograd: outputs and every gradient, in float64 and float32."""
+import json
 from unittest import mock
 
 import pytest
@@ -8,8 +9,9 @@ import torch.nn.functional as F
 
 from bench.core_cost import core_cost
 from bench.step_kernels import Kernels
-from models.cores import fused_attention
+from models.cores import forward, fused_attention
 from models.cores.forward import VocabAttention, choose_core, last_position_logits
+from models.cores.fused_attention import FusedAttention
 from models.recall.config import ModelConfig
 from models.recall.weights import init_weights, stack
 from tasks.factual_recall import FactualRecallTask
@@ -205,11 +207,39 @@ def test_fused_core_gives_the_model_the_same_logits_and_gradients():
         assert torch.allclose(results[1][key], vocab, atol=1e-5, rtol=1e-4), key
 
 
-def test_the_core_is_chosen_by_device():
-    """Every device keeps the vocabulary core unless the fused one is asked for (until a GPU
-    run has measured the fused core faster); names are checked."""
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    """A GPU's measured record: the fused core faster at a big stack, slower at a small step."""
+    record = tmp_path / "measured.json"
+    record.write_text(json.dumps({
+        "big": {"buffer_elements": 10**9, "steps_per_second": {"vocab": 40.0, "fused": 80.0}},
+        "small": {"buffer_elements": 10**6, "steps_per_second": {"vocab": 2700.0, "fused": 900.0}},
+        "one core": {"buffer_elements": 10**8, "steps_per_second": {"vocab": 1.0}},
+        "a rate": {"model_steps_per_second": 6827}}))
+    monkeypatch.setattr(forward, "MEASURED", record)
+    monkeypatch.setattr(forward.fused_attention, "runs_on", lambda device: True)
+    forward.measured_cores.cache_clear()
+    yield
+    forward.measured_cores.cache_clear()
+
+
+def test_auto_takes_the_core_a_gpu_measured_faster_at_the_nearest_line(measured):
+    """On CUDA, `auto` follows the measured record at the line nearest the step's [K, H, B, V]
+    elements (lines that timed one core only do not count); the CPU keeps the vocabulary core."""
+    cuda = torch.device("cuda")
+    assert choose_core("auto", cuda, 5 * 10**8) is FusedAttention
+    assert choose_core("auto", cuda, 2 * 10**6) is VocabAttention
+    assert choose_core("auto", cuda) is VocabAttention  # the step's size not given
+    assert choose_core("auto", torch.device("cpu"), 10**9) is VocabAttention
+    assert choose_core("vocab", cuda, 10**9) is VocabAttention
+
+
+def test_the_core_is_chosen_by_device(monkeypatch):
+    """Without a measured record every device keeps the vocabulary core unless the fused one
+    is asked for; names are checked."""
+    monkeypatch.setattr(forward, "measured_cores", lambda: ())
     assert choose_core("auto", torch.device("cpu")) is VocabAttention
-    assert choose_core("auto", torch.device("cuda")) is VocabAttention
+    assert choose_core("auto", torch.device("cuda"), 10**9) is VocabAttention
     assert choose_core("vocab", torch.device("cpu")) is VocabAttention
     with pytest.raises(ValueError, match="attention core must be one of auto, vocab, fused, got 'flash'"):
         choose_core("flash", torch.device("cpu"))

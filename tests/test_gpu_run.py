@@ -1,8 +1,13 @@
-"""The one-command GPU run (scripts/gpu_run.sh) as a dry run at tiny sizes on the CPU: its
-outputs, a kill in the middle of its sweep and the resume from the archive it left; and the
-offline set-up (scripts/setup.sh --offline) from a folder of wheels."""
+"""The one-command GPU run (scripts/gpu_run.sh) as a dry run at tiny sizes on the CPU, on
+fresh copies of the tree (as a lent GPU machine gets it): its results land in the results
+folders, a call killed in the middle of a piece leaves them whole, and the next call, on
+another copy holding those results and no archive, runs the tests' subset, skips the bench
+lines and the sweep pieces already recorded and goes on from the cut piece's cells; a call out
+of time ends within its budget; and the offline set-up (scripts/setup.sh --offline) from a
+folder of wheels."""
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,120 +18,140 @@ from pathlib import Path
 
 import pandas as pd
 
+from analyses.sweeps.gpu_records import CODE, code_hash, record
+
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1"}
-ALLOWED = {"report.txt", "tests_cuda.txt", "bench.txt", "gpu_checks.json", "grid.png", "fig4_left.png",
-           "fig4_left.csv", "state.tar.gz"}
+ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1",
+       "OMP_NUM_THREADS": "1"}
+ALLOWED = {"report.txt", "tests_cuda.txt", "bench.txt", "gpu_checks.json", "results.tar.gz", "state.tar.gz"}
+DRY = "results/dry_run"
+FIG4 = f"{DRY}/capacity/paper_fig4_left_full"
+PIECES = ["d11", "alpha1", "alpha1_large", "alpha2", "alpha2_large", "2e16_d11"]  # the dry run's, in order
+
+
+def _tree(path: Path) -> Path:
+    """A fresh copy of the checkout's code, without git and without results."""
+    for name in ("analyses", "bench", "models", "probe", "scripts", "tasks", "tests"):
+        shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    shutil.copy2(ROOT / "pyproject.toml", path)
+    (path / "results").mkdir()
+    return path
 
 
 def _archive(path: Path) -> dict[str, str]:
-    """Every file of a state archive: its name and the sha256 of its bytes ({} while unreadable)."""
+    """Every file of an archive: its name (no leading ./) and the sha256 of its bytes ({} while unreadable)."""
     try:
         with tarfile.open(path) as tar:
-            return {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest() for m in tar if m.isfile()}
+            return {m.name.removeprefix("./"): hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+                    for m in tar if m.isfile()}
     except (OSError, tarfile.TarError, EOFError):
         return {}
 
 
-PIECES = ["d11", "alpha1", "alpha1_large", "alpha2", "alpha2_large", "2e16_d11"]  # the dry run's, in order
+def _cells(files: dict, folder: str = "") -> dict:
+    return {name: digest for name, digest in files.items() if name.startswith(f"{FIG4}/{folder}") and "/cells/" in name}
 
 
-def _cells(files: dict, piece: str = "") -> dict:
-    return {name: digest for name, digest in files.items() if name.startswith(f"./fig4_left/{piece}")
-            and "/cells/" in name}
+def _done(files: dict, piece: str) -> bool:
+    return f"{DRY}/gpu/done/fig4_left_{piece}" in files
+
+
+def _folder(piece: str) -> str:
+    return piece.removesuffix("_large")
 
 
 def _cut_piece(files: dict) -> str | None:
     """A piece that has recorded a probe but not finished, once the first piece has finished."""
-    if "./done/fig4_left_d11" not in files:
+    if not _done(files, PIECES[0]):
         return None
-    return next((p for p in PIECES[1:] if _cells(files, _dir(p) + "/") and f"./done/fig4_left_{p}" not in files
-                 and f"./done/fig4_left_{PIECES[PIECES.index(p) - 1]}" in files), None)
+    return next((p for p in PIECES[1:] if _cells(files, _folder(p) + "/") and not _done(files, p)
+                 and _done(files, PIECES[PIECES.index(p) - 1])), None)
 
 
-def _dir(piece: str) -> str:
-    return piece.removesuffix("_large")
-
-
-def test_a_killed_gpu_run_resumes_from_its_archive(tmp_path):
-    first, second = tmp_path / "first", tmp_path / "second"
-    run = subprocess.Popen(["bash", "scripts/gpu_run.sh", "--dry-run", str(first)], cwd=ROOT, env=ENV,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline, files, cut = time.monotonic() + 600, {}, None
-    try:  # kill the whole run (as a time limit would) in the middle of a piece after the first
-        while time.monotonic() < deadline and run.poll() is None:
-            files = _archive(first / "state.tar.gz")
-            cut = _cut_piece(files)
-            if cut:
-                break
+def _run_until(tree: Path, out: Path, until, seconds: int = 600) -> dict:
+    """A dry run in `tree`, killed (its whole process group, as a time limit would) once its
+    results.tar.gz satisfies `until`; the results it brought back."""
+    run = subprocess.Popen(["bash", "scripts/gpu_run.sh", "--dry-run", str(out)], cwd=tree,
+                           env={**ENV, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and run.poll() is None and not until(_archive(out / "results.tar.gz")):
             time.sleep(0.3)
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+    return _archive(out / "results.tar.gz")
+
+
+def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on_from_them(tmp_path):
+    first, out = _tree(tmp_path / "first"), tmp_path / "out"
+    results = _run_until(first, out, _cut_piece)
+    cut = _cut_piece(results)
     assert cut, "no piece after the first was cut in the middle"
-    killed = _archive(first / "state.tar.gz")  # the last whole archive the killed run left
-    assert "./done/grid" in killed and "./done/fig4_left_d11" in killed and f"./done/fig4_left_{cut}" not in killed
-    report = (first / "report.txt").read_text()
+    assert f"{DRY}/tradeoff/paper_grid_gpu/grid.csv" in results and f"{FIG4}/d11/capacity.csv" in results
+    assert not [n for n in results if "/state/" in n or n.endswith(".tmp")]  # in-flight states: the archive's
+    report = (out / "report.txt").read_text()
+    assert "tests: in full" in report and "bench_stack-169: exit 0" in report  # a fresh tree: nothing recorded
+    assert "== stack-vocab" in (out / "bench.txt").read_text()  # the profiler's table
+    assert report.index("tests: exit") < report.index("bench_stack-169:") < report.index("grid: exit")
     started = [report.find(f"fig4_left_{p}:") for p in PIECES[:PIECES.index(cut)]]
     assert -1 not in started and started == sorted(started)  # the largest sizes first
-    bench = (first / "bench.txt").read_text()  # the profiler's tables, and each line's utilisation in the report
-    assert bench.count("top 10 kernels by self_cpu_time_total") == 3 and "== stack-fused: not profiled on cpu" in bench
-    utilisation = [line for line in (first / "report.txt").read_text().splitlines() if "model_flop_utilisation" in line]
-    assert [line.split()[1] for line in utilisation] == ["ours", "config-a", "tiny-k64", "stack-vocab"]
 
-    done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(second), str(first / "state.tar.gz")],
-                          cwd=ROOT, env={**ENV, "GPU_RUN_SECONDS": "600"}, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = (second / "report.txt").read_text()
-    for step in ("env", "tests", "bench", "grid", "fig4_left_d11"):
+    second, again = _tree(tmp_path / "second"), tmp_path / "again"  # another machine, the results committed
+    with tarfile.open(out / "results.tar.gz") as tar:
+        tar.extractall(second, filter="data")
+    assert code_hash(CODE["bench"], second) == code_hash(CODE["bench"], first)
+    resumed = _run_until(second, again, lambda files: _done(files, cut), seconds=300)
+    report = (again / "report.txt").read_text()
+    assert _done(resumed, cut), report
+    assert "tests: the subset" in report and "bench_stack-169: measured at this code" in report
+    for step in ("grid", "fig4_left_d11"):
         assert f"{step}: done in an earlier call" in report
     assert f"fig4_left_{cut}: exit 0" in report
-    resumed = _archive(second / "state.tar.gz")
-    assert {name: resumed.get(name) for name in _cells(killed)} == _cells(killed)  # kept, not recomputed
-    assert len(_cells(resumed, _dir(cut) + "/")) >= len(_cells(killed, _dir(cut) + "/"))
-    assert all(f"./done/fig4_left_{p}" in resumed for p in PIECES)
-    order = [report.find(f"fig4_left_{p}:") for p in PIECES]
-    assert -1 not in order and order == sorted(order)
-
-    outputs = {p.name for p in second.iterdir()}
-    assert outputs <= ALLOWED and {"report.txt", "state.tar.gz", "grid.png", "fig4_left.csv"} <= outputs
-    assert all(p.is_file() and p.stat().st_size <= 16 * 2**20 for p in second.iterdir())
-    capacity = pd.read_csv(second / "fig4_left.csv")  # every piece's sizes: (1,1,2) at 11, 8; (2,2,2) at 8, 11
-    assert sorted(zip(capacity["shape"], capacity["d"])) == [("1,1,2", 8), ("1,1,2", 11), ("2,2,2", 8), ("2,2,2", 11)]
-    assert capacity["S_star"].ge(2).all()
-    lead = capacity[capacity["piece"] == "d11"]
-    assert len(lead) == 1 and (lead["stored_by"] == 2).all()  # stored by both seeds
-    assert "passed" in (second / "tests_cuda.txt").read_text()
+    assert {n: resumed.get(n) for n in _cells(results)} == _cells(results)  # kept, not recomputed
+    assert len(_cells(resumed, _folder(cut) + "/")) >= len(_cells(results, _folder(cut) + "/"))
+    capacity = pd.read_csv(second / FIG4 / "fig4_left.csv")  # every piece's sizes so far, one table
+    assert set(capacity["piece"]) >= {"d11", _folder(cut)} and capacity["S_star"].ge(2).all()
+    assert {p.name for p in again.iterdir()} <= ALLOWED
 
 
 def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_path):
-    """Resumed with the steps before Figure 4 left done and too little time for any piece (a
-    piece keeps 10 s after its search, the pack 5 s): no piece starts a process, one line names
-    the pieces left, and the report and archive are packed within the budget."""
+    """Resumed with its tests and bench recorded at this code and too little time for any piece
+    (a piece keeps 10 s after its search, the pack 5 s): no piece starts a process, one line names
+    the pieces left, and the report and both archives are packed within the budget."""
+    tree = _tree(tmp_path / "tree")
+    for name, entry, code in (("passed", "tests", "tests"), ("measured", "stack-169", "bench")):
+        record(tree / DRY / "gpu" / f"{name}.json", entry, {"code": code_hash(CODE[code], tree)})
+    (tree / DRY / "gpu" / "done").mkdir()
+    (tree / DRY / "gpu" / "done" / "grid").write_text("finished earlier\n")
     earlier = tmp_path / "earlier"
-    (earlier / "done").mkdir(parents=True)
-    for step in ("env", "tests", "bench", "grid"):
-        (earlier / "done" / step).write_text("exit 0, 1 s\n")
+    for key, size in (("small", 1000), ("large", 200_000)):  # two stacks' states in flight
+        (earlier / "inflight" / "sweep" / key).mkdir(parents=True)
+        (earlier / "inflight" / "sweep" / key / "step_00000001.safetensors").write_bytes(os.urandom(size))
     (earlier / "report.txt").write_text("an earlier call\n")
     with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
         tar.add(earlier, arcname=".")
     out, budget = tmp_path / "out", 12
     t0 = time.monotonic()
     done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(out), str(tmp_path / "state.tar.gz")],
-                          cwd=ROOT, env={**ENV, "GPU_RUN_SECONDS": str(budget)}, capture_output=True, text=True,
-                          timeout=300)
+                          cwd=tree, env={**ENV, "GPU_RUN_SECONDS": str(budget), "PYTHONPATH": str(tree),
+                                         "GPU_RUN_ARCHIVE_BYTES": "100000"},
+                          capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - t0
     assert done.returncode == 0, done.stdout + done.stderr
     assert seconds < budget + 8, f"{seconds:.0f} s for a budget of {budget} s"
     report = (out / "report.txt").read_text().splitlines()
     assert report[0] == "an earlier call" and report[-1].startswith("gpu_run: ")
+    assert [line for line in report if line.startswith("bench_stack-169: measured at this code (")]
     assert f"fig4_left: {len(PIECES)} of {len(PIECES)} pieces left for the next call" in report
     assert not [line for line in report if line.startswith("fig4_left_")]
-    packed = _archive(out / "state.tar.gz")
-    assert not [name for name in packed if name.startswith("./fig4_left")]  # no search, no table
+    assert not [name for name in _archive(out / "results.tar.gz") if name.startswith(FIG4)]  # no search, no table
     with tarfile.open(out / "state.tar.gz") as tar:  # the last pack holds the whole report
         assert tar.extractfile("./report.txt").read().decode().splitlines() == report
+    kept = _archive(out / "state.tar.gz")  # the in-flight states that fit the archive's limit, smallest first
+    assert "inflight/sweep/small/step_00000001.safetensors" in kept and not [n for n in kept if "large" in n]
+    assert "state.tar.gz: 1 in-flight stacks' states left out, 1 kept (the archive's limit: 100000 bytes)" in report
     assert {p.name for p in out.iterdir()} <= ALLOWED
 
 
@@ -176,3 +201,13 @@ def test_offline_setup_builds_a_venv_from_wheels_and_a_python_with_torch(tmp_pat
                              capture_output=True, text=True)
     assert refused.returncode == 2
     assert refused.stderr.strip() == f"setup --offline: no wheels in {empty} (scripts/wheelhouse.sh DIR makes them)"
+
+
+def test_code_is_named_by_its_files_without_git(tmp_path):
+    """A copied tree names its code as the checkout does; a changed file changes the name."""
+    tree = _tree(tmp_path / "tree")
+    assert code_hash(CODE["tests"], tree) == code_hash(CODE["tests"], ROOT)
+    before = code_hash(CODE["bench"], tree)
+    path = tree / "models" / "training" / "optimizer.py"
+    path.write_text(path.read_text() + "\n# changed\n")
+    assert code_hash(CODE["bench"], tree) != before and code_hash(CODE["tests"], tree) != code_hash(CODE["tests"], ROOT)

@@ -8,11 +8,15 @@ from tasks import triton_kernels
 
 
 @pytest.mark.skipif(not triton_kernels.runs_on(torch.device("cpu")), reason="needs Triton")
-def test_the_batch_is_one_kernel_on_cuda_and_the_rest_of_the_step_is_unchanged():
-    cpu, cuda = (step_kernels("config-a", 16, cuda_sampler) for cuda_sampler in (False, True))
+def test_on_cuda_the_batch_and_adam_are_one_kernel_each_and_a_step_at_most_60():
+    cpu, cuda = (step_kernels("config-a", 16, on_cuda) for on_cuda in (False, True))
+    assert sum(sum(ops.values()) for ops in cuda.values()) <= 60  # the graphed GPU step's kernels
     assert dict(cuda.pop("batch (one Triton kernel)")) == {"triton::counter_kernel.prompts": 1}
     assert sum(cpu.pop("batch").values()) > 60  # the torch form: the hash, pass by pass
-    assert cuda == cpu
+    assert dict(cuda.pop("optimizer (adam, 6 parameters, one Triton kernel)")) == {
+        "aten::add_": 1, "aten::cat": 1, "factual_recall::adam_step": 1}  # the step count, the gradients, Adam
+    assert sum(cpu.pop("optimizer (adam, 6 parameters)").values()) == 14
+    assert cuda == cpu  # the forward and the backward
 
 
 def test_only_the_query_is_scaled():

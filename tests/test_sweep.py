@@ -109,6 +109,24 @@ def test_a_cell_two_jobs_ask_for_is_computed_once(tmp_path):
     assert executor.most == 1 and cells.computed == 1
 
 
+def stateful_rows(state: str, keys: tuple[str, ...]) -> dict:
+    """A stack cell that leaves a training state in `state` as it computes."""
+    Path(state).mkdir(parents=True, exist_ok=True)
+    (Path(state) / "step_00000001.json").write_text("{}")
+    return {key: threshold_row(1, 1) for key in keys}
+
+
+def test_a_cell_s_training_state_is_kept_until_the_cell_is_recorded(tmp_path):
+    cells = Cells(tmp_path, {})
+    state = cells.state("stack")
+    assert state == (tmp_path / "state" / "stack").resolve()
+    stateful_rows(str(cells.state("left")), ("x",))  # a cell still to compute keeps its state
+    run_jobs([one(Cell("stack", stateful_rows, (str(state), ("a", "b")), parts=("a", "b")))], cells, Shuffled(0),
+             progress=False)
+    assert not state.exists() and cells.state("left").is_dir()
+    assert [p.name for p in sorted((tmp_path / "cells").iterdir())] == ["a.json", "b.json"]
+
+
 # ------------------------------------------------------------------ CLI: bad settings
 TINY = ["--n-subjects", "8", "--n-relations", "4", "--answers-per-relation", "4", "--n-noise", "8", "--seq-len", "8",
         "--d-model", "32", "--d-head", "8", "--steps", "150", "--eval-every", "50", "--contexts", "2",

@@ -135,7 +135,8 @@ def fake_training(monkeypatch) -> list:
         calls.append(("alone", run.model.n_heads, run.model.d_mlp, checkpoint))
         return row(run, False)
 
-    def stack(runs, keys, locating, checkpoints):
+    def stack(runs, keys, locating, checkpoints, state):
+        assert state.parts[-2:] == ("state", f"stack_{keys[0]}")  # resumable where the sweep records
         calls.append(("stack", keys, checkpoints))
         return {key: row(run, True) for key, run in zip(keys, runs)}
 

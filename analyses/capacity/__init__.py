@@ -37,10 +37,18 @@ The searches run concurrently, each probe a cell: in this process (--executor lo
 --jobs worker processes of this machine (--executor processes) or as Ray tasks (--executor
 ray: one worker per core, or a cluster with --ray-address).
 """
-from analyses.capacity.cli import main, parser
-from analyses.capacity.common import TARGET, Capacity, fitted_slope
-from analyses.capacity.memory import MemorySweep, authors_line, memory_report
-from analyses.capacity.transformer import TransformerSweep, paper_window, shape_capacity, transformer_row
+import importlib
 
-__all__ = ["main", "parser", "TARGET", "Capacity", "fitted_slope", "MemorySweep", "authors_line", "memory_report",
-           "TransformerSweep", "paper_window", "shape_capacity", "transformer_row"]
+# each name from its module, imported on first use: the package itself imports nothing heavy, so
+# `python -m analyses.capacity.protocol pieces` (scripts/gpu_run.sh) answers without torch
+_MODULES = {"main": "cli", "parser": "cli", "TARGET": "common", "Capacity": "common", "fitted_slope": "common",
+            "MemorySweep": "memory", "authors_line": "memory", "memory_report": "memory",
+            "TransformerSweep": "transformer", "paper_window": "transformer", "shape_capacity": "transformer",
+            "transformer_row": "transformer"}
+__all__ = list(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'analyses.capacity' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"analyses.capacity.{_MODULES[name]}"), name)

@@ -62,6 +62,12 @@ def parser():
                    help="a recorded transformer sweep standing in for the training (repeat for several; default "
                         "the recorded Figure 4 left sweeps of the model: results/capacity/paper_fig4_left*)")
     n.add_argument("--out", type=cli.directory, help="output directory (plan.csv: every planned probe; default none)")
+    n.add_argument("--done", action="store_true",
+                   help="instead: how much of the GPU's science (Figure 4 left at the full protocol, Figure 4 right's "
+                        "grid) the committed results have finished, and what the next scripts/gpu_run.sh call will "
+                        "do, in model-steps and minutes at the rates a GPU measured")
+    n.add_argument("--results", type=Path, default=None,
+                   help="with --done: the results folder (default results/; a dry run's: results/dry_run)")
     v = sub.add_parser("departures", help="which of the authors' departures from the standard model changes the "
                                           "facts stored (each variant trained at one shape, size and S = R)")
     cli.add_seed(v, "initialisation and data")
@@ -141,7 +147,15 @@ def _recorded_analysis(folder: Path) -> str | None:
 
 
 def plan(args) -> int:
-    """The milestone rule's validation, then the sweep's plan under today's rules and the new ones."""
+    """The milestone rule's validation, then the sweep's plan under today's rules and the new ones
+    (--done: the GPU's science so far and the next call, analyses.capacity.progress)."""
+    if args.done:
+        from analyses.capacity.progress import progress_text
+        from analyses.capacity.protocol import results_root
+
+        results = args.results or results_root(dry=False)
+        print(progress_text(results, lambda piece: _transformer_sweep(parser().parse_args(piece.argv(results, "cpu")))))
+        return 0
     sweep = _transformer_sweep(args)
     for folder in args.oracle or ():
         if not (folder / "settings.json").is_file():

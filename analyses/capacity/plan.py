@@ -161,6 +161,12 @@ class _Planned:
     def checkpoint(self, key: str) -> None:
         return None
 
+    def state(self, key: str) -> None:
+        return None
+
+    def release(self, key: str) -> None:
+        return None
+
 
 def plan(sweep: TransformerSweep, oracle: Oracle) -> tuple[pd.DataFrame, dict]:
     """Every probe the sweep would train, in order, with the model-steps it would spend, and

@@ -194,18 +194,22 @@ def round_cell(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device
     stack; each (size, seed) is recorded as its own cell, the seeds of a size together."""
     parts = tuple(probe_key(shape, d, S, seed) for S in sizes for seed in sweep.seeds)
     key = f"{probe_key(shape, d, '+'.join(map(str, sizes)))}_seeds{','.join(map(str, sweep.seeds))}"
-    return Cell(key, round_rows, (shape, d, sizes, sweep, device, {k: cells.checkpoint(k) for k in parts}), parts)
+    return Cell(key, round_rows, (shape, d, sizes, sweep, device, {k: cells.checkpoint(k) for k in parts},
+                                  cells.state(key)), parts)
 
 
-def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict) -> dict:
+def round_rows(shape, d, sizes: tuple[int, ...], sweep: TransformerSweep, device: str, keep: dict,
+               state: Path | None = None) -> dict:
     """Every (size, seed) of a round, each its own run with its own early stop; stacked
     (--stack), as few stacks as models.recall.shape_trainer.train_stacks allows (with the counter
-    sampler the sizes share a stack; the generator sampler stacks the seeds of one size), else
-    one after another. {cell key: its probe row}."""
+    sampler the sizes share a stack; the generator sampler stacks the seeds of one size),
+    resumable from `state` (a round cut in the middle goes on from its last saved state),
+    else one after another. {cell key: its probe row}."""
     pairs = [(S, seed) for S in sizes for seed in sweep.seeds]
     runs = [sweep.run(shape, d, S, device, seed) for S, seed in pairs]
     stacked = sweep.stack == "on" or (sweep.stack == "auto" and resolve_device(device).type == "cuda")
-    results = train_stacks(runs, progress=False) if stacked else [train(run, progress=False) for run in runs]
+    results = (train_stacks(runs, progress=False, state_folder=state) if stacked else
+               [train(run, progress=False) for run in runs])
     rows = {}
     for (S, seed), run, result in zip(pairs, runs, results):
         key = probe_key(shape, d, S, seed)

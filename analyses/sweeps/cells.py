@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -61,7 +62,9 @@ class Cells:
     refused when this is built, before anything is written, naming each setting that differs.
     With `keep_checkpoints`, the cells that train a model keep it as a checkpoint in
     DIR/checkpoints/KEY/ (`checkpoint`); that choice changes no row, so it is not a setting,
-    and a cell recorded earlier is not retrained for it."""
+    and a cell recorded earlier is not retrained for it. A cell that trains a stack keeps its
+    resumable training state in DIR/state/KEY/ (`state`) until the cell is recorded: a sweep
+    killed in the middle of a stack goes on from it."""
 
     def __init__(self, out: Path, settings: dict, torch_threads: int = 1, earlier: tuple[dict, ...] = (),
                  keep_checkpoints: bool = False, growing: tuple[str, ...] = ()):
@@ -112,6 +115,15 @@ class Cells:
         """Where the cell `key` keeps its trained model (absolute, so a Ray worker on this
         file system writes it there), or None when checkpoints are not kept."""
         return (self.out / "checkpoints" / _file_name(key)).resolve() if self.keep_checkpoints else None
+
+    def state(self, key: str) -> Path:
+        """Where the cell `key` keeps its training state while it trains (absolute, as
+        `checkpoint`); deleted once the cell is recorded (`release`)."""
+        return (self.out / "state" / _file_name(key)).resolve()
+
+    def release(self, key: str) -> None:
+        """Delete the training state of the cell `key` (recorded: it is no longer needed)."""
+        shutil.rmtree(self.state(key), ignore_errors=True)
 
     def recorded(self, key: str) -> dict | None:
         """The recorded row of `key`, or None."""
@@ -269,10 +281,11 @@ def _recorded(cells: Cells, cell: Cell) -> dict | tuple[dict, ...] | None:
 
 
 def _record(cells: Cells, cell: Cell, row: dict) -> dict | tuple[dict, ...]:
-    """Record a computed cell, or each part of a computed stack; the row(s) as read back."""
-    if not cell.parts:
-        return cells.record(cell.key, row)
-    return tuple(cells.record(key, row[key]) for key in cell.parts)
+    """Record a computed cell, or each part of a computed stack, then release its training
+    state; the row(s) as read back."""
+    rows = cells.record(cell.key, row) if not cell.parts else tuple(cells.record(key, row[key]) for key in cell.parts)
+    cells.release(cell.key)
+    return rows
 
 
 def _cells(request: Cell | tuple[Cell, ...]) -> tuple[Cell, ...]:

@@ -71,11 +71,12 @@ def train_and_locate(run: RunConfig, locating: LocateSettings, keep: Path | None
 
 
 def train_and_locate_stack(runs: tuple[RunConfig, ...], keys: tuple[str, ...], locating: LocateSettings,
-                           keeps: tuple[Path | None, ...] | None = None) -> dict:
+                           keeps: tuple[Path | None, ...] | None = None, state: Path | None = None) -> dict:
     """Train `runs` (models differing only in H, d_h and m) as one zero-padded stack
-    (models.recall.shape_trainer); each run's row as train_and_locate gives it, by its key (each
-    model saved at its `keeps` path, where one is given)."""
-    results = train_shapes(list(runs), progress=False)
+    (models.recall.shape_trainer), resumable from `state` where given; each run's row as
+    train_and_locate gives it, by its key (each model saved at its `keeps` path, where one
+    is given)."""
+    results = train_shapes(list(runs), progress=False, state_folder=state)
     keeps = keeps or (None,) * len(runs)
     return {key: located_row(run, kept(result, keep), locating)
             for key, run, result, keep in zip(keys, runs, results, keeps)}

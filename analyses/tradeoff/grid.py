@@ -103,7 +103,8 @@ def grid_rows(run: RunConfig, grid: Grid, locating: LocateSettings, cells: Cells
     jobs = [one(Cell(keys[0], train_and_locate, (runs[keys[0]], locating, cells.checkpoint(keys[0]))))
             if keys[0] in alone else
             one(Cell(f"stack_{keys[0]}", train_and_locate_stack,
-                     (tuple(runs[k] for k in keys), keys, locating, tuple(map(cells.checkpoint, keys))), parts=keys))
+                     (tuple(runs[k] for k in keys), keys, locating, tuple(map(cells.checkpoint, keys)),
+                      cells.state(f"stack_{keys[0]}")), parts=keys))
             for keys in groups]
     with open_executor(executor if compute else ExecutorSettings()) as running:
         results = run_jobs(jobs, cells, running, desc="trade-off grid", total=len(runs), progress=progress,

@@ -32,7 +32,10 @@ model's hooks.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -104,16 +107,33 @@ class VocabAttention(torch.autograd.Function):
         return d_query, d_key, d_value, None, d_scores if ctx.positional else None, None
 
 
-def choose_core(core: str, device: torch.device) -> type[torch.autograd.Function]:
-    """The attention core for `core` (one of CORES) on `device`. "auto": the vocabulary core,
-    on every device for now: on the CPU it is the faster (bench/README.md), and the fused
-    per-token core (it moves the pattern, not a [K, H, B, V] buffer) is chosen on CUDA only
-    once a GPU run has measured it faster there (none has yet). "fused" asks for it (Triton
-    on CUDA, or Triton's interpreter on the CPU)."""
+MEASURED = Path(__file__).resolve().parents[2] / "results" / "gpu" / "measured.json"  # scripts/gpu_run.sh's
+
+
+@functools.cache
+def measured_cores() -> tuple[tuple[int, str], ...]:
+    """The faster attention core of each bench line a GPU measured with both (MEASURED, read
+    once: analyses.sweeps.gpu_records), by the line's [K, H, B, V] elements; () where none."""
+    try:
+        lines = json.loads(MEASURED.read_text()).values()
+    except (OSError, ValueError, AttributeError):
+        return ()
+    both = [line for line in lines if isinstance(line, dict) and line.get("buffer_elements")
+            and {"vocab", "fused"} <= set(line.get("steps_per_second", {}))]
+    return tuple((line["buffer_elements"], max(("vocab", "fused"), key=line["steps_per_second"].get)) for line in both)
+
+
+def choose_core(core: str, device: torch.device, elements: int | None = None) -> type[torch.autograd.Function]:
+    """The attention core for `core` (one of CORES) on `device`. "auto": on CUDA, the core the
+    GPU's measured record found faster at the bench line nearest in [K, H, B, V] `elements`
+    to this step (the fused per-token core moves the pattern, not that buffer); the vocabulary
+    core where no line measured both, and on every other device (on the CPU it is the faster:
+    bench/README.md). "fused" asks for it (Triton on CUDA, or Triton's interpreter on the CPU)."""
     if core not in CORES:
         raise ValueError(f"attention core must be one of {', '.join(CORES)}, got {core!r}.")
     if core == "auto":
-        core = "vocab"
+        lines = measured_cores() if device.type == "cuda" and elements and fused_attention.runs_on(device) else ()
+        core = min(lines, key=lambda line: abs(math.log(line[0] / elements)))[1] if lines else "vocab"
     return fused_attention.FusedAttention if core == "fused" else VocabAttention
 
 
@@ -164,7 +184,7 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
         W_pos = w["pos_embed.W_pos"]  # [K, T, d]
         score_pos = q.transpose(-1, -2) @ _heads_transposed(w[ATTN + "W_K"], None, W_pos)  # [K, H, B, T]
     # The last query sees every position, so the causal mask removes nothing here.
-    core = choose_core(attention_core, tokens.device)
+    core = choose_core(attention_core, tokens.device, K * H * B * E.shape[1])
     z, pattern = core.apply(q, key, value, index, score_pos, attention != "softmax")  # [K, H, e, B]
     if positional:
         z = z + _heads_transposed(w[ATTN + "W_V"], None, W_pos) @ pattern.transpose(-1, -2)  # [K, H, e, B]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 
 from models.bridge import resolve_device
 from models.cores.forward import has_positions
+from models.recall import stack_state
 from models.recall.config import RunConfig
 from models.recall.shape_stack import (
     buckets,
@@ -42,8 +44,11 @@ from models.training.result import TrainResult, snapshot_schedule
 from models.training.subnormals import flushed, flushing
 from tasks.factual_recall import Batch, FactualRecallTask
 
+SAVE_EVERY = 60.0  # seconds of training between a resumable stack's saved states
 
-def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True) -> list[TrainResult]:
+
+def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals: bool = True,
+                 state_folder: Path | None = None, save_every: float = SAVE_EVERY) -> list[TrainResult]:
     """Train runs that differ in d, H, d_h, m or the task (S, R, D, N, facts; one seq_len) as
     one zero-padded stack (models.recall.shape_stack), one TrainResult per run: what train(run)
     gives alone, up to the summation order of the padded products. Each run keeps its models
@@ -53,7 +58,10 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
     seed, steps, eval_every, target_accuracy, give_up and snapshots_per_octave; runs of different
     tasks need the counter sampler (shape_stack.check_stackable). The stack is trained as
     given, whatever its size: train_stacks splits runs into stacks that fit a memory budget.
-    Not resumable; a non-finite model stops the whole stack."""
+    A non-finite model stops the whole stack. With `state_folder`, the stack saves its state
+    there every `save_every` seconds of training and when it ends (models.recall.stack_state), and
+    a stack started on a folder holding its state goes on from it, bit-identical to an uncut
+    stack on the same device."""
     for run in runs:
         run.train.validate()
     check_stackable(runs)
@@ -61,19 +69,24 @@ def train_shapes(runs: list[RunConfig], progress: bool = True, flush_subnormals:
     with flushed(device, flush_subnormals):
         subnormals = "flushed" if device.type == "cpu" and flushing() else "kept"
         state = _start_shapes(runs, device)
+        state.folder, state.save_every = state_folder, save_every
+        if state_folder is not None:
+            stack_state.resume(Path(state_folder), state)
         _loop_shapes(state, progress)
         return [_cell_result(state, cell, subnormals) for cell in state.cells]
 
 
 def train_stacks(runs: list[RunConfig], memory_budget_bytes: int | None = None, progress: bool = True,
-                 flush_subnormals: bool = True) -> list[TrainResult]:
+                 flush_subnormals: bool = True, state_folder: Path | None = None,
+                 save_every: float = SAVE_EVERY) -> list[TrainResult]:
     """Train any runs as few padded stacks as the buckets allow (shape_stack.buckets: runs
     that can share a stack, none below half its stack's padded parameters, d and vocabulary,
     each stack within `memory_budget_bytes`), one stack after another; one TrainResult per
     run, in the order of `runs`, each what train(run) gives alone (train_shapes). The budget
     defaults to a fraction of the free memory of the first run's device where it is CUDA
     (shape_stack.default_budget), no limit elsewhere. A run too large for the budget alone
-    is refused before anything trains (ValueError)."""
+    is refused before anything trains (ValueError). With `state_folder`, stack j is resumable
+    in its folder stack<j> there, saved every `save_every` seconds (train_shapes)."""
     if not runs:
         return []
     for run in runs:
@@ -81,8 +94,10 @@ def train_stacks(runs: list[RunConfig], memory_budget_bytes: int | None = None, 
     if memory_budget_bytes is None:
         memory_budget_bytes = default_budget(resolve_device(runs[0].train.device))
     results: list[TrainResult | None] = [None] * len(runs)
-    for members in buckets(runs, memory_budget_bytes):
-        for i, result in zip(members, train_shapes([runs[i] for i in members], progress, flush_subnormals)):
+    for j, members in enumerate(buckets(runs, memory_budget_bytes)):
+        folder = None if state_folder is None else Path(state_folder) / f"stack{j}"
+        for i, result in zip(members, train_shapes([runs[i] for i in members], progress, flush_subnormals, folder,
+                                                   save_every)):
             results[i] = result
     return results
 
@@ -119,6 +134,10 @@ class _ShapeTraining:
     held_out: Batch  # one set every model shares [B, T], or each model's own [K, B, T]
     step: int = 0
     start: float = field(default_factory=time.perf_counter)
+    folder: Path | None = None  # where its state is saved (None: not resumable)
+    save_every: float = SAVE_EVERY  # seconds
+    saved: float = field(default_factory=time.perf_counter)  # when it last saved its state
+    evaluated: int | None = None  # a resumed state's step: its snapshots and evaluations are recorded
 
 
 def _start_shapes(runs: list[RunConfig], device: torch.device) -> _ShapeTraining:
@@ -169,10 +188,11 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
     """Step until every run has stopped; each run snapshots, evaluates and stops on its own
     schedule, as its train() would."""
     attention = state.cells[0].run.model.attention
-    bar = progress_bar(total=max(c.run.train.steps for c in state.cells), disable=not progress, unit="step",
+    bar = progress_bar(total=max(c.run.train.steps for c in state.cells), initial=state.step, disable=not progress,
+                       unit="step",
                        desc=f"training {count(len(state.lr), 'model')} of {count(len(state.cells), 'shape')}")
     while True:
-        active = [c for c in state.cells if c.stopped is None]
+        active = [c for c in state.cells if c.stopped is None and state.step != state.evaluated]
         for cell in active:
             if state.step in cell.schedule:
                 _snapshot_cell(state, cell)
@@ -182,6 +202,11 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
                                  state.positional, state.query_scale)
             for cell in due:
                 _evaluate_cell(state, cell, loss[cell.rows].tolist(), acc[cell.rows].tolist())
+            # the evaluation waited for the device: the state is saved here, between steps
+            ended = all(c.stopped is not None for c in state.cells)
+            if state.folder is not None and (ended or time.perf_counter() - state.saved >= state.save_every):
+                stack_state.save(Path(state.folder), state)
+                state.saved = time.perf_counter()
         if all(c.stopped is not None for c in state.cells):
             break
         state.step_once()

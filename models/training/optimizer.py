@@ -1,5 +1,6 @@
-"""The optimizer of both trainers: Adam or plain gradient descent with one learning rate per
-model, every piece of state a device tensor (ready for CUDA-graph capture)."""
+"""The optimizer of the trainers: Adam or gradient descent with one learning rate per model, every
+piece of state a device tensor (ready for CUDA-graph capture). The induction family adds SGD's
+momentum and weight decay (torch.optim.SGD's update) and Adam's decoupled weight decay (AdamW)."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,34 @@ import math
 
 import torch
 
+from tasks import triton_kernels
+
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
+ADAM_BLOCK = 1024  # elements per program of the Adam kernel
+
+
+@torch.library.custom_op("factual_recall::adam_step", mutates_args=("params", "m", "v"))
+def adam_step(params: torch.Tensor, grads: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lr: torch.Tensor,
+              step: torch.Tensor, corrections: torch.Tensor, blocks: torch.Tensor) -> None:
+    """Adam's update of the flat buffers `params`, `m`, `v` from `grads` [N] (float32) as one
+    launch of models/training/adam_kernel.py: `blocks` [n, 4] int64 maps each program to its block
+    (Optimizer), `lr` [K], `step` [1] the step count, `corrections` Adam's table. A torch
+    operator, so that the capture check and the kernel count see it (as one operation)."""
+    b1, b2 = ADAM_BETAS
+    triton_kernels.load("models.training.adam_kernel").adam[(len(blocks),)](
+        params, grads, m, v, lr, step, corrections, len(corrections), blocks, 1 - b1, b2, 1 - b2, ADAM_EPS,
+        BLOCK=ADAM_BLOCK, enable_fp_fusion=False)
+
+
+@adam_step.register_fake
+def _(params, grads, m, v, lr, step, corrections, blocks) -> None:
+    return None
+
+
+def uses_kernel(device: torch.device) -> bool:
+    """Whether Adam's update is the Triton kernel by default on `device`: on CUDA where Triton
+    compiles (on the CPU the torch form is as fast, and Triton would only interpret)."""
+    return device.type == "cuda" and triton_kernels.runs_on(device)
 
 
 @functools.cache
@@ -32,17 +60,62 @@ class Optimizer:
     Gradients are consumed and released (`p.grad = None`, set_to_none): the next backward
     writes fresh ones instead of accumulating. Under a capture of the whole step (backward
     included) that rebinding happens once, while capturing; each replay's backward writes
-    the gradients into the same graph-pool memory the captured update reads."""
+    the gradients into the same graph-pool memory the captured update reads.
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str):
+    `kernel` (Adam only; default: on CUDA where Triton compiles): the update as one Triton
+    kernel (adam_step) instead of about fourteen torch operations, the same float32 arithmetic
+    (bit-identical in Triton's interpreter). The weights then live in one flat buffer, each
+    parameter a view of it (its tensor kept: `p.data` rebound once, here), the moments too, and
+    each step copies the gradients into a flat buffer with one `cat`. AdamW (a weight decay)
+    keeps the torch form."""
+
+    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, kind: str, momentum: float = 0.0,
+                 weight_decay: float = 0.0, kernel: bool | None = None):
         self.params, self.kind = params, kind
+        self.momentum, self.weight_decay = momentum, weight_decay
         self.t = torch.zeros(1, dtype=torch.long, device=lr.device)  # [1] steps taken
         self.rates = lr  # [K] every model's learning rate; self.lr holds views of it
         self.lr = {k: lr.view(-1, *([1] * (p.dim() - 1))) for k, p in params.items()}
+        if kernel is None:
+            kernel = uses_kernel(lr.device)
+        self.kernel = (kernel and kind == "adam" and not weight_decay
+                       and len({p.dtype for p in params.values()} | {lr.dtype}) == 1)
         if kind == "adam":
-            self.m = {k: torch.zeros_like(p) for k, p in params.items()}
-            self.v = {k: torch.zeros_like(p) for k, p in params.items()}
             self.corrections = bias_corrections().to(lr.device, copy=True)  # [n, 2] float32
+            if self.kernel:
+                self._flatten(lr)
+            else:
+                self.m = {k: torch.zeros_like(p) for k, p in params.items()}
+                self.v = {k: torch.zeros_like(p) for k, p in params.items()}
+        if kind == "sgd" and momentum:
+            self.buffers = {k: torch.zeros_like(p) for k, p in params.items()}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every piece of state but the step count, by the name a saved training state gives it."""
+        state = {}
+        if self.kind == "adam":
+            state.update({f"adam.m.{k}": m for k, m in self.m.items()})
+            state.update({f"adam.v.{k}": v for k, v in self.v.items()})
+        if self.kind == "sgd" and self.momentum:
+            state.update({f"sgd.momentum.{k}": b for k, b in self.buffers.items()})
+        return state
+
+    @torch.no_grad()
+    def _flatten(self, lr: torch.Tensor) -> None:
+        """The weights, moments and gradients of every parameter as flat buffers [N], each
+        parameter a view (its values kept), and the kernel's block table."""
+        sizes = [p.numel() for p in self.params.values()]
+        self.flat = lr.new_empty(sum(sizes))  # [N]
+        self.flat_m, self.flat_v, self.flat_grad = (lr.new_zeros(sum(sizes)) for _ in range(3))
+        self.m, self.v, blocks, start = {}, {}, [], 0
+        for (k, p), n in zip(self.params.items(), sizes):
+            view = self.flat[start:start + n].view(p.shape)
+            view.copy_(p)
+            p.data = view
+            self.m[k], self.v[k] = (b[start:start + n].view(p.shape) for b in (self.flat_m, self.flat_v))
+            blocks += [[b, start + n, start, n // len(lr)] for b in range(start, start + n, ADAM_BLOCK)]
+            start += n
+        self.blocks = torch.tensor(blocks, dtype=torch.long).to(lr.device)  # [blocks, 4]
 
     @torch.no_grad()
     def stop(self, k: int) -> None:
@@ -67,8 +140,22 @@ class Optimizer:
             p.grad = None  # the next backward starts from zero
         rates = [self.lr[k] for k in keys]  # [K, 1, ...] views of the one [K] tensor
         if self.kind == "sgd":
+            if self.weight_decay:  # torch.optim.SGD: the decay joins the gradient, momentum and all
+                grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
+            if self.momentum:  # buf = momentum buf + g (buf = g at the first step: zero start, same)
+                buffers = [self.buffers[k] for k in keys]
+                torch._foreach_mul_(buffers, self.momentum)
+                torch._foreach_add_(buffers, grads)
+                grads = buffers
             torch._foreach_sub_(params, torch._foreach_mul(rates, grads))
             return
+        if self.kernel:
+            torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
+            adam_step(self.flat, self.flat_grad, self.flat_m, self.flat_v, self.rates, self.t, self.corrections,
+                      self.blocks)
+            return
+        if self.weight_decay:  # AdamW: decoupled, p <- p (1 - lr wd) before the Adam update
+            torch._foreach_sub_(params, torch._foreach_mul(torch._foreach_mul(rates, params), self.weight_decay))
         row = self.corrections.index_select(0, self.t.clamp(max=len(self.corrections)) - 1)  # [1, 2]
         first, second = row[0, 0], row[0, 1]  # 1 - b1^t, sqrt(1 - b2^t)
         b1, b2 = ADAM_BETAS

@@ -1,11 +1,14 @@
 """Resumable training state, saved with each snapshot: every model's trainable weights,
-Adam's moments and step count, the data generators' RNG states (none with the counter
-sampler, whose stream is a function of the step) and the metrics so far.
+the optimizer's state (Adam's moments, SGD's momentum) and step count, the data generators' RNG
+states (none with the counter sampler, whose stream is a function of the step) and the metrics so far.
 
-CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>, rng.<seed>)
+CKPT/train_state/step_XXXXXXXX.safetensors  tensors (weights.<key>, adam.m.<key>, adam.v.<key>,
+                                             sgd.momentum.<key>, rng.<seed>, and a caller's own: a
+                                             shape stack's snapshots)
 CKPT/train_state/step_XXXXXXXX.json         step, adam_t, sampler, device, metrics, dropped (the models
-                                             dropped as diverged: models.training.divergence); written last, so a
-                                             state is complete exactly when its JSON exists
+                                             dropped as diverged: models.training.divergence), and a
+                                             caller's own fields; written last, so a state is complete
+                                             exactly when its JSON exists
 The tensors are read back onto any device: a counter-sampler run resumes on another device
 (CPU -> CUDA and back) with the same batches; a generator-sampler run only on its own kind of
 device, whose random streams its saved generator states are.
@@ -21,21 +24,27 @@ from safetensors.torch import load_file
 
 from models.checkpoint import CheckpointError, complete_steps, state_dir, write_json, write_weights
 
-__all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "load_state", "restore", "saved_snapshots"]
+__all__ = ["state_dir", "complete_steps", "save_state", "remove_partial", "keep_latest", "load_state", "restore",
+           "saved_snapshots"]
 
 
-def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics: list[dict],
-               sampler: str, dropped: list[dict] = ()) -> None:
-    tensors = {f"weights.{k}": p.detach() for k, p in params.items()}
-    if optimizer.kind == "adam":
-        tensors.update({f"adam.m.{k}": m for k, m in optimizer.m.items()})
-        tensors.update({f"adam.v.{k}": v for k, v in optimizer.v.items()})
-    tensors.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
-    write_weights(folder / f"step_{step:08d}.safetensors", tensors, cast=False)
+def save_state(folder: Path, step: int, params: dict, optimizer, generators: dict, metrics,
+               sampler: str, dropped: list[dict] = (), extra: dict | None = None,
+               tensors: dict[str, torch.Tensor] | None = None) -> None:
+    """The state at `step` in `folder`: `params`' weights, the optimizer's state (Adam's moments,
+    SGD's momentum) and step count, the generators' RNG states, the `metrics` so far (any JSON),
+    the models `dropped` as diverged, the JSON fields of `extra` and the tensors of `tensors`
+    (names other than weights.*, adam.*, sgd.*, rng.*). Reads the device's step count (a host
+    sync): call it between steps, never inside a captured one."""
+    saved = {f"weights.{k}": p.detach() for k, p in params.items()}
+    saved.update(optimizer.state_tensors())
+    saved.update({f"rng.{seed}": g.get_state() for seed, g in generators.items()})
+    saved.update(tensors or {})
+    write_weights(folder / f"step_{step:08d}.safetensors", saved, cast=False)
     device = str(next(iter(params.values())).device)
-    write_json(folder / f"step_{step:08d}.json",
-               {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler, "device": device, "metrics": metrics,
-                "dropped": list(dropped)})
+    write_json(folder / f"step_{step:08d}.json", {"step": step, "adam_t": optimizer.t.item(), "sampler": sampler,
+                                                  "device": device, "metrics": metrics, "dropped": list(dropped),
+                                                  **(extra or {})})
 
 
 def remove_partial(folder: Path) -> None:
@@ -44,6 +53,13 @@ def remove_partial(folder: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def keep_latest(folder: Path) -> None:
+    """Delete every state older than the latest complete one (the JSONs first: a kill in
+    between leaves an incomplete state, never a damaged complete one)."""
+    latest = complete_steps(folder)[-1:]
+    older = [p for p in folder.glob("step_*") if latest and int(p.name[5:13]) < latest[0]]
+    for path in sorted(older, key=lambda p: p.suffix != ".json"):
+        path.unlink(missing_ok=True)
 
 
 def load_state(folder: Path, step: int) -> tuple[dict, dict]:
@@ -72,9 +88,8 @@ def restore(tensors: dict, info: dict, params: dict, optimizer, generators: dict
     with torch.no_grad():
         for k, p in params.items():
             p.copy_(tensors[f"weights.{k}"])
-            if optimizer.kind == "adam":
-                optimizer.m[k].copy_(tensors[f"adam.m.{k}"])
-                optimizer.v[k].copy_(tensors[f"adam.v.{k}"])
+        for name, t in optimizer.state_tensors().items():
+            t.copy_(tensors[name])
     optimizer.t.fill_(info["adam_t"])
     for seed, g in generators.items():
         g.set_state(tensors[f"rng.{seed}"])

@@ -1,0 +1,124 @@
+"""Adam's update as one Triton kernel (models/training/adam_kernel.py, run by Triton's interpreter on the
+CPU) equals the torch form of models.training.optimizer bit for bit where the square root is correctly
+rounded (torch's own on the CPU is not: one ulp off on about 0.7% of inputs, so there the two
+agree to that ulp): weights and both moments, several parameters of odd sizes, a learning rate
+per model (one of them zero), and steps past the end of the bias-correction table; the weights
+keep their tensors; the capture check sees the kernel."""
+import pytest
+import torch
+
+from models.training import optimizer as optim
+from models.training.capture_check import CaptureHazard, check_capturable
+from models.training.optimizer import Optimizer
+from tasks import triton_kernels
+from tests.conftest import TEST_DEVICE
+
+needs_triton = pytest.mark.skipif(not triton_kernels.runs_on(TEST_DEVICE), reason="needs Triton")
+SHAPES = {"W_Q": (3, 2, 5, 7), "b_Q": (3, 1), "W_in": (3, 700), "W_out": (3, 33, 41)}  # [K, ...], K = 3
+
+
+def _pair(device=TEST_DEVICE):
+    """Two optimizers on equal copies of the same weights: the torch form and the kernel."""
+    g = torch.Generator().manual_seed(0)
+    weights = {k: torch.randn(shape, generator=g).to(device) for k, shape in SHAPES.items()}
+    lr = torch.tensor([1e-2, 3e-3, 0.0], device=device)
+    made = []
+    for kernel in (False, True):
+        params = {k: w.clone().requires_grad_() for k, w in weights.items()}
+        made.append((params, Optimizer(params, lr.clone(), "adam", kernel=kernel)))
+    return made, g
+
+
+def _step(made, g):
+    grads = {k: torch.randn(shape, generator=g) * 10.0 ** torch.randint(-6, 1, (), generator=g) for k, shape in
+             SHAPES.items()}
+    for params, opt in made:
+        for k, p in params.items():
+            p.grad = grads[k].to(p.device)
+        opt.step()
+
+
+def _rounded_sqrt(tensors):
+    """Correctly rounded float32 square roots (float64's, rounded: exact for a square root)."""
+    return [t.double().sqrt().float() for t in tensors]
+
+
+@needs_triton
+@pytest.mark.skipif(TEST_DEVICE.type != "cpu", reason="Triton's interpreter against the CPU's torch form")
+def test_the_kernel_equals_the_torch_form_with_a_rounded_square_root_bit_for_bit(monkeypatch):
+    monkeypatch.setattr(torch, "_foreach_sqrt", _rounded_sqrt)
+    made, g = _pair()
+    (torch_params, torch_opt), (kernel_params, kernel_opt) = made
+    kept = {k: p for k, p in kernel_params.items()}
+    for _ in range(4):
+        _step(made, g)
+    for opt in (torch_opt, kernel_opt):  # on past the table's last row (t = 38,105): it stays there
+        opt.t.fill_(len(opt.corrections) - 2)
+        opt.stop(1)  # model 1 dropped (models.training.divergence): frozen from here
+    stopped = {k: p[1].clone() for k, p in kernel_params.items()}
+    for _ in range(3):
+        _step(made, g)
+    assert all(torch.equal(kernel_params[k][1], w) for k, w in stopped.items())
+    assert torch_opt.kernel is False and kernel_opt.kernel is True
+    for k in SHAPES:
+        for a, b in ((torch_params[k], kernel_params[k]), (torch_opt.m[k], kernel_opt.m[k]),
+                     (torch_opt.v[k], kernel_opt.v[k])):
+            assert torch.equal(a, b), k
+        assert kernel_params[k] is kept[k] and kernel_params[k].grad is None  # the same tensors, gradients released
+        assert kernel_params[k].untyped_storage().data_ptr() == kernel_opt.flat.untyped_storage().data_ptr()
+    assert not torch.equal(kernel_params["W_in"][0], _pair()[0][1][0]["W_in"][0])  # it trained
+    assert torch.equal(kernel_params["W_in"][2], _pair()[0][1][0]["W_in"][2])  # lr 0: untouched
+
+
+@needs_triton
+def test_the_kernel_agrees_with_torch_s_own_form_to_its_square_root_s_ulp():
+    """Against the torch form as it runs (the CPU's square root; on CUDA, foreach addcmul rounds
+    c (g g) where the CPU and the kernel round (c g) g): within a few ulps after seven steps."""
+    made, g = _pair()
+    for _ in range(7):
+        _step(made, g)
+    (torch_params, torch_opt), (kernel_params, kernel_opt) = made
+    for k in SHAPES:
+        torch.testing.assert_close(kernel_params[k], torch_params[k], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(kernel_opt.v[k], torch_opt.v[k], rtol=1e-6, atol=1e-12)
+
+
+@needs_triton
+def test_the_kernel_is_one_operation_the_capture_check_sees():
+    from bench.step_kernels import Kernels
+
+    made, g = _pair()
+    params, opt = made[1]
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    with Kernels() as counted:
+        opt.step()
+    assert dict(counted.ops) == {"aten::add_": 1, "aten::cat": 1, "factual_recall::adam_step": 1}
+
+
+def _meta_step(table_on_host: bool):
+    meta = torch.device("meta")
+    params = {k: torch.zeros(shape, device=meta).requires_grad_() for k, shape in SHAPES.items()}
+    opt = Optimizer(params, torch.full((3,), 1e-2, device=meta), "adam", kernel=True)
+    if table_on_host:
+        opt.corrections = optim.bias_corrections()
+
+    def step():
+        loss = sum((p * 2).square().sum() for p in params.values())
+        loss.backward()
+        opt.step()
+        return (loss.detach(),)
+    return step
+
+
+def test_the_kernel_s_step_passes_the_capture_check_and_a_table_left_on_the_host_is_refused():
+    check_capturable(_meta_step(table_on_host=False))
+    hazard = r"factual_recall\.adam_step.* at models/training/optimizer\.py:\d+: a CPU tensor"
+    with pytest.raises(CaptureHazard, match=hazard):
+        check_capturable(_meta_step(table_on_host=True))
+
+
+def test_the_kernel_is_the_default_on_cuda_only(monkeypatch):
+    assert not optim.uses_kernel(torch.device("cpu"))  # on the CPU the torch form: nothing changes there
+    monkeypatch.setattr(optim.triton_kernels, "runs_on", lambda device: True)
+    assert optim.uses_kernel(torch.device("cuda")) and not optim.uses_kernel(torch.device("cpu"))
