@@ -81,7 +81,8 @@ def test_the_plan_spends_what_the_sweep_then_spends(tmp_path, capsys):
     oracle = tmp_path / "oracle"
     assert _cli(["transformer", *sizes, "--device", "cpu", "--quiet", "--out", str(oracle)], capsys)[0] == 0
     code, text, _ = _cli(["plan", *sizes, "--oracle", str(oracle), "--out", str(tmp_path / "plan")], capsys)
-    assert code == 0 and "stopped wrongly" in text and "model-steps today" in text and "2 learning rates" in text
+    assert code == 0 and "stopped wrongly" in text and "model-steps today" in text
+    assert "plan of 1 shape x d = 8,11, 2 learning rates, 1 seed, 64 steps;" in text  # counts in words
     planned = pd.read_csv(tmp_path / "plan" / "plan.csv")
     assert planned["recorded"].all()
     assert (planned["model_steps"] == 2 * planned["steps_run"]).all()
@@ -271,7 +272,7 @@ def test_the_plan_s_text_says_what_its_probes_spend(monkeypatch):
     text, table = plan_module.plan_text(sweep, None, 200.0)
     today, new = 25010000, 7000000
     assert text.splitlines() == [
-        "plan of 1 shapes x d = 8,11, 2 learning rates, 1 seed(s), 16384 steps; model-steps today -> new rules "
+        "plan of 1 shape x d = 8,11, 2 learning rates, 1 seed, 16384 steps; model-steps today -> new rules "
         "(probes in brackets):",
         "  1,1,2       d=8: 25000k -> 7000k (2 -> 2); d=11: 10k -> 0 (1 -> 0)",
         f"total: 25,010,000 model-steps today, 7,000,000 with the new rules ({new / today:.2f}x); recorded probes "
