@@ -147,7 +147,7 @@ def summarise(metrics: pd.DataFrame, task: FactualRecallTask, rule: PhaseRule) -
         "phase": phase.to_dict() if phase else None,
         "rule": asdict(rule),
         "n_snapshots": len(metrics),
-        "final": {k: float(v) for k, v in metrics.iloc[-1].items()},
+        "final": {k: int(v) if k == "step" else float(v) for k, v in metrics.iloc[-1].items()},
         "storage_fills": {name: _first_step_at(storage, f"{name}_recall_share", 0.5) for name in ("attention", "mlp")},
     }
 
@@ -170,12 +170,12 @@ def report(dynamics: Dynamics, ckpt: str, out: Path) -> str:
     final, phase = summary["final"], summary["phase"]
     lines = [f"{ckpt}: {summary['n_snapshots']} snapshots, log D = {summary['log_D']:.3f}, "
              f"H(a|r) = {summary['conditional_entropy']:.3f} nats",
-             f"final     step {int(final['step'])}: loss {final['loss']:.4f}, accuracy {final['accuracy']:.3f}, "
+             f"final     step {final['step']}: loss {final['loss']:.4f}, accuracy {final['accuracy']:.3f}, "
              f"relation-only {final['relation_only_loss']:.4f}, subject-only {final['subject_only_loss']:.4f}"]
     if phase is None:
         rule = summary["rule"]
         lines.append(f"no hallucination phase: no {rule['min_snapshots']}+ snapshots over {rule['min_octaves']:g}+ "
-                     f"octave(s) with the loss within {100 * rule['level_tolerance']:g}% of H(a|r), relation-only "
+                     f"octaves with the loss within {100 * rule['level_tolerance']:g}% of H(a|r), relation-only "
                      f"loss <= {rule['relation_only_max']:g} and subject-only loss >= {rule['subject_only_min']:g}")
     else:
         left = f"left at step {phase['exit_step']}" if phase["exit_step"] is not None else "training ended in it"

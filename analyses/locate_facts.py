@@ -33,6 +33,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from analyses.visualize import parse_facts
 from models import load
+from models.text import count, number
 from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablations, n_ablation_runs
@@ -105,7 +106,7 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     heads = heads.merge(_per_head_effects(facts, model.cfg.n_heads), on="head")
     bar.close()
     measured = {**measured_settings(settings, rule, chosen), "device": str(model_device(model))}
-    summary = LocateSummary.of(facts, heads, task, measured, round(time.perf_counter() - start, 2), seed)
+    summary = LocateSummary.of(facts, heads, task, measured, round(time.perf_counter() - start, 2))
     return Located(facts, heads, head_tokens, summary)
 
 
@@ -158,20 +159,21 @@ def fact_report(located: Located, ckpt: str, out: Path) -> str:
     """Per chosen fact: where it lives, its margin and each store's part of it, and per head
     its part of the margin, its EOS attention on the fact's subject and relation and the
     share of the logit difference it restores when the subject (relation) is swapped."""
-    lines = [f"{ckpt}: {len(located.facts)} chosen fact(s)"]
+    lines = [f"{ckpt}: {count(len(located.facts), 'chosen fact')}"]
     tokens = located.head_tokens
     for (s, r, _), fact in located.facts.iterrows():
-        margins = ", ".join(f"{store} {fact[columns.margin(store)]:.2f}" for store in (*columns.STORES, "direct"))
-        margin, low, high = (fact[c] for c in columns.interval(columns.MARGIN))
+        margins = ", ".join(f"{store} {number(fact[columns.margin(store)], '.2f')}"
+                            for store in (*columns.STORES, "direct"))
+        margin, low, high = (number(fact[c], ".2f") for c in columns.interval(columns.MARGIN))
         lines.append(f"fact S{s} R{r} -> {fact[columns.ANSWER_NAME]}: {fact[columns.LABEL]}; accuracy "
-                     f"{fact[columns.ACCURACY]:.3f}, margin {margin:.2f} logits [95% CI {low:.2f}, {high:.2f}]"
-                     f" ({margins})")
+                     f"{fact[columns.ACCURACY]:.3f}, margin {margin} logits [95% CI {low}, {high}] ({margins})")
         for h in tokens.index:
             head = columns.head(h)
-            lines.append(f"  head {h}: margin {fact[columns.head_margin(h)]:+.2f}, attention on S{s} "
-                         f"{tokens.loc[h, f'S{s}']:.2f}, on R{r} {tokens.loc[h, f'R{r}']:.2f}; patching restores "
-                         f"{fact[columns.patch('subject', head)]:.2f} (subject), "
-                         f"{fact[columns.patch('relation', head)]:.2f} (relation)")
+            lines.append(f"  head {h}: margin {number(fact[columns.head_margin(h)], '+.2f')}, attention on S{s} "
+                         f"{number(tokens.loc[h, f'S{s}'], '.2f')}, on R{r} {number(tokens.loc[h, f'R{r}'], '.2f')}; "
+                         "patching restores "
+                         f"{number(fact[columns.patch('subject', head)], '.2f')} (subject), "
+                         f"{number(fact[columns.patch('relation', head)], '.2f')} (relation)")
     lines.append(f"wrote {out}/ (facts.csv, heads.csv, head_tokens.csv, summary.json, figures) "
                  f"in {located.summary.seconds:.1f} s")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The summary of a locate_facts run (summary.json): the accuracy, the share of facts per
-storage label and the recall over facts, each with a 95% bootstrap interval over facts,
-and the heads ranked by denoising score."""
+storage label and the recall over facts, each a share with its 95% Wilson interval over
+facts (probe.stats), and the heads ranked by denoising score."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -9,20 +9,20 @@ import pandas as pd
 import torch
 
 from probe import columns
-from probe.stats import with_interval
+from probe.stats import share_with_interval
 from probe.storage import LABELS
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean over facts and its 95% bootstrap interval."""
+    """A share over facts (a mean of values in [0, 1]) and its 95% Wilson interval."""
     value: float
     low: float
     high: float
 
     @classmethod
-    def over_facts(cls, name: str, values: pd.Series, seed: int) -> Interval:
-        cols = with_interval(name, torch.tensor(values.to_numpy(dtype=float)), seed)
+    def over_facts(cls, name: str, values: pd.Series) -> Interval:
+        cols = share_with_interval(name, torch.tensor(values.to_numpy(dtype=float)))
         return cls(*(float(cols[k]) for k in columns.interval(name)))
 
 
@@ -59,25 +59,25 @@ class LocateSummary:
     settings: dict  # what was measured: contexts, patch_contexts, seed, the rule, the device
     seconds: float
     source: Source | None = None  # written as `checkpoint`, `step`, `weights_sha256` when known
+    intervals: str = "wilson"  # how the intervals were computed (summaries without it: "bootstrap")
 
     @classmethod
-    def of(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float,
-           seed: int) -> LocateSummary:
+    def of(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float) -> LocateSummary:
         """The summary of the per-fact (`facts`, labelled) and per-head measurements."""
         labels = facts[columns.LABEL]
         counts = {label: int((labels == label).sum()) for label in LABELS}
         n = len(facts)
         top = heads.sort_values("denoising_score", ascending=False)
-        recall = {name: Interval.over_facts(name, facts[name].dropna(), seed)
+        recall = {name: Interval.over_facts(name, facts[name].dropna())
                   for name in (columns.ov_probe(), columns.MLP_PROBE) if facts[name].notna().any()}
         return cls(
             accuracy=float(facts[columns.ACCURACY].mean()),
-            accuracy_interval=Interval.over_facts(columns.ACCURACY, facts[columns.ACCURACY], seed),
+            accuracy_interval=Interval.over_facts(columns.ACCURACY, facts[columns.ACCURACY]),
             n_facts=n, label_counts=counts, label_shares={label: counts[label] / n for label in LABELS},
-            label_share_intervals={label: Interval.over_facts(label, (labels == label).astype(float), seed)
+            label_share_intervals={label: Interval.over_facts(label, (labels == label).astype(float))
                                    for label in LABELS},
             recall=recall,
-            path_accuracy={name: Interval.over_facts(name, facts[columns.path_accuracy(name)], seed)
+            path_accuracy={name: Interval.over_facts(name, facts[columns.path_accuracy(name)])
                            for name in columns.STORES},
             top_heads=tuple(TopHead(int(r.head), float(r.denoising_score), float(r.subject_score),
                                     float(r.relation_score)) for r in top.itertuples()),

@@ -60,23 +60,29 @@ def margin_scatter(facts: pd.DataFrame, path: Path | None = None):
 def _shade_phase(ax, summary: dict) -> None:
     phase = summary["phase"]
     if phase:
-        ax.axvspan(max(phase["start_step"], 1), max(phase["end_step"], 1), color="#F2C14E", alpha=0.25,
-                   label="hallucination phase")
+        ax.axvspan(phase["start_step"], phase["end_step"], color="#F2C14E", alpha=0.25, label="hallucination phase")
+
+
+def _step_axis(ax) -> None:
+    """The step on a log axis that still shows step 0: symmetric log, linear from 0 to 1."""
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("training step (log; linear from 0 to 1, so the step-0 snapshot shows)")
 
 
 def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path | None = None):
     """Figure 5 of the paper: loss, relation-only and subject-only loss against the step (log
-    axis), the relation-only level log D drawn and the hallucination phase shaded."""
+    axis, step 0 included), the relation-only level log D drawn and the hallucination phase shaded."""
     fig, ax = subplots(figsize=(6, 3.8))
-    shown = metrics[metrics["step"] > 0]
     for column, label, color in (("loss", "loss", "black"), ("relation_only_loss", "relation-only loss", "#4C72B0"),
                                  ("subject_only_loss", "subject-only loss", "#DD8452")):
-        ax.plot(shown["step"], shown[column], label=label, color=color, lw=1.8)
+        ax.plot(metrics["step"], metrics[column], label=label, color=color, lw=1.8)
     ax.axhline(summary["log_D"], color="gray", ls="--", lw=1, label=f"log D = {summary['log_D']:.2f}")
     if abs(summary["conditional_entropy"] - summary["log_D"]) > 1e-6:
         ax.axhline(summary["conditional_entropy"], color="gray", ls=":", lw=1, label="H(a | r)")
     _shade_phase(ax, summary)
-    ax.set(xscale="log", xlabel="training step", ylabel="nats", ylim=(0, None),
+    _step_axis(ax)
+    ax.set(ylabel="nats", ylim=(0, None),
            title="Sequential learning: " + ("a hallucination phase" if summary["phase"] else "no hallucination phase"))
     ax.legend(fontsize=8, frameon=False)
     return save_figure(fig, path)
@@ -84,19 +90,18 @@ def hallucination_curves(metrics: pd.DataFrame, summary: dict, path: Path | None
 
 def storage_over_time(metrics: pd.DataFrame, summary: dict, path: Path | None = None):
     """Shares of facts recalled by the attention path and by the MLP path alone, and the
-    accuracy and hallucination rate, against the step (log axis), the phase shaded."""
+    accuracy and hallucination rate, against the step (log axis, step 0 included), the phase shaded."""
     fig, ax = subplots(figsize=(6, 3.8))
-    shown = metrics[metrics["step"] > 0]
-    ax.plot(shown["step"], shown["accuracy"], color="black", lw=1.5, label="accuracy")
-    ax.plot(shown["step"], shown["hallucination_rate"], color="#C44E52", lw=1.5, label="hallucination rate")
+    ax.plot(metrics["step"], metrics["accuracy"], color="black", lw=1.5, label="accuracy")
+    ax.plot(metrics["step"], metrics["hallucination_rate"], color="#C44E52", lw=1.5, label="hallucination rate")
     for name in ("attention", "mlp"):
         column = f"{name}_recall_share"
-        if column in shown and shown[column].notna().any():
-            points = shown.dropna(subset=[column])
+        if column in metrics and metrics[column].notna().any():
+            points = metrics.dropna(subset=[column])
             ax.plot(points["step"], points[column], "o-", color=COLORS[name],
                     label=f"facts recalled by the {name} path")
     _shade_phase(ax, summary)
-    ax.set(xscale="log", xlabel="training step", ylabel="share", ylim=(-0.02, 1.02),
-           title="Where the facts go over training")
+    _step_axis(ax)
+    ax.set(ylabel="share", ylim=(-0.02, 1.02), title="Where the facts go over training")
     ax.legend(fontsize=8, frameon=False)
     return save_figure(fig, path)

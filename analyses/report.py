@@ -123,13 +123,16 @@ def model_section(ckpt: Path, config: dict, task) -> str:
     return "<h2>Model</h2>" + _table(rows, ["", ""])
 
 
+INTERVALS = {"wilson": "Wilson", "bootstrap": "bootstrap"}  # summaries written before Wilson's: bootstrap
+
+
 def locate_section(folder: Path) -> str:
     s = read_summary(folder / "summary.json")
     parts = ["<h2>Where the facts live (locate_facts)</h2>",
              (f'<p class="note">From <code>{html.escape(str(folder))}</code>, {s["n_facts"]} facts, '
               f"settings {html.escape(json.dumps(s.get('settings', {})))}"
               + (f", computed from the weights sha256 {s[HASH][:12]}..." if s.get(HASH) else "")
-              + ". Intervals are 95% bootstrap intervals.</p>"),
+              + f". Intervals are 95% {INTERVALS[s.get('intervals', 'bootstrap')]} intervals over facts.</p>"),
              f"<p>accuracy {_interval(s['accuracy_interval'])}</p>",
              _table([[label, s["label_counts"][label], _interval(s["label_share_intervals"][label], percent=True)]
                      for label in LABELS], ["label", "facts", "share [95% CI]"])]
@@ -212,6 +215,8 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     labels = {(int(s), int(r)): label for s, r, label in
               zip(facts_table[columns.SUBJECT], facts_table[columns.RELATION], facts_table[columns.LABEL])}
     prompts, table = visualize(model, task, chosen, seed)
+    say("attention views of " + ", ".join(f"S{p.subject} R{p.relation}" + (
+        f" ({labels[(p.subject, p.relation)]})" if (p.subject, p.relation) in labels else "") for p in prompts))
     body = "\n".join([(f'<p class="note">Checkpoint <code>{html.escape(str(ckpt))}</code>. '
                       "Everything on this page is in this one file: it opens offline.</p>"),
                       model_section(ckpt, config, task), locate_section(located.folder),

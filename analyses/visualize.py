@@ -31,6 +31,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_summary
 from models import load
 from models.checkpoint import write_text
+from models.text import count
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
 from probe.neurons import top_units, unit_writes
@@ -320,11 +321,13 @@ def main(argv=None) -> int:
             shown["unit_writes"] = dict(zip(units.units, writes))
     write_summary(out / "views.json", {**recorded.source(args.ckpt, args.step), "seed": settings.seed,
                                        "facts": facts_shown})
-    write_text(out / "index.html", page("Attention and MLP views", body))
+    text = page("Attention and MLP views", body)
+    write_text(out / "index.html", text)
     for p in prompts:
-        print(p.title)
-    print(f"wrote {out}/index.html ({len(prompts)} attention views, head x token table"
-          f"{'' if units is None else f', the {len(units.units)} MLP units writing most'}) and views.json")
+        print(f"{p.title}\n  EOS attention on S{p.subject} / R{p.relation}: " + ", ".join(
+            f"head {h} {a:.2f} / {b:.2f}" for h, (a, b) in enumerate(zip(p.eos_on_subject, p.eos_on_relation))))
+    print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB: {count(len(prompts), 'attention view')}, head x token "
+          f"table{'' if units is None else f', the {len(units.units)} MLP units writing most'}) and views.json")
     return 0
 
 

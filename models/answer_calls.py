@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models.text import count
 from tasks.association import SequenceTask
 
 # generate's TransformerLens arguments that change nothing here: one answer at the last position
@@ -42,7 +43,7 @@ def fact_answers(task, tokens: torch.Tensor) -> torch.Tensor:
         i = int(wrong[0])
         n_s, n_r = counts[i].tolist()
         raise ValueError(f"return_type='loss' scores the task's prompts, each with one subject and one relation; "
-                         f"prompt {i} has {n_s} subject(s) and {n_r} relation(s): {READ_LOGITS}.")
+                         f"prompt {i} has {count(n_s, 'subject')} and {count(n_r, 'relation')}: {READ_LOGITS}.")
     s, r = (tokens * subject).sum(-1), ((tokens - S) * relation).sum(-1)  # [batch]
     return task.facts.to(tokens.device)[s, r]
 

@@ -17,6 +17,7 @@ import torch
 from models.answer_calls import attach_answer_calls
 from models.checkpoint import load_checkpoint
 from models.section import InductionSection, ModelSection
+from models.text import count
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -32,7 +33,7 @@ def resolve_device(device: str = "auto") -> torch.device:
             raise ValueError(f"device {device!r} asked for, but this machine has no CUDA GPU.")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r} asked for, but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s).")
+                             f"{count(torch.cuda.device_count(), 'CUDA device')}.")
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
     return dev

@@ -6,7 +6,8 @@ the analysis model: `model.to_tokens("S3 n5 R1 EOS")`, `model.to_str_tokens(toke
 A prompt is its token names separated by spaces, the names being the task's labels of its
 input ids (factual recall: S<s> subjects, R<r> relations, n<i> noise, EOS). Nothing is
 downloaded: the vocabulary is built from the task. A name the task does not have is
-refused with one line naming it. No BOS is prepended: the task's prompts have none.
+refused with one line naming it, and so is an empty prompt (it has no last position to read).
+No BOS is prepended: the task's prompts have none.
 
 Output (logit) ids are not input ids: answer 3 is relation 0's answer R0:a3, not subject S3.
 TransformerLens's `to_str_tokens` names input ids only; the analysis model's takes
@@ -51,6 +52,12 @@ class TaskTokenizer(PreTrainedTokenizer):
 
     def get_vocab(self) -> dict[str, int]:
         return dict(self.ids)
+
+    def tokenize(self, text: str, **kwargs) -> list[str]:
+        if not text.split():
+            raise ValueError(f"an empty prompt ({text!r}) has no tokens; a prompt is token names separated by "
+                             f"spaces, e.g. '{' '.join(self.labels[:2])} {self.labels[-1]}'.")
+        return super().tokenize(text, **kwargs)
 
     def _tokenize(self, text: str, **kwargs) -> list[str]:
         return text.split()

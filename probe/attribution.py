@@ -8,7 +8,7 @@ import torch
 from probe import columns
 from probe.contexts import answer_block, ranks_first_in_block
 from probe.prompts import FactPrompts, given_or_built
-from probe.stats import ratio_with_interval, with_interval
+from probe.stats import ratio_with_interval, share_with_interval, with_interval
 from tasks.factual_recall import Batch, FactualRecallTask
 
 
@@ -54,7 +54,7 @@ def direct_logit_attribution(model, task: FactualRecallTask, contexts: int = 8, 
     for name, logits in components.items():
         cols.update(with_interval(columns.margin(name), margin(logits), seed))
         top, own = (prompts.per_fact(x) for x in ranks_first_in_block(logits, batch.relations, batch.answers, D))
-        cols.update(with_interval(columns.top(name), top, seed))
+        cols.update(share_with_interval(columns.top(name), top))
         if name in columns.STORES:
             cols.update(with_interval(columns.own_margin(name), own, seed))
             every_top = top if every is prompts else every.per_fact(ranks_first_in_block(

@@ -18,7 +18,7 @@ MLP_PROBE = "mlp_probe"
 
 
 def interval(name: str) -> tuple[str, str, str]:
-    """A measurement and its 95% interval, in that order (probe.stats.with_interval)."""
+    """A measurement and its 95% interval, in that order (probe.stats: with_interval, share_with_interval)."""
     return name, f"{name}_low", f"{name}_high"
 
 

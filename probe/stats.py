@@ -1,8 +1,15 @@
-"""Every rate or share comes with a 95% percentile-bootstrap interval: the interval of
-TransformerLens's `utilities.statistics.bootstrap_ci` (the one behind
+"""95% intervals of every measurement over facts or contexts.
+
+A share (of 0/1 outcomes: a fact answered, a fact labelled mlp; or a mean of such shares)
+gets Wilson's score interval, which stays honest at 0 and 1: 0 of 64 is [0, 5.7%], where a
+bootstrap of 64 zeros collapses to [0, 0]. Any other mean (a margin, a restored share of a
+logit difference, an attention mass) gets a 95% percentile-bootstrap interval: the interval
+of TransformerLens's `utilities.statistics.bootstrap_ci` (the one behind
 PatchingResult.bootstrap_ci), computed from the same resamples as a product of resample
 counts and values, which is much faster for thousands of facts."""
 from __future__ import annotations
+
+from statistics import NormalDist
 
 import torch
 from transformer_lens.utilities.statistics import derive_generator
@@ -32,9 +39,34 @@ def bootstrap_ci(x: torch.Tensor, n_resamples: int, generator: torch.Generator,
     return quantile(alpha).to(x.dtype), quantile(1 - alpha).to(x.dtype)
 
 
+def wilson_interval(share: torch.Tensor, n: torch.Tensor | int,
+                    confidence: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wilson's score interval of a proportion `share` (in [0, 1]) of `n` outcomes. For a mean of
+    n values in [0, 1] that are not all 0 or 1 it is conservative: their variance is at most
+    share (1 - share), the binomial one."""
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    n = torch.as_tensor(n, dtype=torch.float32)
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * torch.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    return (centre - half).clamp(min=0.0), (centre + half).clamp(max=1.0)
+
+
+def share_with_interval(name: str, outcomes: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Columns `name`, `name_low`, `name_high`: the share over the last axis of `outcomes`
+    [..., samples] (0/1, or values in [0, 1]; NaN samples are dropped) and its Wilson 95% interval."""
+    outcomes = outcomes.float().cpu()
+    if ((outcomes < 0) | (outcomes > 1)).any():
+        raise ValueError(f"{name}: a share is a mean of values in [0, 1]; use with_interval for other means.")
+    n = (~torch.isnan(outcomes)).sum(-1)  # [...]
+    share = outcomes.nanmean(-1)
+    low, high = wilson_interval(share, n)
+    return {name: share, f"{name}_low": low, f"{name}_high": high}
+
+
 def with_interval(name: str, values: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
     """Columns `name`, `name_low`, `name_high`: mean over the last axis of `values`
-    [..., samples] and its 95% bootstrap interval (NaN samples are dropped)."""
+    [..., samples] and its 95% bootstrap interval (NaN samples are dropped). A share of 0/1
+    outcomes takes share_with_interval."""
     values = values.float().cpu()
     if torch.isnan(values).any():
         mean = values.nanmean(-1)

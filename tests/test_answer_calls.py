@@ -40,8 +40,8 @@ def test_the_loss_is_the_task_s_cross_entropy_at_the_last_position(loaded):
         -model(model.to_tokens("S3 n5 R1 EOS"))[0, -1].log_softmax(-1)[int(task.facts[3, 1])].item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("prompt, counts", [("S3 S4 R1 EOS", "2 subject(s) and 1 relation(s)"),
-                                            ("S3 n1 n2 EOS", "1 subject(s) and 0 relation(s)")])
+@pytest.mark.parametrize("prompt, counts", [("S3 S4 R1 EOS", "2 subjects and 1 relation"),
+                                            ("S3 n1 n2 EOS", "1 subject and 0 relations")])
 def test_a_prompt_without_one_subject_and_one_relation_is_refused_in_one_line(loaded, prompt, counts):
     model, _ = loaded
     wanted = rf"^return_type='loss' scores the task's prompts, .*prompt 0 has {re.escape(counts)}: read the logits "

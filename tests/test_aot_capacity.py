@@ -123,8 +123,12 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
                  "distribution.csv", "settings.json"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
-    for layout in ("standard", "dana"):
-        assert {"fit_H_r2", "fit_dh_exponent", "above_lower_bound_everywhere"} <= set(summary["layouts"][layout])
+    for layout in ("standard", "dana"):  # three d_h values fit a + b d_h^k exactly: no exponent to report
+        fits = summary["layouts"][layout]
+        assert {"fit_H_r2", "above_lower_bound_everywhere"} <= set(fits) and "fit_dh_exponent" not in fits
+        assert fits["fit_dh"] == {"undetermined": True, "points": 3, "parameters": 3}
+        assert fits["fit_H"]["points"] == 3 and fits["fit_H"]["ci95"]["slope"][0] < fits["fit_H"]["slope"]
+    assert proc.stdout.count("fit       accuracy = a + b d_h^k: k = undetermined (3 points, 3 parameters)\n") == 2
     assert summary["cells_computed"] == len(list((out / "cells").iterdir())) > 0
     capacity = __import__("pandas").read_csv(out / "capacity.csv")
     assert set(capacity.sweep) == {"heads", "d_head", "d_model", "mlp"}

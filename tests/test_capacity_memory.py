@@ -116,6 +116,25 @@ def test_memory_report_reads_the_authors_law(tmp_path, capsys):
     assert "slope of log(N* ln N*) against log d: 2.00" in capsys.readouterr().out
 
 
+def test_memory_report_of_two_sizes_says_the_slope_is_undetermined(tmp_path, capsys):
+    """Two sizes fit a line exactly: no slope is reported as a finding, and a full linear
+    memory's rows carry no m."""
+    import pandas as pd
+
+    from analyses.capacity import memory_report
+
+    cfg = MemoryConfig(kind="linear", d=8)
+    table = pd.DataFrame([{"kind": "linear", "d": d, "m": None, "seed": 0, "n_star": n, "parameters": d * d,
+                           "theory": d * d, "n_star_over_theory": n / d / d} for d, n in ((8, 22), (16, 56))])
+    summary = memory_report(table, cfg, tmp_path, pd.DataFrame(), {})
+    assert summary["fitted_slope"] is None and summary["fit"] == {"undetermined": True, "points": 2, "parameters": 2}
+    assert summary["authors_line"]["fitted_slope"] is None
+    out = capsys.readouterr().out
+    assert "fitted slope of log N* against log d: undetermined (2 points, 2 parameters); theory 2" in out
+    assert "against log d: undetermined (2 points, 2 parameters); the law: 2" in out
+    assert "m=None" not in out and "  d=8    N*=22.0  N*/d^2=0.344" in out
+
+
 # ------------------------------------------------------------------ memories
 def test_fixed_outputs_and_measurement_interval():
     """n_outputs fixes M (f(i) = floor(i M / N)); accuracy is measured every eval_every steps,

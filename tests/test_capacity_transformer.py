@@ -279,7 +279,7 @@ def test_tradeoff_grid_records_shares_and_resumes(tmp_path, capsys):
     assert settings["run"]["train"]["sampler"] == "counter" and "parameterisation" in settings["run"]["model"]
     (tmp_path / "cells" / "H2_m32.json").unlink()
     assert main(argv) == 0
-    assert "(1 new cells)" in capsys.readouterr().out
+    assert "(1 new cell)" in capsys.readouterr().out
     assert (tmp_path / "grid.png").is_file()
 
 

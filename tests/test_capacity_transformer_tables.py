@@ -23,6 +23,7 @@ from analyses.capacity.transformer import (
     transformer_text,
     write_transformer,
 )
+from analyses.least_squares import fit_log_log
 from analyses.sweeps.cells import Cells
 from analyses.sweeps.executors import ExecutorSettings
 from models.recall.config import MILESTONES
@@ -348,10 +349,11 @@ def test_the_tables_fit_facts_against_parameters_overall_and_per_shape():
     assert result.probes["x"].tolist() == [1]
     s = result.summary
     ok = [(400, 81), (2500, 10000), (1000, 144)]
-    assert s["fitted_slope"] == pytest.approx(tf.fitted_slope(*zip(*ok)))
+    assert s["fitted_slope"] == pytest.approx(fit_log_log(*zip(*ok)).get("slope"))
     assert list(s["shapes"]) == ["1,1,2", "0.25,4,8"]
     first = s["shapes"]["1,1,2"]
-    assert first["fitted_slope"] == pytest.approx(math.log(10000 / 81) / math.log(2500 / 400))
+    assert first["fitted_slope"] is None  # two sizes: a line through them, whatever they are
+    assert first["fit"] == {"undetermined": True, "points": 2, "parameters": 2}
     assert first["facts_per_parameter_measured"] == pytest.approx(math.sqrt(81 / 400 * 10000 / 2500))
     assert first["over_paper_line"] == pytest.approx(math.sqrt(81 / 400 * 10000 / 2500) / 0.2)
     assert [r["d"] for r in first["rows"]] == [8, 32] and "shape" not in first["rows"][0]
@@ -372,7 +374,7 @@ def test_the_tables_fit_facts_against_parameters_overall_and_per_shape():
     assert (s["searched"], s["probes_computed"]) == ("4 of 6", 7)
 
 
-def test_the_tables_of_two_sizes_fit_a_slope_and_of_none_inside_the_window_have_no_ratio():
+def test_the_tables_of_two_sizes_leave_the_slope_undetermined_and_of_none_inside_the_window_have_no_ratio():
     sweep = TransformerSweep(shapes=(SHAPE,), d=(8, 16), seeds=(0, 1, 2))
     rows = [{**_row("1,1,2", 8, 4, 100), "seeds": 3, "stored_by": 2},
             {**_row("1,1,2", 16, 0, 300), "stored_by": 0, "seeds": 3},
@@ -381,7 +383,8 @@ def test_the_tables_of_two_sizes_fit_a_slope_and_of_none_inside_the_window_have_
     assert list(result.table.columns) == ["shape", "d", "S_star", "facts", "parameters", "facts_per_parameter",
                                           "seeds", "stored_by"]
     s = result.summary
-    assert s["fitted_slope"] == pytest.approx(math.log(36 / 16) / math.log(3))
+    assert s["fitted_slope"] is None and s["fit"] == {"undetermined": True, "points": 2, "parameters": 2}
+    assert "fitted slope undetermined (2 points, 2 parameters); theory 1" in transformer_text(result)
     assert s["shapes"]["1,1,2"]["facts_per_parameter_measured"] is None
     assert s["shapes"]["1,1,2"]["over_paper_line"] is None
     assert s["paper_line"]["over_paper_line"] is None and s["searched"] == "3 of 2"
@@ -394,9 +397,12 @@ def test_the_text_reports_the_slope_the_ratio_and_each_size():
     result = transformer_tables(ROWS, SWEEP, pd.DataFrame(), computed=0)
     s = result.summary
     mean = s["paper_line"]["facts_per_parameter_measured"]
+    low, high = fit_log_log([400, 2500, 1000], [81, 10000, 144]).interval("slope")  # three sizes: one degree of freedom
+    assert low < s["fitted_slope"] < high
     assert transformer_text(result).split("\n") == [
         "sizes searched: 4 of 6",
-        f"facts stored against parameters: fitted slope {s['fitted_slope']:.2f} (theory 1)",
+        f"facts stored against parameters: fitted slope {s['fitted_slope']:.2f} [95% CI {low:.2f}, {high:.2f}]; "
+        "theory 1",
         f"facts per parameter (geometric mean over 64 to 11000 facts): {mean / 0.2:.2f}x the paper's 0.2 "
         f"({mean:.3f})",
         "  shape 1,1,2  d=8    S*=R*=9    facts=81     parameters=400     facts/parameter=0.203",
@@ -405,14 +411,13 @@ def test_the_text_reports_the_slope_the_ratio_and_each_size():
         "  shape 0.25,4,8  d=32   S*=R*=12   facts=144    parameters=1000    facts/parameter=0.144"]
 
 
-def test_the_text_says_n_a_for_a_missing_slope_and_ratio():
+def test_the_text_says_undetermined_for_a_missing_slope_and_n_a_for_a_missing_ratio():
     result = transformer_tables([_row("1,1,2", 8, 4, 100)], SWEEP, pd.DataFrame(), computed=0)
     lines = transformer_text(result).split("\n")
-    assert lines[1:3] == ["facts stored against parameters: fitted slope n/a (theory 1)",
+    assert lines[1:3] == ["facts stored against parameters: fitted slope undetermined (1 point, 2 parameters); "
+                          "theory 1",
                           "facts per parameter (geometric mean over 64 to 11000 facts): n/a, no size inside the "
                           "window (the paper's line: 0.2)"]
-    result.summary["fitted_slope"] = float("nan")
-    assert transformer_text(result).split("\n")[1] == "facts stored against parameters: fitted slope n/a (theory 1)"
 
 
 def test_the_figure_draws_the_table_with_its_fitted_slope(monkeypatch, tmp_path):

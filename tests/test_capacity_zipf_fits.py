@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from analyses.capacity.zipf import dynamics, fits
 from analyses.capacity.zipf.memory import matrix_scores, zipf_law
+from analyses.least_squares import t_cdf, t_quantile
 from models.recall.weights import random_directions
 
 
@@ -16,8 +17,8 @@ from models.recall.weights import random_directions
                                            (0.975, 9, 2.2622), (0.975, 19, 2.0930), (0.975, 30, 2.0423),
                                            (0.95, 4, 2.1318), (0.995, 19, 2.8609), (0.75, 30, 0.6828)])
 def test_the_t_quantile_matches_the_tables(q, dof, value):
-    assert fits.t_quantile(q, dof) == pytest.approx(value, abs=1e-4)
-    assert fits.t_cdf(fits.t_quantile(q, dof), dof) == pytest.approx(q, abs=1e-12)
+    assert t_quantile(q, dof) == pytest.approx(value, abs=1e-4)
+    assert t_cdf(t_quantile(q, dof), dof) == pytest.approx(q, abs=1e-12)
 
 
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 40.0])
@@ -28,18 +29,18 @@ def test_the_t_distribution_function_is_the_closed_forms(t):
               4: 0.5 + t / (2 * math.sqrt(t * t + 4)) * (1 + 2 / (t * t + 4)),
               5: 0.5 + (theta + math.sin(theta) * math.cos(theta) * (1 + 2 / 3 * math.cos(theta) ** 2)) / math.pi}
     for dof, value in closed.items():
-        assert fits.t_cdf(t, dof) == pytest.approx(value, abs=1e-12)
+        assert t_cdf(t, dof) == pytest.approx(value, abs=1e-12)
     for dof in (6, 7):  # the longer sums against the density integrated numerically
         x = np.linspace(0, t, 20001)
         density = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2)) * (1 + x * x / dof) ** (
             -(dof + 1) / 2)
-        assert fits.t_cdf(t, dof) == pytest.approx(0.5 + np.trapezoid(density, x), abs=1e-7)
+        assert t_cdf(t, dof) == pytest.approx(0.5 + np.trapezoid(density, x), abs=1e-7)
 
 
 def test_the_t_quantile_refuses_what_it_cannot_compute():
     for q, dof in ((0.975, 0), (0.5, 3), (1.0, 3)):
         with pytest.raises(ValueError, match="t_quantile needs"):
-            fits.t_quantile(q, dof)
+            t_quantile(q, dof)
 
 
 def test_a_seed_s_slope_needs_three_points_with_an_error():

@@ -86,3 +86,24 @@ def test_plot_helpers_return_their_figure_and_write_it_only_when_given_a_path(tm
     assert drawn["heads"].axes[0].images[0].get_array().tolist() == [[0.9, 0.1], [0.2, 0.7]]
     saved = plots.margin_scatter(facts, tmp_path / "margins.png")
     assert isinstance(saved, Figure) and (tmp_path / "margins.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_hallucination_figures_show_the_step_0_snapshot_on_their_log_axis():
+    """Snapshots start at step 0, which a log axis cannot place: the step axis is symmetric-log
+    (linear from 0 to 1) and every curve starts at step 0."""
+    from analyses import plots
+
+    steps = [0, 1, 2, 4, 8, 16]
+    metrics = pd.DataFrame({"step": steps, "loss": [3.0, 2.5, 2.1, 2.0, 1.0, 0.1],
+                            "relation_only_loss": [3.0, 2.0, 0.1, 0.05, 0.05, 0.05],
+                            "subject_only_loss": [3.0, 2.9, 2.5, 2.2, 1.0, 0.2],
+                            "accuracy": [0.0, 0.1, 0.1, 0.2, 0.6, 1.0],
+                            "hallucination_rate": [0.0, 0.5, 0.9, 0.9, 0.4, 0.0],
+                            "attention_recall_share": [0.0, None, None, 0.5, None, 0.9]})
+    summary = {"log_D": 2.0, "conditional_entropy": 2.0,
+               "phase": {"start_step": 0, "end_step": 4}}
+    for figure in (plots.hallucination_curves(metrics, summary), plots.storage_over_time(metrics, summary)):
+        ax = figure.axes[0]
+        assert ax.get_xscale() == "symlog" and "step-0 snapshot shows" in ax.get_xlabel() and ax.get_xlim()[0] == 0
+        curves = [line for line in ax.lines if len(line.get_xdata()) > 2]
+        assert curves and all(list(line.get_xdata())[0] == 0 for line in curves)

@@ -69,9 +69,33 @@ def test_a_stacked_grid_resumes_its_missing_cells_and_refuses_another_stack_sett
     code, stdout, err = _tradeoff([*GRID, "--stack", "off", "--out", str(out)], capsys)
     assert code == 2 and "differing: stacked" in err and err.count("\n") == 1, err
     code, stdout, err = _tradeoff([*GRID, "--stack", "on", "--out", str(out)], capsys)
-    assert code == 0 and "(1 new cells)" in stdout, err
+    assert code == 0 and "(1 new cell)" in stdout, err
     assert all((out / "cells" / name).read_bytes() == data for name, data in kept.items())
     assert len(pd.read_csv(out / "grid.csv")) == 4
+
+
+def test_a_finished_grid_grows_by_an_h_or_a_width_and_refuses_other_settings(grids, tmp_path, capsys):
+    """A grid recorded with H in 1,2 and m in 4,32: `--heads 3` trains only the new row (H = 3
+    at every recorded m), then `--widths 8` the new column; the tables cover every cell, the
+    recorded cells stay as they were, and a grid of other training settings is still refused."""
+    out = tmp_path / "out"
+    shutil.copytree(grids["auto"], out)
+    kept = {p.name: p.read_bytes() for p in (out / "cells").iterdir()}
+    small = [w for w in GRID if w not in ("--heads", "1,2", "--widths", "4,32")]
+    code, stdout, err = _tradeoff([*small, "--heads", "3", "--out", str(out)], capsys)
+    assert code == 0 and "(2 new cells)" in stdout, err
+    code, stdout, err = _tradeoff([*small, "--widths", "8", "--out", str(out)], capsys)
+    assert code == 0 and "(3 new cells)" in stdout, err
+    grid = pd.read_csv(out / "grid.csv")
+    assert sorted(zip(grid["heads"], grid["width"])) == [(h, m) for h in (1, 2, 3) for m in (4, 8, 32)]
+    assert all((out / "cells" / name).read_bytes() == data for name, data in kept.items())
+    settings = json.loads((out / "settings.json").read_text())
+    assert (settings["heads"], settings["widths"]) == ([1, 2, 3], [4, 8, 32])
+    code, stdout, err = _tradeoff([*small, "--out", str(out)], capsys)  # as recorded: resumes, trains nothing
+    assert code == 0 and "(0 new cells)" in stdout and len(pd.read_csv(out / "grid.csv")) == 9, err
+    code, _, err = _tradeoff([*small, "--heads", "4", "--lr", "0.5", "--out", str(out)], capsys)
+    assert code == 2 and "differing: run.train.lr" in err and "heads" not in err and err.count("\n") == 1, err
+    assert json.loads((out / "settings.json").read_text()) == settings and not (out / "cells" / "H4_m4.json").exists()
 
 
 def test_a_bad_stack_value_is_refused_in_one_line(tmp_path, capsys):

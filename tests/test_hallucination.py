@@ -217,6 +217,8 @@ def test_cli_on_a_model_with_an_mlp(tiny_ckpt, tmp_path):
     metrics = pd.read_csv(out / "metrics.csv")
     shares = metrics.dropna(subset=["mlp_recall_share"])
     assert len(shares) == 2 and shares.mlp_recall_share.iloc[-1] >= 0.9  # tiny stores its facts in the MLP
+    final = json.loads((out / "summary.json").read_text())["final"]
+    assert type(final["step"]) is int and final["step"] == metrics.step.iloc[-1]  # a step, not 100.0
 
 
 def test_cli_records_the_snapshots_it_read_and_keeps_other_settings_apart(tiny_ckpt, tmp_path, capsys):

@@ -14,7 +14,7 @@ from probe.hooks import rerun_last_position
 from probe.memory import fact_attention, recall_probes
 from probe.patching import activation_patching
 from probe.prompts import FactPrompts
-from probe.stats import with_interval
+from probe.stats import share_with_interval
 from tests.conftest import quick
 
 
@@ -68,15 +68,12 @@ def test_one_call_form_reads_the_documented_default_prompts(half_trained, instru
 
 def test_accuracy_on_given_prompts_reads_their_clean_logits(half_trained):
     """Without hooks, per_fact_accuracy reads the clean run of the prompts it is given and
-    runs no model (the model argument is not used); its interval is the bootstrap of the
-    prompts' seed."""
+    runs no model (the model argument is not used); its interval is Wilson's over the contexts."""
     model, task = half_trained
     prompts = FactPrompts.build(model, task, contexts=16, seed=3)
     frame = per_fact_accuracy(None, task, prompts=prompts)
     pd.testing.assert_frame_equal(frame, per_fact_accuracy(model, task, prompts=prompts))
     hits = (prompts.run.logits.argmax(-1) == prompts.batch.answers).float().reshape(-1, 16)
-    by_hand = with_interval("accuracy", hits, seed=3)
+    by_hand = share_with_interval("accuracy", hits)
     for name, values in by_hand.items():
         assert frame[name].to_numpy() == pytest.approx(values.numpy()), name
-    seed_0 = with_interval("accuracy", hits, seed=0)
-    assert not all(torch.equal(by_hand[k], seed_0[k]) for k in ("accuracy_low", "accuracy_high"))

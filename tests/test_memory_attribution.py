@@ -15,7 +15,7 @@ from probe.attribution import above_chance, direct_logit_attribution
 from probe.hooks import HOOK_MLP_OUT, CleanRun
 from probe.memory import idealised_residual, recall_probes
 from probe.prompts import FactPrompts
-from probe.stats import ratio_with_interval, with_interval
+from probe.stats import ratio_with_interval, share_with_interval, with_interval
 from tasks.factual_recall import Batch
 
 TASK = CONSTRUCTION_TASK.build()
@@ -121,15 +121,16 @@ def test_logit_attribution_terms_add_up_to_the_margin():
 
 
 def test_logit_attribution_intervals_use_the_prompts_seed():
-    """Every interval is with_interval (ratio_with_interval for shares) of the per-context
-    values, seeded with the prompts' seed (3), not the default."""
+    """Every interval is with_interval (ratio_with_interval for shares of the margin,
+    share_with_interval for the top-answer rates) of the per-context values, seeded with the
+    prompts' seed (3), not the default."""
     model, prompts = hand_prompts()
     got = direct_logit_attribution(model, SMALL, prompts=prompts)
     m = hand_margins()
     expected = with_interval(columns.MARGIN, m["total"], SEED)
     for name in ("head0", "attention", "mlp", "direct"):
         expected |= with_interval(columns.margin(name), m[name], SEED)
-        expected |= with_interval(columns.top(name), (m[name] > 0).float(), SEED)  # a* against 0
+        expected |= share_with_interval(columns.top(name), (m[name] > 0).float())  # a* against 0: a share
     for store in columns.STORES:
         expected |= with_interval(columns.own_margin(store), m[store], SEED)
     for name, values in expected.items():

@@ -50,6 +50,33 @@ def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path, sampl
         train(quick(run, sampler=other), progress=False, state_folder=tmp_path / "cut")
 
 
+def test_a_resumed_run_reports_what_it_ran_and_the_run_s_totals(tmp_path, capsys):
+    """`--resume` of a run cut at step k says it trained the steps from k on, in this call's
+    seconds, and gives the run's totals beside them."""
+    import re
+
+    from models.train import main
+
+    full = tmp_path / "full"
+    assert main(["--out", str(full), "--steps", "120", "--target-accuracy", "2", "--snapshots-per-octave", "4",
+                 "--eval-every", "10", "--quiet", "--device", "cpu"]) == 0
+    first = capsys.readouterr().out
+    assert re.search(r"trained   1 model for 120 steps in [0-9.]+ s on cpu\n", first), first
+    steps = complete_steps(full / "train_state")
+    cut = steps[len(steps) // 2]
+    (tmp_path / "cut" / "train_state").mkdir(parents=True)
+    shutil.copy(full / "run.json", tmp_path / "cut")
+    for step in steps[: len(steps) // 2 + 1]:  # as if killed right after the state of `cut`
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(full / "train_state" / f"step_{step:08d}{suffix}", tmp_path / "cut" / "train_state")
+    assert main(["--resume", str(tmp_path / "cut"), "--quiet"]) == 0
+    line = re.search(r"trained   1 model for (\d+) steps \((\d+) to 120\) in ([0-9.]+) s; the run: 120 steps in "
+                     r"([0-9.]+) s on cpu\n", capsys.readouterr().out)
+    assert line and (int(line[1]), int(line[2])) == (120 - cut, cut) and 0 < cut < 120
+    saved = json.loads((full / "train_state" / f"step_{cut:08d}.json").read_text())
+    assert float(line[4]) >= float(line[3]) + saved["metrics"][-1]["seconds"] - 0.1  # earlier seconds included
+
+
 def _check_readable(ckpt: Path) -> None:
     """Every named (non-temporary) file is whole, the last complete state loads."""
     for path in list((ckpt / "train_state").glob("step_*")) + list((ckpt / "snapshots").glob("step_*")):

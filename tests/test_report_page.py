@@ -161,8 +161,10 @@ def test_the_page_reuses_recorded_results_and_shows_their_facts(recorded_ckpt):
     said = []
     page = report.build(recorded_ckpt, "cpu", progress=False, say=said.append)
     same = "(the same weights and settings)"
-    assert said == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} {same}",
-                    f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} {same}"]
+    assert said[:2] == [f"locate_facts: reusing {recorded_ckpt / 'analysis' / 'locate_facts'} {same}",
+                        f"hallucination: reusing {recorded_ckpt / 'analysis' / 'hallucination'} {same}"]
+    assert len(said) == 3 and re.fullmatch(r"attention views of S\d+ R\d+ \(\w+\), S\d+ R\d+ \(\w+\)", said[2])
+    assert "(attention)" in said[2] and "(mlp)" in said[2]  # the facts shown, with their labels
     assert "<title>Report: ckpt</title>" in page
     assert f"Checkpoint <code>{recorded_ckpt}</code>. Everything on this page is in this one file" in page
     assert "<td>snapshots</td><td>2</td>" in page and "optimizer=adam, lr=0.01, seed=0" in page
@@ -236,7 +238,9 @@ def test_the_sections_in_full(tmp_path):
     assert report.locate_section(tmp_path).startswith(
         "<h2>Where the facts live (locate_facts)</h2>\n"
         f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{}}. Intervals are 95% bootstrap '
-        "intervals.</p>\n<p>accuracy")
+        "intervals over facts.</p>\n<p>accuracy")
+    (tmp_path / "summary.json").write_text(json.dumps({**locate_summary(), "intervals": "wilson"}))
+    assert "Intervals are 95% Wilson intervals over facts.</p>" in report.locate_section(tmp_path)
 
 
 def test_the_report_s_help_names_its_options():
@@ -261,7 +265,7 @@ def test_the_locate_section_in_full(tmp_path):
     assert report.locate_section(tmp_path) == (
         "<h2>Where the facts live (locate_facts)</h2>\n"
         f'<p class="note">From <code>{tmp_path}</code>, 12 facts, settings {{&quot;contexts&quot;: 8}}. Intervals are '
-        "95% bootstrap intervals.</p>\n<p>accuracy 0.988 [0.950, 1.000]</p>\n"
+        "95% bootstrap intervals over facts.</p>\n<p>accuracy 0.988 [0.950, 1.000]</p>\n"
         "<table><thead><tr><th>label</th><th>facts</th><th>share [95% CI]</th></tr></thead><tbody>"
         f"{labels}</tbody></table>\n"
         "<table><thead><tr><th>measure</th><th>mean over facts [95% CI]</th></tr></thead><tbody>"
@@ -297,8 +301,8 @@ def test_the_page_s_defaults_and_its_results_read_from_the_folder_asked(recorded
     shutil.move(recorded_ckpt / "analysis", moved)
     said = []
     report.build(recorded_ckpt, "cpu", progress=False, analyses=moved, say=said.append)
-    assert said == [f"locate_facts: reusing {moved / 'locate_facts'} (the same weights and settings)",
-                    f"hallucination: reusing {moved / 'hallucination'} (the same weights and settings)"]
+    assert said[:2] == [f"locate_facts: reusing {moved / 'locate_facts'} (the same weights and settings)",
+                        f"hallucination: reusing {moved / 'hallucination'} (the same weights and settings)"]
 
 
 def test_the_report_cli_reads_and_writes_beside_its_out(recorded_ckpt, tmp_path, capsys):

@@ -20,6 +20,7 @@ import torch
 
 from analyses.sweeps.cells import Cell, Cells, one, run_jobs
 from analyses.sweeps.search import bisection, largest_passing, search
+from models.text import count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -330,7 +331,7 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_g
     assert 1 <= recorded < 4, err.decode()  # killed mid-sweep
     code, stdout, stderr = _tradeoff([*GRID, "--executor", "ray", "--out", str(out)], capsys)
     assert code == 0, stderr
-    assert f"({4 - recorded} new cells)" in stdout
+    assert f"({count(4 - recorded, 'new cell')})" in stdout
     pd.testing.assert_frame_equal(pd.read_csv(out / "grid.csv"), local_grid)
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 4 - recorded
 
@@ -384,6 +385,30 @@ def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_ce
     assert not multiprocessing.active_children() and not done.exists()
 
 
+def interrupted(n: int) -> dict:
+    """A Ctrl-C reaching the worker mid-cell (a terminal sends it to every process of the
+    command), then the cell's row."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    return {"n": n}
+
+
+def test_a_ctrl_c_reaches_the_driver_alone_not_its_worker_processes(tmp_path):
+    """Workers start with SIGINT blocked: a Ctrl-C does not interrupt their cells (the driver,
+    which handles it, stops them), so no worker prints a traceback or leaves its queues'
+    semaphores behind."""
+    from analyses.sweeps.executors import ExecutorSettings, open_executor
+
+    cells = Cells(tmp_path / "out", {})
+    try:
+        with open_executor(ExecutorSettings(executor="processes", jobs=2)) as executor:
+            rows = run_jobs([one(Cell(f"n{n}", interrupted, (n,))) for n in range(3)], cells, executor,
+                            progress=False)
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C interrupted a worker's cell")  # not the test run itself
+    assert rows == [{"n": n} for n in range(3)] and not multiprocessing.active_children()
+
+
 def _group(pgid: int) -> list[str]:
     """The command lines of the live processes of process group `pgid` (Linux /proc)."""
     found = []
@@ -414,8 +439,8 @@ def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     recorded = len(list((out / "cells").glob("*.json"))) if (out / "cells").is_dir() else 0
-    assert err == (f"interrupted: {recorded} cell(s) recorded in {out / 'cells'}/ ({recorded} by this run); rerun "
-                   "the same command to resume from them\n")
+    assert err == (f"interrupted: {count(recorded, 'cell')} recorded in {out / 'cells'}/ ({recorded} by this run); "
+                   "rerun the same command to resume from them\n")
     deadline = time.monotonic() + 20
     while _group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)

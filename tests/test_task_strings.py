@@ -38,6 +38,13 @@ def test_an_unknown_token_is_named(loaded):
         model.to_tokens("S9999 EOS")
 
 
+@pytest.mark.parametrize("prompt", ["", "  ", ["S3 R1 EOS", ""]])
+def test_an_empty_prompt_is_refused(loaded, prompt):
+    model, _ = loaded
+    with pytest.raises(ValueError, match=r"an empty prompt \('\s*'\) has no tokens; a prompt is token names"):
+        model.to_tokens(prompt)
+
+
 def test_a_string_prompt_runs_the_model(loaded):
     model, task = loaded
     tokens = task.eval_set(2, seed=5).tokens

@@ -15,7 +15,8 @@ Measures the accuracy on all T_0 sequences (the share of associations memorised)
 authors' accuracy (mean of the last 100 training-batch accuracies, batch_accuracy),
 averaged over --seeds. Fits accuracy = a + b H (R^2), and accuracy = a + b d_h^k (the
 exponent k), and for d_equal the per-head slope at each d (points up to the first above
-0.95, as the authors) and its growth slope ~ d^k; draws the lower bound of Corollary 2,
+0.95, as the authors) and its growth slope ~ d^k, each with a 95% interval, or undetermined
+where it has no more points than parameters; draws the lower bound of Corollary 2,
 1/N + (1 - 1/N)(H min(d_h, d) + d)/T_0 (the theorem takes d_h <= d), on every axis.
 With --distribution-heads it also trains attention-only models on the distribution task
 and compares their KL with the rank-d floor. On the heads sweep's models it reads, through

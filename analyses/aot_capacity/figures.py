@@ -31,10 +31,10 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
             ax.errorbar(rows[x], rows.accuracy, yerr=rows.accuracy_std.fillna(0), fmt=marker, color=color,
                         label=f"{layout} layout (mean over seeds)")
             grid = np.linspace(rows[x].min(), rows[x].max(), 100)
-            if sweep == "heads" and "fit_H" in f:
+            if sweep == "heads" and "fit_H_r2" in f:  # a determined fit only
                 ax.plot(grid, f["fit_H"]["intercept"] + f["fit_H"]["slope"] * grid, color=color, lw=1,
                         label=f"linear fit, {f['fit_H']['slope']:.4f}/head, R$^2$ = {f['fit_H']['r2']:.3f}")
-            if sweep == "d_head" and "fit_dh" in f:
+            if sweep == "d_head" and "fit_dh_exponent" in f:
                 g = f["fit_dh"]
                 ax.plot(grid, g["intercept"] + g["coefficient"] * grid ** g["exponent"], color=color, lw=1,
                         label=f"fit a + b d_h^k, k = {g['exponent']:.2f}")
@@ -60,7 +60,7 @@ def figure(capacity: pd.DataFrame, fits: dict, task: AssociationTask, settings: 
     for layout, f in fits.items():
         if "d_equal_slopes" in f:
             color, marker = LAYOUT_STYLE[layout]
-            slopes = pd.DataFrame(f["d_equal_slopes"])
+            slopes = pd.DataFrame(f["d_equal_slopes"]).dropna()  # undetermined slopes (two points) left out
             label = f"{layout} layout" + (f", slope ~ d^{f['fit_d_equal_exponent']:.2f}"
                                           if "fit_d_equal_exponent" in f else "")
             ax.plot(slopes.d, slopes.slope, marker + "-", color=color, label=label)

@@ -26,7 +26,8 @@ oscillation  Gradient descent on two correlated, imbalanced tokens over steps: a
 overoptimisation  Gradient descent on N tokens in d = 2: the error over steps against the best
              over training and the best of any memory.
 
-memory and transformer fit the log-log slope (summary.json `fitted_slope`) and write, to --out: cells/ (one
+memory and transformer fit the log-log slope (summary.json `fitted_slope`, with its 95% interval under `fit`;
+undetermined with two sizes or fewer) and write, to --out: cells/ (one
 JSON per probe: a re-run with the same settings skips what is recorded), probes.csv,
 capacity.csv (one row per size and seed), summary.json and a figure with the theory lines.
 Memories are also read against the line the paper draws (`authors_line`: N ln N = d^2/1.3

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
+
+from analyses.least_squares import fit_log_log
 
 TARGET = 0.99
 PAPER_FACTS_WINDOW = (64, 11000)  # the facts range the paper's Figure 4 left shows
@@ -20,7 +21,8 @@ class Capacity:
     summary: dict
 
 
-def fitted_slope(x, y) -> float:
-    """Least-squares slope of log y against log x."""
-    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+def fitted_slope(x, y) -> float | None:
+    """Least-squares slope of log y against log x; None when undetermined (two points or fewer,
+    analyses.least_squares: `fit_log_log` gives its interval)."""
+    return fit_log_log(x, y).get("slope")
 

@@ -31,7 +31,7 @@ def memory_figure(means, table, full, slope, line, title, path=None):
     x = np.geomspace(means["theory"].min(), means["theory"].max(), 50)
     anchor_x, anchor_y = np.exp(np.log(means["theory"]).mean()), np.exp(np.log(means["n_star"]).mean())
     per_scale = 2.0 if full else 1.0  # x = d (full linear) is the square root of the plotted scale d^2
-    if not math.isnan(slope):
+    if slope is not None and not math.isnan(slope):  # None: an undetermined fit (two sizes or fewer)
         ax.plot(x, anchor_y * (x / anchor_x) ** (slope / per_scale), "C0-", lw=1,
                 label=f"fit: N* ∝ {'d' if full else 'm·d'}^{slope:.2f}")
     ax.plot(x, anchor_y * x / anchor_x, "k--", lw=1, label=f"theory ∝ {scale_name}")

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.capacity.common import Capacity, fitted_slope
+from analyses.capacity.common import Capacity
 from analyses.capacity.figures import memory_figure
+from analyses.least_squares import LINE, Fit, fit_log_log
 from analyses.sweeps import cli
 from analyses.sweeps.cells import Cell, Cells, run_jobs
 from analyses.sweeps.executors import ExecutorSettings, open_executor
@@ -151,8 +152,7 @@ def memory_tables(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, probes: pd
     table = table.assign(x=table["d"] if full else table["m"] * table["d"])  # the scale: d (full linear), else m*d
     x_name, theory_slope = ("d", 2.0) if full else ("m*d", 1.0)
     means = _memory_means(table)
-    several = means["x"].nunique() > 1
-    slope = fitted_slope(means["x"], means["n_star"]) if several else float("nan")
+    fit = fit_log_log(means["x"], means["n_star"])  # undetermined with two sizes or fewer
     line = authors_line(cfg)
     sizes = []
     for r in means.itertuples():
@@ -164,12 +164,12 @@ def memory_tables(rows: list[dict] | pd.DataFrame, cfg: MemoryConfig, probes: pd
             n_line = float(line.n_on_line(r.theory))
             size.update(n_line=n_line, n_star_over_line=float(r.n_star / n_line))
         sizes.append(size)
-    summary = {"kind": cfg.kind, "x": x_name, "fitted_slope": slope, "theory_slope": theory_slope, "authors_line": None,
-               "sizes": sizes, **extra}
+    summary = {"kind": cfg.kind, "x": x_name, "fitted_slope": fit.get("slope"), "fit": fit.to_json(),
+               "theory_slope": theory_slope, "authors_line": None, "sizes": sizes, **extra}
     if line is not None:
-        law_slope = fitted_slope(means["x"], line.value(means["n_star"])) if several else float("nan")
+        law = fit_log_log(means["x"], line.value(means["n_star"]))
         summary["authors_line"] = {"law": line.law, "setting": line.setting,
-                                   "fitted_slope": law_slope, "theory_slope": theory_slope,
+                                   "fitted_slope": law.get("slope"), "fit": law.to_json(), "theory_slope": theory_slope,
                                    "fitted_slope_of": ("log(N* ln N*)" if line.log_factor else "log N*")
                                    + f" against log {x_name}"}
     return Capacity(table, probes, summary)
@@ -193,14 +193,15 @@ def write_memory(result: Capacity, cfg: MemoryConfig, out: Path) -> None:
 def memory_text(result: Capacity, cfg: MemoryConfig) -> str:
     """The fitted slopes and N* at every size, as the CLI prints them."""
     s, full, line = result.summary, _is_full(cfg), authors_line(cfg)
-    lines = [f"{_memory_title(cfg)}: fitted slope of log N* against log {s['x']}: {s['fitted_slope']:.2f} "
-             f"(theory {s['theory_slope']:.0f}, up to a log factor)"]
+    lines = [f"{_memory_title(cfg)}: fitted slope of log N* against log {s['x']}: "
+             f"{Fit.from_json(s['fit'], LINE).show('slope')}; theory {s['theory_slope']:.0f}, up to a log factor"]
     if line is not None:
         a = s["authors_line"]
-        lines.append(f"  the paper's line {line.law}: slope of {a['fitted_slope_of']}: {a['fitted_slope']:.2f} "
-                     f"(the law: {s['theory_slope']:.0f})")
+        lines.append(f"  the paper's line {line.law}: slope of {a['fitted_slope_of']}: "
+                     f"{Fit.from_json(a['fit'], LINE).show('slope')}; the law: {s['theory_slope']:.0f}")
     for size in s["sizes"]:
-        text = (f"  d={size['d']:<4} m={size['m']}  N*={size['n_star_mean']:.1f}  "
+        m = "" if size["m"] is None else f"m={size['m']}  "  # a full linear memory has no m
+        text = (f"  d={size['d']:<4} {m}N*={size['n_star_mean']:.1f}  "
                 f"N*/{'d^2' if full else 'md'}={size['n_star_over_theory']:.3f}")
         if line is not None:
             text += f"  line N={size['n_line']:.1f}  N*/line={size['n_star_over_line']:.2f}"

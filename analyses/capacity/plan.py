@@ -33,6 +33,7 @@ from analyses.capacity.transformer import (
 )
 from analyses.sweeps.cells import Cell, Cells, run_jobs
 from models.recall.weights import parameter_count
+from models.text import count
 
 # The H100 record (results/gpu/2026-11-26-h100/README.md): a round of 15 models at d = 128 ran
 # 16,384 steps in 23 to 36 s; the slowest round sets the rate.
@@ -189,9 +190,9 @@ def plan_text(sweep: TransformerSweep, oracle: Oracle, rate: float | None) -> tu
              if found["new"].get((shape, d)) != S]
     by = table.groupby(["shape", "d", "rules"], sort=False)["model_steps"].sum().unstack("rules").fillna(0)
     probes = table.groupby(["shape", "d", "rules"], sort=False).size().unstack("rules").fillna(0)
-    lines = [f"plan of {len(sweep.shapes)} shapes x d = {','.join(map(str, sweep.d))}, {len(sweep.lr)} learning "
-             f"rates, {max(1, len(sweep.seeds))} seed(s), {sweep.steps} steps; model-steps today -> new rules "
-             f"(probes in brackets):"]
+    lines = [f"plan of {count(len(sweep.shapes), 'shape')} x d = {','.join(map(str, sweep.d))}, "
+             f"{count(len(sweep.lr), 'learning rate')}, {count(max(1, len(sweep.seeds)), 'seed')}, {sweep.steps} "
+             "steps; model-steps today -> new rules (probes in brackets):"]
     for shape in dict.fromkeys(table["shape"]):
         cells = [f"d={d}: {_k(by.loc[(shape, d), 'today'])} -> {_k(by.loc[(shape, d), 'new'])} "
                  f"({probes.loc[(shape, d), 'today']:.0f} -> {probes.loc[(shape, d), 'new']:.0f})"

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity, fitted_slope
+from analyses.capacity.common import PAPER_FACTS_WINDOW, TARGET, Capacity
 from analyses.capacity.figures import facts_figure
 from analyses.capacity.stopping import MILESTONES_MAX_D
+from analyses.least_squares import LINE, Fit, fit_log_log
 from analyses.sweeps import cli
 from analyses.sweeps.cells import Cell, Cells, run_jobs
 from analyses.sweeps.executors import ExecutorSettings, open_executor
@@ -294,18 +295,19 @@ def transformer_tables(rows: list[dict], sweep: TransformerSweep, probes: pd.Dat
     ok = table[table["facts"] > 0]
     shown = paper_window(ok)
 
-    def slope(g):
-        return fitted_slope(g["parameters"], g["facts"]) if g["parameters"].nunique() > 1 else None
+    def slope(g) -> dict:  # the log-log fit; its slope None where undetermined (two sizes or fewer)
+        fit = fit_log_log(g["parameters"], g["facts"])
+        return {"fitted_slope": fit.get("slope"), "fit": fit.to_json()}
 
     def per_parameter(g):
         ratio = float(np.exp(np.log(g["facts_per_parameter"]).mean())) if len(g) else None  # geometric mean
         return {"facts_per_parameter_measured": ratio,
                 "over_paper_line": ratio / sweep.facts_per_parameter if ratio is not None else None}
 
-    per_shape = {shape: {"fitted_slope": slope(g), **per_parameter(shown[shown["shape"] == shape]),
+    per_shape = {shape: {**slope(g), **per_parameter(shown[shown["shape"] == shape]),
                          "rows": g.drop(columns="shape").to_dict("records")}
                  for shape, g in ok.groupby("shape", sort=False)}
-    summary = {"fitted_slope": slope(ok), "shapes": per_shape,
+    summary = {**slope(ok), "shapes": per_shape,
                "paper_line": {"facts_per_parameter": sweep.facts_per_parameter,
                               "facts_window": list(PAPER_FACTS_WINDOW), **per_parameter(shown)},
                "bits_per_parameter": sweep.bits_per_parameter, "bits_per_fact": math.log2(sweep.answers),
@@ -330,13 +332,11 @@ def write_transformer(result: Capacity, sweep: TransformerSweep, out: Path) -> N
 
 
 def transformer_text(result: Capacity) -> str:
-    def num(x, fmt):
-        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
     line = result.summary["paper_line"]
     lo, hi = line["facts_window"]
     lines = [f"sizes searched: {result.summary['searched']}",
-             f"facts stored against parameters: fitted slope {num(result.summary['fitted_slope'], '.2f')} (theory 1)",
+             f"facts stored against parameters: fitted slope {Fit.from_json(result.summary['fit'], LINE).show('slope')}"
+             "; theory 1",
              f"facts per parameter (geometric mean over {lo} to {hi} facts): " + (
                  f"{line['over_paper_line']:.2f}x the paper's {line['facts_per_parameter']:g}"
                  f" ({line['facts_per_parameter_measured']:.3f})" if line["over_paper_line"] is not None else

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.checkpoint import write_json
+from models.text import count
 from models.training.progress import progress_bar
 
 
@@ -54,7 +55,10 @@ class Cells:
     holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
     computes with, when it is not 1 (settings.json written before it was a setting lacks it,
     and reads as 1). `earlier`: the same settings as an earlier version of the sweep recorded
-    them; such a directory resumes too. A directory holding another sweep (other settings) is
+    them; such a directory resumes too. `growing`: settings that are lists of the values a
+    sweep's cells are keyed by (the trade-off grid's H and m values), which may grow: a
+    directory that recorded some of them resumes with more, and settings.json records the
+    longer lists once a cell is recorded. A directory holding another sweep (other settings) is
     refused when this is built, before anything is written, naming each setting that differs.
     With `keep_checkpoints`, the cells that train a model keep it as a checkpoint in
     DIR/checkpoints/KEY/ (`checkpoint`); that choice changes no row, so it is not a setting,
@@ -63,20 +67,25 @@ class Cells:
     killed in the middle of a stack goes on from it."""
 
     def __init__(self, out: Path, settings: dict, torch_threads: int = 1, earlier: tuple[dict, ...] = (),
-                 keep_checkpoints: bool = False):
+                 keep_checkpoints: bool = False, growing: tuple[str, ...] = ()):
         self.out, self.dir = Path(out), Path(out) / "cells"
         self.keep_checkpoints = keep_checkpoints
         threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
         self.settings = json.loads(json.dumps({**settings, **threads}))
+        self.grows = False  # settings.json is rewritten with the grown lists when a cell is recorded
         path = self.out / "settings.json"
         if path.is_file():
             try:
                 recorded = json.loads(path.read_text())
             except json.JSONDecodeError:
                 recorded = None
-            if recorded not in (self.settings, *json.loads(json.dumps([{**e, **threads} for e in earlier]))):
-                raise ValueError(f"{out} holds a sweep with other settings ({path}{_differing(recorded, self.settings)}"
-                                 "); choose another --out, or delete it to start over.")
+            accepted = (self.settings, *json.loads(json.dumps([{**e, **threads} for e in earlier])))
+            if recorded not in accepted:
+                self.grows = _grown(recorded, accepted, growing)
+                if not self.grows:
+                    shared = _without(recorded, growing), _without(self.settings, growing)
+                    raise ValueError(f"{out} holds a sweep with other settings ({path}{_differing(*shared)}"
+                                     "); choose another --out, or delete it to start over.")
         self.computed = 0  # cells recorded (not read back) by this process
 
     def path(self, key: str) -> Path:
@@ -88,13 +97,19 @@ class Cells:
         in it): the one it names, else `generator`, which every sweep recorded before the
         counter sampler became the default trained with and does not name; None where OUT
         holds no readable settings. A sweep resumed without --sampler takes it."""
+        recorded = Cells.recorded_settings(out)
+        for key in where:
+            recorded = recorded.get(key) if isinstance(recorded, dict) else None
+        return recorded.get("sampler", "generator") if isinstance(recorded, dict) else None
+
+    @staticmethod
+    def recorded_settings(out: Path) -> dict | None:
+        """OUT/settings.json, or None where OUT holds no readable settings."""
         try:
             recorded = json.loads((Path(out) / "settings.json").read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        for key in where:
-            recorded = recorded.get(key) if isinstance(recorded, dict) else None
-        return recorded.get("sampler", "generator") if isinstance(recorded, dict) else None
+        return recorded if isinstance(recorded, dict) else None
 
     def checkpoint(self, key: str) -> Path | None:
         """Where the cell `key` keeps its trained model (absolute, so a Ray worker on this
@@ -122,8 +137,9 @@ class Cells:
 
     def record(self, key: str, row: dict) -> dict:
         """Write `row` as the cell `key`; the row as it reads back (JSON types)."""
-        if not (self.out / "settings.json").is_file():
+        if self.grows or not (self.out / "settings.json").is_file():
             write_json(self.out / "settings.json", self.settings)
+            self.grows = False
         write_json(self.path(key), row)
         self.computed += 1
         return json.loads(json.dumps(row))
@@ -136,6 +152,21 @@ class Cells:
 def _file_name(key: str) -> str:
     """A cell's key as a file name."""
     return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", key)
+
+
+def _without(settings, keys: tuple[str, ...]):
+    """`settings` without the top-level `keys` (anything but a dict as it is)."""
+    return {k: v for k, v in settings.items() if k not in keys} if isinstance(settings, dict) else settings
+
+
+def _grown(recorded, accepted: tuple[dict, ...], growing: tuple[str, ...]) -> bool:
+    """Whether `recorded` is one of the `accepted` settings but for the `growing` lists, each of
+    which the first (today's) settings extend."""
+    if not growing or not isinstance(recorded, dict) or _without(recorded, growing) not in [
+            _without(a, growing) for a in accepted]:
+        return False
+    return all(set(map(json.dumps, recorded.get(k, []))) <= set(map(json.dumps, accepted[0].get(k, [])))
+               for k in growing)
 
 
 def _differing(recorded, settings: dict) -> str:
@@ -237,8 +268,8 @@ def _interrupted(cells) -> str:
     if folder is None:  # nothing recorded on disk (a plan)
         return "interrupted"
     recorded = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
-    return (f"interrupted: {recorded} cell(s) recorded in {folder}/ ({cells.computed} by this run); rerun the same "
-            "command to resume from them")
+    return (f"interrupted: {count(recorded, 'cell')} recorded in {folder}/ ({cells.computed} by this run); "
+            "rerun the same command to resume from them")
 
 
 def _recorded(cells: Cells, cell: Cell) -> dict | tuple[dict, ...] | None:
@@ -272,7 +303,7 @@ class _Bar:
     def __init__(self, desc: str, total: int | None, executor, progress: bool):
         self.executor, self.start, self.computed = executor, time.perf_counter(), 0
         shape = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" if total else "{n_fmt}"
-        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True,
+        self.tqdm = progress_bar(desc=desc, total=total, disable=not progress, dynamic_ncols=True, unit="cell",
                                  bar_format="{desc}: " + shape + " cells done{postfix} [{elapsed}]")
 
     def done(self, computed: bool, n: int = 1) -> None:

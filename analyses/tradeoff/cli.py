@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     executor = cli.executor(args)
     progress, out = not args.quiet, args.out
     if args.command == "grid":
-        grid = cli.settings(args, Grid)
+        grid = cli.settings(args, Grid).grown(Cells.recorded_settings(out), set(cli.given(args, Grid)))
         grid.models(run)  # every cell's model is refused before anything runs
         per_cell = ("n_heads", "d_mlp")  # set by --heads and --widths, recorded as those
         earlier = sweep_settings("grid", run, locating, grid.recorded(run))  # grids that recorded the preset's H, m
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                 raise ValueError("--seeds trains every cell with the seeds it names; drop --seed.")
             settings["run"]["train"].pop("seed")  # in each cell's key
         cells = Cells(out, settings, executor.torch_threads, earlier=(earlier,),
-                      keep_checkpoints=args.keep_checkpoints)
+                      keep_checkpoints=args.keep_checkpoints, growing=("heads", "widths"))  # the grid may grow
         rows = grid_rows(run, grid, locating, cells, executor, progress, compute=not args.recorded_only)
         result = grid_tables(rows, grid, run, cells.computed)
         write_grid(result, run, out)

@@ -16,6 +16,7 @@ from analyses.tradeoff.figures import grid_figure
 from models.bridge import resolve_device
 from models.cli import override
 from models.recall.config import ModelConfig, RunConfig
+from models.text import count
 
 STACK_CHOICES = ("auto", "on", "off")
 
@@ -51,6 +52,18 @@ class Grid:
         stacked = {"stacked": True} if self.stacked(run) else {}
         seeded = {"seeds": "per cell"} if self.seeds else {}  # a seeded grid can take more seeds later
         return {"heads": list(self.heads), "widths": list(self.widths_of(run)), **stacked, **seeded}
+
+    def grown(self, recorded: dict | None, given: set[str]) -> Grid:
+        """The grid to run where a grid with these `recorded` settings (settings.json, or None)
+        lies: the H and m values it recorded, with those given on the command line (`given`:
+        the Grid fields set by a flag) added. So `--heads 64` grows a recorded grid by a row,
+        and a rerun without --heads or --widths resumes it as it was."""
+        if not recorded or recorded.get("analysis") != "tradeoff grid":
+            return self
+        heads, widths = (tuple(sorted({*recorded.get(name, ()), *(getattr(self, name) if name in given else ())}))
+                         for name in ("heads", "widths"))
+        return replace(self, heads=heads or self.heads,
+                       widths=tuple(m for m in widths if m > 0) or self.widths)  # attention-only grids record m = 0
 
     def widths_of(self, run: RunConfig) -> tuple[int, ...]:
         """The m values the grid trains: --widths, or m = 0 alone when the model has no MLP."""
@@ -188,4 +201,4 @@ def grid_text(result: Result, out: Path) -> str:
         lines += [f"  H={h}: " + (f"{v['min']} / {v['median']:g} / {v['max']}, {v['seeds_reaching']} of "
                                   f"{table['seeds'].max()} seeds" if v["seeds_reaching"] else "no seed reaches 99%")
                   for h, v in result.summary["frontier_spread"].items()]
-    return "\n".join(lines) + f"\nwrote {out}/ ({result.summary['cells_computed']} new cells)"
+    return "\n".join(lines) + f"\nwrote {out}/ ({count(result.summary['cells_computed'], 'new cell')})"

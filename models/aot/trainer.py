@@ -31,6 +31,7 @@ from models.aot.forward import population_logits
 from models.aot.weights import Stack, init_aot_weights, stack_models
 from models.bridge import resolve_device
 from models.section import ModelSection
+from models.text import count
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
 from models.training.progress import progress_bar
@@ -134,7 +135,7 @@ def train_aot(task: SequenceTask, runs: list[tuple[AoTModelConfig, int]], cfg: A
     step_once = Step(state.step(), use_cuda_graph(cfg.cuda_graph, device))
     batch_correct = torch.zeros(len(runs), device=device)  # summed over the last BATCH_ACCURACY_STEPS batches
     window = min(BATCH_ACCURACY_STEPS, cfg.steps)
-    bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({len(runs)} models)", unit="step")
+    bar = progress_bar(total=cfg.steps, disable=not progress, desc=f"{desc} ({count(len(runs), 'model')})", unit="step")
     for step in range(cfg.steps):
         logits, counts = step_once()  # this batch's logits before the update [K, T_0, N], counts [K, T_0]
         if step >= cfg.steps - window:  # this batch's accuracy, before the step (as the authors log it)

@@ -35,6 +35,7 @@ from models.recall.trainer import (
 from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
 from models.section import ModelSection
+from models.text import count
 from models.training.divergence import check_finite
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
@@ -188,7 +189,8 @@ def _loop_shapes(state: _ShapeTraining, progress: bool) -> None:
     schedule, as its train() would."""
     attention = state.cells[0].run.model.attention
     bar = progress_bar(total=max(c.run.train.steps for c in state.cells), initial=state.step, disable=not progress,
-                       unit="step", desc=f"training {len(state.lr)} models of {len(state.cells)} shapes")
+                       unit="step",
+                       desc=f"training {count(len(state.lr), 'model')} of {count(len(state.cells), 'shape')}")
     while True:
         active = [c for c in state.cells if c.stopped is None and state.step != state.evaluated]
         for cell in active:

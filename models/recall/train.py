@@ -24,6 +24,7 @@ from models.recall.fits import check_fits
 from models.recall.presets import PRESETS, preset
 from models.recall.trainer import best_so_far, train
 from models.recall.weights import parameter_count
+from models.text import count
 from models.training.graphed import use_cuda_graph
 from models.training.train_state import state_dir
 
@@ -67,7 +68,7 @@ def summary(result, out: Path) -> str:
     lines = [
         f"task      {task}  ({task.n_facts} facts)",
         f"model     {section.shape} ({counts['attention']} attention + {counts['mlp']} MLP parameters)",
-        f"trained   {len(t['runs'])} model(s) for {t['steps_run']} steps in {t['seconds']:.1f} s on {t['device']}",
+        f"trained   {count(len(t['runs']), 'model')} for {_ran(result.session, t)} on {t['device']}",
     ]
     dropped = {d["model"]: d for d in t.get("dropped", [])}
     if len(t["runs"]) > 1:
@@ -85,6 +86,16 @@ def summary(result, out: Path) -> str:
                      "steps")
     lines.append(f"wrote     {out}/")
     return "\n".join(lines)
+
+
+def _ran(session: dict | None, training: dict) -> str:
+    """'1500 steps in 17.9 s', or for a resumed run what this call ran and the run's totals:
+    '476 steps (1024 to 1500) in 9.1 s; the run: 1500 steps in 17.9 s'."""
+    total = f"{count(training['steps_run'], 'step')} in {training['seconds']:.1f} s"
+    if not session or session["from_step"] == 0:
+        return total
+    return (f"{count(session['steps'], 'step')} ({session['from_step']} to {training['steps_run']}) in "
+            f"{session['seconds']:.1f} s; the run: {total}")
 
 
 def read_run(ckpt: Path) -> tuple[RunConfig, str]:

@@ -28,6 +28,7 @@ from models.recall.config import RunConfig
 from models.recall.fits import check_fits
 from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
+from models.text import count
 from models.training.divergence import describe, drop, nonfinite, stopped
 from models.training.graphed import Step, use_cuda_graph
 from models.training.optimizer import Optimizer
@@ -98,6 +99,8 @@ class _Training:
     snapshots: dict[int, dict[str, torch.Tensor]]  # trainable weights [K, ...] by step, CPU
     start: float  # time.perf_counter() at step 0 (earlier sessions' seconds included)
     dropped: list[dict]  # the models that diverged: model, lr, seed, step, reason
+    first_step: int = 0  # the step this call started from (a resumed run's last saved state)
+    session_start: float = 0.0  # time.perf_counter() when this call's training began
 
 
 def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _Training:
@@ -128,9 +131,10 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
         dropped = info.get("dropped", [])
         for gone in dropped:  # its weights were saved as zeros; its learning rate comes from the run
             drop(gone["model"], params, optimizer)
-    start = time.perf_counter() - (metrics[-1]["seconds"] if metrics else 0.0)
+    now = time.perf_counter()
+    start = now - (metrics[-1]["seconds"] if metrics else 0.0)
     return _Training(run, task, device, weights, params, positional, optimizer, data, step_once, held_out,
-                     schedule, step, metrics, snapshots, start, dropped)
+                     schedule, step, metrics, snapshots, start, dropped, step, now)
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
@@ -139,7 +143,7 @@ def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -
     cfg, runs = state.run.train, state.run.train.runs
     K = len(runs)
     bar = progress_bar(total=cfg.steps, initial=state.step, disable=not progress,
-                       desc=f"training {K} model{'s' * (K > 1)}", unit="step")
+                       desc=f"training {count(K, 'model')}", unit="step")
     while True:
         if state.step in state.schedule and state.step not in state.snapshots:
             _snapshot(state, state_folder)
@@ -213,11 +217,16 @@ def _evaluate(state: _Training, logger) -> dict:
 
 def _result(state: _Training, preset_name: str | None, subnormals: str) -> TrainResult:
     """The kept model (the best final held-out accuracy, then loss) with its training section,
-    curve and snapshots; all K final models under `stacked`."""
+    curve and snapshots (the run's totals: `steps_run`, `seconds`); all K final models under
+    `stacked`; what this call ran under `session`."""
     stacked = {k: t.detach().to("cpu") for k, t in state.weights.items()}
-    return kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
-                       state.snapshots, state.step, time.perf_counter() - state.start, preset_name, subnormals,
-                       state.step_once.graphed, state.dropped)
+    now = time.perf_counter()
+    result = kept_result(state.run, state.task, str(state.device), stacked, sorted(state.params), state.metrics,
+                         state.snapshots, state.step, now - state.start, preset_name, subnormals,
+                         state.step_once.graphed, state.dropped)
+    result.session = {"from_step": state.first_step, "steps": state.step - state.first_step,
+                      "seconds": round(now - state.session_start, 2)}
+    return result
 
 
 def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: dict, trainable: list[str],

@@ -27,6 +27,7 @@ class TrainResult:
     metrics: list[dict]  # metrics.jsonl: one row per evaluation
     snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # checkpoint dicts by step
     stacked: dict[str, torch.Tensor] | None = None  # factual recall: all K final models [K, ...], CPU
+    session: dict | None = None  # factual recall: this call's part of the run (from_step, steps, seconds)
 
     @property
     def accuracy(self) -> float:

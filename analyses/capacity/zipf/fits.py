@@ -8,40 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyses.least_squares import fit_log_log, t_quantile
+
 MIN_POINTS = 3  # a slope needs three points with a non-zero error: two always lie on a line
 LEVEL = 0.95
-
-
-def t_cdf(t: float, dof: int) -> float:
-    """Student's t distribution function at t >= 0 for an integer `dof`, exact: the finite sums of
-    Abramowitz & Stegun 26.7.3-4 in θ = atan(t/√dof)."""
-    theta = math.atan(t / math.sqrt(dof))
-    c, term, total = math.cos(theta) ** 2, 1.0, 1.0
-    if dof % 2 == 0:
-        for k in range(1, dof // 2):
-            term *= c * (2 * k - 1) / (2 * k)
-            total += term
-        return 0.5 + 0.5 * math.sin(theta) * total
-    if dof == 1:
-        return 0.5 + theta / math.pi
-    for k in range(1, (dof - 1) // 2):
-        term *= c * (2 * k) / (2 * k + 1)
-        total += term
-    return 0.5 + (theta + math.sin(theta) * math.cos(theta) * total) / math.pi
-
-
-def t_quantile(q: float, dof: int) -> float:
-    """The q-quantile of Student's t with `dof` degrees of freedom (q in (0.5, 1)), by bisection
-    on t_cdf to 1e-12."""
-    if dof < 1 or not 0.5 < q < 1:
-        raise ValueError(f"t_quantile needs dof >= 1 and q in (0.5, 1), got {dof} and {q}.")
-    low, high = 0.0, 1.0
-    while t_cdf(high, dof) < q:
-        low, high = high, 2 * high
-    while high - low > 1e-12 * high:
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_cdf(mid, dof) < q else (low, mid)
-    return (low + high) / 2
 
 
 @dataclass(frozen=True)
@@ -64,11 +34,7 @@ class Exponent:
 def seed_slope(x, errors) -> float | None:
     """The least-squares slope of log error against log x over the points with an error > 0,
     or None with fewer than MIN_POINTS of them."""
-    x, errors = np.asarray(x), np.asarray(errors)
-    keep = errors > 0
-    if keep.sum() < MIN_POINTS:
-        return None
-    return float(np.polyfit(np.log(x[keep]), np.log(errors[keep]), 1)[0])
+    return fit_log_log(x, errors).get("slope")  # analyses.least_squares: undetermined (None) below MIN_POINTS
 
 
 def interval(values: list[float], missing: str) -> Exponent:
