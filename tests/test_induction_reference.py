@@ -11,6 +11,7 @@ import torch
 
 from models.bridge import build_bridge
 from models.induction.config import InductionModelConfig, InductionTaskConfig
+from models.induction.construction import TARGETS
 from models.induction.weights import init_weights
 from probe.induction import clean_batch, head_scores, in_context_scores, knowledge_location, memory_recall
 
@@ -79,8 +80,11 @@ def test_memory_recall_is_the_authors_probes_written_out(task, act_fn):
     for key, value in expected.items():
         assert found[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert 0 < expected[("wk0", 0, 0)] < 1 and 0 < expected[("wo1", 1, 1)] < 1  # neither trivial
-    names = dict(zip(table.probe, table.measures.str.split(":").str[0]))
-    assert names == {"wk0": "W_KQ^1", "wk1": "W_KQ^2", "wo1": "W_OV^2", "ff1": "final MLP"}
+    assert dict(zip(table.probe, table.measures)) == {
+        "wk0": "W_KQ^1: position t's query ranks position t-1 first",
+        "wk1": "W_KQ^2: trigger k's query ranks its remapped key first",
+        "wo1": "W_OV^2: u_k^T W_OV^2 e_k ranks k first",
+        "ff1": "final MLP: KL(pi_b(.|k) || its prediction on e_k), nats"}
 
 
 def test_the_early_positions_probe_needs_more_than_64_positions():
@@ -171,3 +175,36 @@ def test_in_context_scores_count_the_positions_of_the_sequences_asked_for():
     assert table.n.iloc[:3].sum() == 6 * 12 and table.n.iloc[3:].sum() == 6 * 12
     given = clean_batch(model, HELD_OUT, 4, seed=11)
     assert in_context_scores(model, HELD_OUT, given, ood=True).n.iloc[3:].sum() == 4 * 12
+
+
+def test_the_instruments_measure_the_batch_given_or_draw_their_default_one(monkeypatch):
+    """Each instrument draws its held-out sequences once (256; head_scores 64, or n when asked) and none
+    when a batch is given: knowledge_location finds its induction head on the batch it measures."""
+    import probe.induction as instruments
+    model = build_bridge(SECTION, nudged(SECTION, 2), "cpu", FIXED)
+    assert len(clean_batch(model, FIXED)) == 256
+    drawn, draw = [], instruments.clean_batch
+
+    def spy(model, task, n, *args, **kwargs):
+        drawn.append(n)
+        return draw(model, task, n, *args, **kwargs)
+    monkeypatch.setattr(instruments, "clean_batch", spy)
+    for instrument, kwargs, sizes in ((in_context_scores, {}, [256]), (head_scores, {}, [64]),
+                                      (knowledge_location, {}, [256]), (knowledge_location, {"n": 8}, [8]),
+                                      (knowledge_location, {"batch": FIXED.eval_set(8, seed=5)}, [])):
+        drawn.clear()
+        instrument(model, FIXED, **kwargs)
+        assert drawn == sizes, (instrument.__name__, kwargs, drawn)
+
+
+def test_the_early_positions_probe_ranks_the_keys_of_the_first_64_positions_only():
+    """With orthonormal positions and a previous-token memory, wk0_64 is 1 although the key of position 63
+    outscores position t-1's for the queries t = 1..5: position 63 is no key of the first 64 queries."""
+    task = InductionTaskConfig(n_triggers=3, seq_len=96).build()
+    section = InductionModelConfig(d_model=128).section(task)
+    w = init_weights(section, 0)
+    P = torch.linalg.qr(torch.randn(128, 128, generator=torch.Generator().manual_seed(0)))[0][:96]  # [T, d]
+    W_KQ = 80.0 * P[:95].T @ P[1:] + 200.0 * P[63][:, None] @ P[1:6].sum(0)[None]  # [d, d] keys t-1; 63 for t <= 5
+    model = build_bridge(section, {**w, "pos_embed.W_pos": P, TARGETS[0]: W_KQ[None]}, "cpu", task)
+    found = memory_recall(model, task).set_index("probe").value
+    assert found["wk0_64"] == 1.0 and found["wk0"] == pytest.approx(90 / 95)
