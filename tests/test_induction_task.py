@@ -88,6 +88,9 @@ def test_random_triggers_are_distinct_and_drawn_from_the_marginals():
     first = torch.bincount(trig[:, 0], minlength=65).float() / 4096  # the first draw is from pi_u itself
     assert (first - task.marginal).abs().max() < 0.03
     assert len(trig.unique()) > 20  # not only the frequent ones
+    task.unigrams = torch.ones(65, dtype=torch.long)  # a flat text: a drawn trigger must leave nothing behind
+    task._tables.clear()
+    assert all(len(set(row)) == 5 for row in draw(task, 256).triggers[0].tolist())
 
 
 def test_a_seeds_batch_depends_on_its_seed_and_step_alone():
@@ -106,6 +109,8 @@ def test_the_config_round_trips_and_names_characters():
     task = InductionTask("shakespeare", 2, 10, "random", "uniform", True)
     again = task_from_config(task.to_config())
     assert again.to_config() == task.to_config() and isinstance(again, InductionTask)
+    bigram = InductionTask("shakespeare", 2, 10, outputs="bigram")
+    assert task_from_config(bigram.to_config()).outputs == "bigram"
     assert task.token_label(1) == " " and task.answer_label(0) == "\n"
 
 
@@ -114,6 +119,7 @@ def test_the_config_round_trips_and_names_characters():
     ({"n_triggers": 0}, "n_triggers must be an integer in 1..65"),
     ({"seq_len": 1}, "seq_len T must be an integer >= 2"),
     ({"seq_len": True}, "seq_len T must be an integer >= 2, got True"),
+    ({"seq_len": 64.0}, "seq_len T must be an integer >= 2, got 64.0"),
     ({"n_triggers": True}, "n_triggers must be an integer in 1..65 (the vocabulary of 'shakespeare'), got True"),
     ({"outputs": "zipf"}, "outputs must be one of uniform, bigram, got 'zipf'"),
     ({"text": "hamlet"}, "unknown text 'hamlet'; the texts are shakespeare"),
@@ -124,7 +130,7 @@ def test_the_config_round_trips_and_names_characters():
 def test_bad_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(ValueError) as e:
         InductionTask(**kwargs)
-    assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
 def test_a_config_whose_vocabulary_differs_from_the_text_is_refused():
@@ -198,6 +204,8 @@ def test_the_config_names_every_setting_and_reads_the_defaults():
     task = InductionTask("shakespeare", 2, 10, "random", "uniform", True)
     assert task.to_config() == {"kind": "induction", "text": "shakespeare", "n_tokens": 65, "n_triggers": 2,
                                 "seq_len": 10, "triggers": "random", "outputs": "uniform", "held_out_outputs": True}
+    authors = InductionTask()  # the authors' example: K = 5 fixed triggers, T = 256, uniform outputs
+    assert (authors.n_triggers, authors.seq_len, authors.triggers, authors.outputs) == (5, 256, "fixed", "uniform")
     least = InductionTask.from_config({"kind": "induction", "text": "shakespeare", "n_triggers": 2, "seq_len": 10})
     assert (least.triggers, least.outputs, least.held_out_outputs) == ("fixed", "uniform", False)
     assert repr(task) == ("InductionTask(shakespeare, N=65, K=2 random triggers, T=10, uniform outputs, "
