@@ -52,6 +52,19 @@ def test_the_mlp_probe_is_the_kl_to_the_global_bigrams(built):
     assert "ff1" not in recall(build_bridge(no_mlp, init_weights(no_mlp, 0), "cpu", TASK))
 
 
+def test_below_n_dimensions_the_bigram_memory_writes_the_least_squares_centred_log_pi_b():
+    """At d = 48 < N the unembedding spans no constant direction: the MLP's write for e_k, unembedded, is
+    the least-squares fit of log pi_b(.|k) centred over the vocabulary, within W_U's span."""
+    section = InductionModelConfig(d_model=48, d_mlp=80).section(TASK)
+    w = bigram_mlp(section, init_weights(section, 0), TASK)
+    E, W_U, m = w["embed.W_E"], w["unembed.W_U"], "blocks.1.mlp."
+    written = torch.relu(E @ w[m + "W_in"] + w[m + "b_in"]) @ w[m + "W_out"] @ W_U  # [N, N]
+    log_pi = TASK.conditionals.clamp_min(1e-6).log()
+    centred = log_pi - log_pi.mean(-1, keepdim=True)  # [N, N]
+    fit = torch.linalg.lstsq(W_U.T.double(), centred.T.double()).solution.T.float() @ W_U  # [N, N]
+    assert torch.allclose(written, fit, atol=2e-3), (written - fit).abs().max()
+
+
 def test_head_scores_find_the_previous_token_head_and_the_induction_head(built):
     table = head_scores(built, TASK).set_index("layer")
     assert table.loc[0, "previous_token"] > 0.9 and table.loc[1, "previous_token"] < 0.2
