@@ -3,7 +3,8 @@ model of a stack trains as it would alone, frozen weights stay, a run resumes bi
 CPU preset learns the induction head, and the CLI refuses bad input in one line."""
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,8 +12,12 @@ import torch
 from models.cli import run_cli
 from models.induction import train as train_cli
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
-from models.induction.trainer import train
+from models.induction.forward import sequence_logits
+from models.induction.trainer import EVAL_SEED, Training, scores, train
+from models.induction.weights import init_weights
 from models.training.optimizer import Optimizer
+from models.training.progress import ENV
+from models.training.result import DATA_SEED_OFFSET
 
 TASK = InductionTaskConfig(n_triggers=2, seq_len=16)
 MODEL = InductionModelConfig(d_model=16)
@@ -74,6 +79,9 @@ def test_frozen_until_keeps_weights_at_their_start_then_trains_them(tmp_path):
     key = "blocks.1.attn.W_O"
     assert all(torch.equal(whole.snapshots[s][key], whole.snapshots[0][key]) for s in (2, 4))
     assert not torch.equal(whole.snapshots[6][key], whole.snapshots[4][key])
+    stepwise = train(TASK, MODEL, replace(cfg, steps=5, snapshot_every=1), progress=False)[0]
+    assert torch.equal(stepwise.snapshots[4][key], whole.snapshots[0][key])  # joins at step 4: moves by step 5
+    assert not torch.equal(stepwise.snapshots[5][key], stepwise.snapshots[4][key])
     assert not torch.equal(whole.snapshots[2]["blocks.1.attn.W_K"], whole.snapshots[0]["blocks.1.attn.W_K"])
     for killed in (4, 6):  # the state at 4 is saved before the join, at 6 after it
         folder = tmp_path / str(killed)
@@ -211,3 +219,110 @@ def test_the_edges_of_the_configs_are_accepted():
     from models.induction.config import preset
     with pytest.raises(ValueError, match=r"^unknown preset 'huge'; the presets are cpu, paper\.$"):
         preset("huge")
+
+
+def stacked_init(section, seeds):
+    """The seeds' initial weights, stacked [K, ...]."""
+    weights = [init_weights(section, s) for s in seeds]
+    return {k: torch.stack([w[k] for w in weights]) for k in weights[0]}
+
+
+@pytest.mark.parametrize("loss", ["in_context", "all"])
+def test_two_steps_are_the_loss_written_out_and_torchs_sgd(loss):
+    """Each model's mean cross-entropy over its positions (counter >= 2, or every one) on its seed's batch
+    (seed + DATA_SEED_OFFSET), summed over the models; torch's SGD with momentum and weight decay."""
+    task = TASK.build()
+    section = MODEL.section(task)
+    run = Training(task, MODEL, replace(TRAIN, lr=(0.1,), seed=(0, 1), weight_decay=0.05, loss=loss))
+    w = stacked_init(section, (0, 1))
+    sgd = torch.optim.SGD([w[k].requires_grad_() for k in run.trainable], lr=0.1, momentum=0.9, weight_decay=0.05)
+    for step in range(2):
+        batch = task.sample_counter(8, torch.tensor([DATA_SEED_OFFSET, 1 + DATA_SEED_OFFSET]), step)
+        losses = -sequence_logits(w, batch.tokens, section).log_softmax(-1).gather(-1, batch.targets[..., None])[..., 0]
+        mask = (batch.counts >= 2 if loss == "in_context" else torch.ones_like(batch.counts, dtype=torch.bool)).float()
+        expected = ((losses * mask).sum((-1, -2)) / mask.sum((-1, -2))).sum()  # [K] -> summed
+        expected.backward()
+        sgd.step()
+        sgd.zero_grad()
+        assert run.train_step().item() == pytest.approx(expected.item(), rel=1e-5), step
+    for k in run.trainable:
+        assert torch.allclose(run.weights[k], w[k], atol=1e-5), k
+
+
+def test_the_scores_read_each_kind_of_position_per_model():
+    """in_context (counter >= 2), first_output (1) and bigram (0) positions, each model's own mean, on
+    logits right at about half the positions (a forward given)."""
+    task = InductionTaskConfig(n_triggers=2, seq_len=32).build()
+    batch = task.eval_set(16, seed=4)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 16, 32, task.n_tokens, generator=g)  # [K, B, T, N]
+    right = torch.rand(2, 16, 32, generator=g) < 0.5
+    logits.scatter_add_(-1, batch.targets.expand(2, -1, -1)[..., None], 8.0 * right[..., None].float())
+    found = scores({"w": torch.zeros(2)}, None, batch, "x_", forward=lambda w, tokens, section: logits)
+    correct = logits.argmax(-1) == batch.targets  # [K, B, T]
+    losses = -logits.log_softmax(-1).gather(-1, batch.targets.expand(2, -1, -1)[..., None])[..., 0]
+    kinds = {"in_context": batch.counts >= 2, "first_output": batch.counts == 1, "bigram": batch.counts == 0}
+    expected = {"x_in_context_accuracy": [correct[k][kinds["in_context"]].float().mean() for k in (0, 1)],
+                "x_first_output_accuracy": [correct[k][kinds["first_output"]].float().mean() for k in (0, 1)],
+                "x_in_context_loss": [losses[k][kinds["in_context"]].mean() for k in (0, 1)],
+                "x_bigram_loss": [losses[k][kinds["bigram"]].mean() for k in (0, 1)]}
+    assert found.keys() == expected.keys()
+    for key, values in expected.items():
+        assert torch.allclose(found[key], torch.stack(values), atol=1e-6), key
+    assert (batch.counts >= 3).any() and found["x_in_context_accuracy"][0] != found["x_in_context_accuracy"][1]
+
+
+def test_a_run_records_its_held_out_and_ood_scores_its_clock_and_its_settings(monkeypatch, capsys):
+    """With held-out outputs every evaluation scores the held-out set and the OOD test (EVAL_SEED); the
+    seconds are the clock's since the start, to 0.01 s; each result names its trainer, configs, device,
+    trained weights, data seeds and final scores; the bar (shown by default) counts the steps."""
+    import models.induction.trainer as trainer
+    ticks = iter(range(1, 1000))
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=lambda: 1.23456 * next(ticks)))
+    monkeypatch.setenv(ENV, "1")
+    task_cfg = replace(TASK, held_out_outputs=True)
+    cfg = replace(TRAIN, lr=(0.1,), seed=(0, 1))
+    results = train(task_cfg, MODEL, cfg)
+    err = capsys.readouterr().err
+    last = err.strip().split("\r")[-1]  # the bar as it closed
+    assert "training 2 models" in last and "| 6/6 " in last and "step" in last and "in_context=" in last, err
+    task = task_cfg.build()
+    section = MODEL.section(task)
+    final = {k: torch.stack([r.weights[k] for r in results]) for k in results[0].weights}
+    found = {**scores(final, section, task.eval_set(8, EVAL_SEED)),
+             **scores(final, section, task.eval_set(8, EVAL_SEED, ood=True), "ood_")}
+    seconds = [row["seconds"] for row in results[0].metrics]
+    assert seconds == sorted(set(seconds)) and all(s == round(s, 2) != int(s) for s in seconds), seconds
+    for i, (result, seed) in enumerate(zip(results, (0, 1))):
+        last = result.metrics[-1]
+        assert [row["step"] for row in result.metrics] == [0, 3, 6] and (last["lr"], last["seed"]) == (0.1, seed)
+        for key, values in found.items():
+            assert last[key] == pytest.approx(values[i].item(), abs=1e-6), key
+        t = result.training
+        assert (t["trainer"], t["model_config"], t["task_config"], t["device"]) == (
+            "models.induction.trainer", asdict(MODEL), asdict(task_cfg), "cpu")
+        assert t["trainable"] == ["blocks.0.attn.W_K", "blocks.1.attn.W_K", "blocks.1.attn.W_O"]
+        assert (t["batch_seeds"], t["seconds"], t["lr"], t["seed"]) == ("seed + 1000000", seconds[-1], 0.1, seed)
+        assert t["final_accuracy"] == last["in_context_accuracy"] and t["final_loss"] == last["in_context_loss"]
+        assert t["final_ood_bigram_loss"] == last["ood_bigram_loss"] and "final_lr" not in t and "final_seed" not in t
+
+
+def test_a_diverging_model_is_named_in_one_line():
+    with pytest.raises(ValueError) as e:
+        train(TASK, MODEL, replace(TRAIN, lr=(0.1, 1e20)), progress=False)
+    assert str(e.value) == ("step 3: the model of lr 1e+20, seed 0 diverged (non-finite loss); lower the "
+                            "learning rate.")
+
+
+def test_a_resumed_run_trains_only_its_remaining_steps_and_its_clock_goes_on(tmp_path, monkeypatch):
+    import models.induction.trainer as trainer
+    ticks = iter(range(1, 1000))
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=lambda: 1.5 * next(ticks)))
+    cfg = replace(TRAIN, steps=6, eval_every=2)
+    train(TASK, MODEL, replace(cfg, steps=4), progress=False, state_folder=tmp_path)
+    steps, step = [], Training.train_step
+    monkeypatch.setattr(Training, "train_step", lambda self: steps.append(self.step) or step(self))
+    resumed = train(TASK, MODEL, cfg, progress=False, state_folder=tmp_path)[0]
+    assert steps == [4, 5]
+    seconds = [row["seconds"] for row in resumed.metrics]
+    assert seconds == sorted(set(seconds)) and seconds[-1] - seconds[-2] < 5, seconds
