@@ -1,6 +1,7 @@
 """The induction trainer: SGD with momentum and weight decay and AdamW equal torch.optim's, each
 model of a stack trains as it would alone, frozen weights stay, a run resumes bit-identically, the
 CPU preset learns the induction head, and the CLI refuses bad input in one line."""
+import json
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -326,3 +327,35 @@ def test_a_resumed_run_trains_only_its_remaining_steps_and_its_clock_goes_on(tmp
     assert steps == [4, 5]
     seconds = [row["seconds"] for row in resumed.metrics]
     assert seconds == sorted(set(seconds)) and seconds[-1] - seconds[-2] < 5, seconds
+
+
+SMALL = ["--n-triggers", "2", "--seq-len", "8", "--d-model", "8", "--batch-size", "4", "--steps", "2", "--eval-every",
+         "2", "--eval-size", "4", "--device", "cpu"]
+
+
+def test_the_cli_writes_a_folder_per_model_at_its_default_out_with_a_bar(tmp_path, monkeypatch, capsys):
+    """Two learning rates: ckpt/induction_PRESET/lr<LR>_seed<SEED>/ each, run.json with the preset and the
+    settings (resumed with the learning rates as given), and the bar where bars are asked for."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV, "1")
+    assert train_cli.main([*SMALL, "--lr", "0.1,0.05"]) == 0
+    assert "training 2 models" in capsys.readouterr().err
+    out = tmp_path / "ckpt" / "induction_cpu"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lr0.05_seed0", "lr0.1_seed0", "train_state"]
+    run = json.loads((out / "run.json").read_text())
+    assert (run["preset"], run["training"]["lr"], run["training"]["steps"]) == ("cpu", [0.1, 0.05], 2)
+    config = json.loads((out / "lr0.05_seed0" / "config.json").read_text())
+    assert (config["training"]["lr"], config["training"]["steps_run"]) == (0.05, 2)
+    assert train_cli.main(["--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "lr0.1_seed0" / "config.json").read_text())["training"]["lr"] == 0.1
+
+
+def test_an_interrupt_names_the_command_that_resumes_the_run(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train_cli, "train", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt) as stop:
+        train_cli.main([*SMALL, "--quiet", "--out", str(out)])
+    assert str(stop.value) == ("interrupted; the training state is saved at every evaluation: "
+                               f"python -m models.induction.train --resume {out}")
