@@ -4,7 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
@@ -38,6 +38,7 @@ def other(tmp_path_factory):
 def test_one_against_two_layers_trains_the_generic_model_with_each_depth():
     curves, results = studies.one_against_two_layers(TASK, MODEL, TRAIN, progress=False)
     assert sorted(curves.layers.unique()) == [1, 2] and list(curves[curves.layers == 1].step) == [0, 2, 4]
+    assert curves.index.tolist() == list(range(6))
     assert results[1].section.n_layers == 1 and results[2].section.architecture == "generic"
 
 
@@ -50,6 +51,8 @@ def test_joint_against_alone_holds_the_other_two_memories_as_asked(alone):
     assert set(probes["mode"]) == {"joint", "alone"} and set(probes.trained_alone) == {"", "wk0", "wk1", "wo1"}
     assert sorted(probes.step.unique()) == [0, 2, 4, 6] and set(curves.trained_alone) == {"", "wk0", "wk1", "wo1"}
     assert joint.training["frozen"] == () and sorted(joint.snapshots) == [0, 2, 4, 6]
+    assert joint.training["task_config"] == asdict(TASK) and joint.training["steps_run"] == 6
+    assert probes.index.tolist() == list(range(len(probes))) and curves.index.tolist() == list(range(len(curves)))
     run = probes[probes.trained_alone == "wo1"].pivot(index="step", columns="probe", values="value")
     start = probes[(probes.trained_alone == "") & (probes.step == 0)].set_index("probe").value
     others = run[["wk0", "wk1"]]
@@ -180,3 +183,49 @@ def test_probes_continue_only_their_own_interrupted_run(tmp_path, capsys):
     state.mkdir()
     (state / "run.json").write_text(json.dumps(json.loads((tmp_path / "summary.json").read_text())["probes"]["run"]))
     assert main(argv) == 0 and pd.read_csv(tmp_path / "probes.csv").equals(first)
+
+
+def test_the_tables_of_the_probes_study_read_the_threshold_inclusively_and_each_runs_own_memory():
+    """A run alone counts for its own memory only; a value equal to the threshold has reached it; a probe or
+    run that never does is last (NaN, None); the tables have fresh indices and only their own columns."""
+    rows = []
+    for trained_alone, values in (("", {"wk0": [0, 0.5, 0.9], "wk1": [0, 0.9, 1], "wo1": [0.1, 0.2, 0.3],
+                                        "ff1": [2.0, 1.0, 0.5]}),
+                                  ("wo1", {"wo1": [0, 0.9, 1], "wk0": [1, 1, 1]}),
+                                  ("wk0", {"wk0": [0, 0, 0.95], "wk1": [1, 1, 1]})):
+        for probe, series in values.items():
+            rows += [{"step": step, "probe": probe, "value": v, "mode": "alone" if trained_alone else "joint",
+                      "trained_alone": trained_alone} for step, v in zip((0, 10, 20), series)]
+    probes = pd.DataFrame(rows)
+    own = studies.own_probe(probes)
+    assert own.index.tolist() == list(range(len(own))) and list(own.columns) == list(probes.columns)
+    assert sorted(set(zip(own.trained_alone, own.probe))) == [("", "wk0"), ("", "wk1"), ("", "wo1"),
+                                                              ("wk0", "wk0"), ("wo1", "wo1")]
+    learned = studies.steps_to_learn(probes).set_index("probe")
+    assert learned.loc["wk0"].tolist() == [20, 20] and learned.loc["wo1", "alone"] == 10
+    assert learned.loc["wk1", "joint"] == 10 and pd.isna(learned.loc["wk1", "alone"])
+    assert pd.isna(learned.loc["wo1", "joint"])
+    order = studies.learning_order(probes[probes["mode"] == "joint"])
+    assert list(order.columns) == ["probe", "memory", "first_step"] and order.index.tolist() == [0, 1, 2]
+    assert order.probe.tolist() == ["wk1", "wk0", "wo1"] and order.memory[0] == "blocks.1.attn.W_K"
+    assert order.first_step.tolist()[:2] == [10, 20] and pd.isna(order.first_step[2])
+    curves = pd.DataFrame({"step": [0, 10] * 3, "mode": ["joint"] * 2 + ["alone"] * 4,
+                           "trained_alone": ["", "", "wo1", "wo1", "wk0", "wk0"],
+                           "in_context_accuracy": [0.1, 0.9, 0.2, 0.95, 0.1, 0.3]})
+    found = studies.accuracy_to_learn(curves)
+    assert list(found.items()) == [("joint", 10), ("alone_wo1", 10), ("alone_wk0", None)]
+
+
+def test_the_curves_and_the_mlps_kl_over_training():
+    from models.bridge import build_bridge
+    from probe.induction import memory_recall
+
+    result = train(TASK, replace(MODEL, d_mlp=32), replace(TRAIN, loss="all"), progress=False)[0]
+    curve = studies.curve_table(result, mode="joint")
+    assert "lr" not in curve and "seed" not in curve and (curve["mode"] == "joint").all() and "step" in curve
+    kl = studies.ff1_over_training(result)
+    assert list(kl.columns) == ["step", "ff1_kl"] and kl.step.tolist() == [0, 2, 4]
+    model = build_bridge(result.section, result.snapshots[4], "cpu", result.task)
+    assert kl.ff1_kl.iloc[-1] == pytest.approx(memory_recall(model, result.task).set_index("probe").value["ff1"])
+    with pytest.raises(ValueError, match=r"^the model has no snapshots \(train with snapshot_every > 0\)\.$"):
+        studies.probes_over_snapshots(replace(result, snapshots={}))
