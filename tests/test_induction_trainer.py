@@ -222,6 +222,13 @@ def test_the_edges_of_the_configs_are_accepted():
         preset("huge")
 
 
+def every_update(monkeypatch):
+    """Progress as status lines (no tqdm: its lock does not survive mutmut's fork), one at every update."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    monkeypatch.setattr("models.training.progress.STATUS_SECONDS", 0.0)
+
+
 def stacked_init(section, seeds):
     """The seeds' initial weights, stacked [K, ...]."""
     weights = [init_weights(section, s) for s in seeds]
@@ -280,13 +287,13 @@ def test_a_run_records_its_held_out_and_ood_scores_its_clock_and_its_settings(mo
     import models.induction.trainer as trainer
     ticks = iter(range(1, 1000))
     monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=lambda: 1.23456 * next(ticks)))
-    monkeypatch.setenv(ENV, "1")
+    every_update(monkeypatch)
     task_cfg = replace(TASK, held_out_outputs=True)
     cfg = replace(TRAIN, lr=(0.1,), seed=(0, 1))
     results = train(task_cfg, MODEL, cfg)
     err = capsys.readouterr().err
-    last = err.strip().split("\r")[-1]  # the bar as it closed
-    assert "training 2 models" in last and "| 6/6 " in last and "step" in last and "in_context=" in last, err
+    last = err.strip().splitlines()[-1]  # the status line as the bar closed
+    assert last.startswith("training 2 models: 6/6 steps (100%)") and "in_context=" in last, err
     task = task_cfg.build()
     section = MODEL.section(task)
     final = {k: torch.stack([r.weights[k] for r in results]) for k in results[0].weights}
@@ -337,7 +344,7 @@ def test_the_cli_writes_a_folder_per_model_at_its_default_out_with_a_bar(tmp_pat
     """Two learning rates: ckpt/induction_PRESET/lr<LR>_seed<SEED>/ each, run.json with the preset and the
     settings (resumed with the learning rates as given), and the bar where bars are asked for."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(ENV, "1")
+    every_update(monkeypatch)
     assert train_cli.main([*SMALL, "--lr", "0.1,0.05"]) == 0
     assert "training 2 models" in capsys.readouterr().err
     out = tmp_path / "ckpt" / "induction_cpu"
