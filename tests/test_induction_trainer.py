@@ -366,3 +366,11 @@ def test_an_interrupt_names_the_command_that_resumes_the_run(tmp_path, monkeypat
         train_cli.main([*SMALL, "--quiet", "--out", str(out)])
     assert str(stop.value) == ("interrupted; the training state is saved at every evaluation: "
                                f"python -m models.induction.train --resume {out}")
+
+
+def test_given_initial_weights_every_model_starts_from_them():
+    task = TASK.build()
+    start = {k: v + 0.5 for k, v in init_weights(MODEL.section(task), 7).items()}
+    results = train(TASK, MODEL, replace(TRAIN, seed=(0, 1), snapshot_every=3), progress=False, initial=start)
+    for result in results:
+        assert all(torch.equal(result.snapshots[0][k], v) for k, v in start.items())
