@@ -374,3 +374,16 @@ def test_given_initial_weights_every_model_starts_from_them():
     results = train(TASK, MODEL, replace(TRAIN, seed=(0, 1), snapshot_every=3), progress=False, initial=start)
     for result in results:
         assert all(torch.equal(result.snapshots[0][k], v) for k, v in start.items())
+
+
+def test_the_help_names_the_command_each_option_and_the_setting_groups():
+    text = " ".join(train_cli.parser().format_help().split())  # argparse's line breaks undone
+    for shown in ("usage: python -m models.induction.train", "train models of the induction family",
+                  "--preset PRESET cpu | paper (default cpu: under two minutes on a 2-core CPU; paper: the authors' "
+                  "d = 256, T = 256, batch 512)", "--out OUT checkpoint directory to write (default "
+                  "ckpt/induction_PRESET)", "--resume OUT continue the interrupted run at OUT (its settings are read "
+                  "from OUT/run.json)", "--quiet no progress bar", "task: --text TEXT", "model: --architecture",
+                  "training: --optimizer"):
+        assert shown in text, shown
+    assert "--force " + " ".join(train_cli.FORCE_HELP.split()) in text
+    assert train_cli.parser().parse_args(["--force"]).force is True
