@@ -227,5 +227,26 @@ def test_the_curves_and_the_mlps_kl_over_training():
     assert list(kl.columns) == ["step", "ff1_kl"] and kl.step.tolist() == [0, 2, 4]
     model = build_bridge(result.section, result.snapshots[4], "cpu", result.task)
     assert kl.ff1_kl.iloc[-1] == pytest.approx(memory_recall(model, result.task).set_index("probe").value["ff1"])
+    assert studies.probes_over_snapshots(result).probe.tolist()[:4] == ["wk0", "wk1", "wo1", "ff1"]  # as measured
+    assert list(studies.curve_table(replace(result, metrics=[{"step": 0, "in_context_accuracy": 0.5}]))) == [
+        "step", "in_context_accuracy"]  # a curve without lr and seed read as it is
     with pytest.raises(ValueError, match=r"^the model has no snapshots \(train with snapshot_every > 0\)\.$"):
         studies.probes_over_snapshots(replace(result, snapshots={}))
+
+
+def test_the_studies_show_a_bar_per_run_and_take_every_alone_mode(monkeypatch, capsys):
+    """By default each training run shows its progress (here as status lines); init: the others join at
+    step 1 (step 0 is refused: they would never be frozen); none: the joint run only; snapshots at every
+    evaluation when the configuration asks for none."""
+    monkeypatch.delenv("FACTUAL_RECALL_PROGRESS", raising=False)
+    monkeypatch.setattr("models.training.progress.STATUS_SECONDS", 0.0)
+    cfg = replace(TRAIN, steps=2, snapshot_every=0)
+    probes, _, _ = studies.joint_against_alone(TASK, MODEL, cfg, alone="init", until=1)
+    assert capsys.readouterr().err.count("training 1 model: 1/2 steps") == 4
+    assert sorted(probes.step.unique()) == [0, 2] and set(probes.trained_alone) == {"", "wk0", "wk1", "wo1"}
+    probes, curves, _ = studies.joint_against_alone(TASK, MODEL, cfg, progress=False, alone="none")
+    assert set(probes["mode"]) == {"joint"} and set(curves.trained_alone) == {""}
+    with pytest.raises(ValueError, match="--until must be a step in 1..1"):
+        studies.joint_against_alone(TASK, MODEL, cfg, progress=False, alone="init", until=0)
+    studies.one_against_two_layers(TASK, MODEL, cfg)
+    assert capsys.readouterr().err.count("training 1 model: 1/2 steps") == 2
