@@ -357,7 +357,7 @@ def test_the_cli_writes_a_folder_per_model_at_its_default_out_with_a_bar(tmp_pat
     assert json.loads((out / "lr0.1_seed0" / "config.json").read_text())["training"]["lr"] == 0.1
 
 
-def test_an_interrupt_names_the_command_that_resumes_the_run(tmp_path, monkeypatch):
+def test_the_cli_names_the_command_that_resumes_an_interrupted_run(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(train_cli, "train", interrupted)
@@ -376,7 +376,7 @@ def test_given_initial_weights_every_model_starts_from_them():
         assert all(torch.equal(result.snapshots[0][k], v) for k, v in start.items())
 
 
-def test_the_help_names_the_command_each_option_and_the_setting_groups():
+def test_the_cli_help_names_the_command_each_option_and_the_setting_groups():
     text = " ".join(train_cli.parser().format_help().split())  # argparse's line breaks undone
     for shown in ("usage: python -m models.induction.train", "train models of the induction family",
                   "--preset PRESET cpu | paper (default cpu: under two minutes on a 2-core CPU; paper: the authors' "
