@@ -2,6 +2,7 @@
 model of a stack trains as it would alone, frozen weights stay, a run resumes bit-identically, the
 CPU preset learns the induction head, and the CLI refuses bad input in one line."""
 import json
+import re
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -293,7 +294,7 @@ def test_a_run_records_its_held_out_and_ood_scores_its_clock_and_its_settings(mo
     results = train(task_cfg, MODEL, cfg)
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # the status line as the bar closed
-    assert last.startswith("training 2 models: 6/6 steps (100%)") and "in_context=" in last, err
+    assert last.startswith("training 2 models: 6/6 steps (100%)") and re.search(r"in_context=0\.\d{3}$", last), err
     task = task_cfg.build()
     section = MODEL.section(task)
     final = {k: torch.stack([r.weights[k] for r in results]) for k in results[0].weights}
@@ -301,6 +302,7 @@ def test_a_run_records_its_held_out_and_ood_scores_its_clock_and_its_settings(mo
              **scores(final, section, task.eval_set(8, EVAL_SEED, ood=True), "ood_")}
     seconds = [row["seconds"] for row in results[0].metrics]
     assert seconds == sorted(set(seconds)) and all(s == round(s, 2) != int(s) for s in seconds), seconds
+    assert seconds[0] == 1.23  # the first evaluation, one tick after the start
     for i, (result, seed) in enumerate(zip(results, (0, 1))):
         last = result.metrics[-1]
         assert [row["step"] for row in result.metrics] == [0, 3, 6] and (last["lr"], last["seed"]) == (0.1, seed)
@@ -368,10 +370,14 @@ def test_the_cli_names_the_command_that_resumes_an_interrupted_run(tmp_path, mon
                                f"python -m models.induction.train --resume {out}")
 
 
-def test_given_initial_weights_every_model_starts_from_them():
+def test_given_initial_weights_every_model_starts_from_them(monkeypatch, capsys):
+    """... from a built task without its configuration (recorded as None), and without progress: no line."""
+    every_update(monkeypatch)
     task = TASK.build()
     start = {k: v + 0.5 for k, v in init_weights(MODEL.section(task), 7).items()}
-    results = train(TASK, MODEL, replace(TRAIN, seed=(0, 1), snapshot_every=3), progress=False, initial=start)
+    results = train(None, MODEL, replace(TRAIN, seed=(0, 1), snapshot_every=3), progress=False, task=task,
+                    initial=start)
+    assert capsys.readouterr().err == "" and results[0].training["task_config"] is None
     for result in results:
         assert all(torch.equal(result.snapshots[0][k], v) for k, v in start.items())
 
