@@ -165,16 +165,20 @@ def test_the_cli_refuses_in_one_line_as_a_process(tmp_path):
     assert proc.returncode == 2 and proc.stderr == "error: seq_len T must be an integer >= 2, got 1.\n"
 
 
-def test_the_cli_trains_writes_and_resumes(tmp_path, capsys):
+def test_the_cli_trains_writes_and_resumes(tmp_path, capsys, monkeypatch):
+    every_update(monkeypatch)
     out = tmp_path / "run"
     flags = ["--n-triggers", "2", "--seq-len", "8", "--d-model", "8", "--batch-size", "4", "--steps", "4",
              "--eval-every", "2", "--eval-size", "4", "--device", "cpu", "--quiet", "--out", str(out)]
     assert train_cli.main(flags) == 0
     assert (out / "config.json").is_file() and (out / "train_state").is_dir()
-    assert "in-context accuracy" in capsys.readouterr().out
+    shown = capsys.readouterr()
+    assert shown.out.startswith("task      InductionTask(shakespeare, N=65, K=2 fixed triggers, T=8")
+    assert "in-context accuracy" in shown.out and shown.err == ""  # --quiet: no progress
     assert train_cli.main(["--resume", str(out), "--quiet"]) == 0  # already finished: written again, same
     with pytest.raises(ValueError, match="no run.json there"):
         train_cli.main(["--resume", str(tmp_path)])
+    assert train_cli.main([*flags, "--force"]) == 0  # the checkpoint written over, as asked
 
 
 def test_an_interrupted_run_names_its_own_resume_command(tmp_path):
