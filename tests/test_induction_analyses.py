@@ -1,5 +1,6 @@
 """python -m analyses.induction: the studies on tiny models, the circuit page offline, the location
 table, --help on every command and bad input refused in one line."""
+import html
 import json
 import shutil
 import subprocess
@@ -8,6 +9,7 @@ from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.induction import studies
 from analyses.induction.cli import main
@@ -250,3 +252,57 @@ def test_the_studies_show_a_bar_per_run_and_take_every_alone_mode(monkeypatch, c
         studies.joint_against_alone(TASK, MODEL, cfg, progress=False, alone="init", until=0)
     studies.one_against_two_layers(TASK, MODEL, cfg)
     assert capsys.readouterr().err.count("training 1 model: 1/2 steps") == 2
+
+
+def long_model():
+    """An untrained simplified model of T = 64 (the circuit page's defaults show 48 characters)."""
+    from models.bridge import build_bridge
+    from models.induction.weights import init_weights
+
+    task = replace(TASK, seq_len=64).build()
+    section = MODEL.section(task)
+    return build_bridge(section, init_weights(section, 0), "cpu", task), task
+
+
+def test_the_circuit_views_are_each_layers_patterns_with_the_characters(monkeypatch):
+    import circuitsvis.attention
+
+    from analyses.induction import report
+
+    model, task = long_model()
+    tokens = task.eval_set(1, seed=2).tokens[0, :20]
+    tokens[:2] = torch.tensor([0, 1])  # "\n" and " ": written as \n and a space
+    asked = {}
+    monkeypatch.setattr(circuitsvis.attention, "attention_heads", lambda **kwargs: asked.update(kwargs) or "view")
+    assert report.attention_view(model, tokens, 1) == "view"
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens[None])
+    pattern = cache["blocks.1.attn.hook_pattern"][0]  # [H, T, T]
+    assert asked.pop("attention") == torch.round(pattern, decimals=4).tolist()
+    assert asked.pop("tokens") == ["\\n", " "] + [repr(c)[1:-1] for c in model.to_str_tokens(tokens)[2:]]
+    assert asked == {"attention_head_names": ["L1H0"], "max_value": 1.0, "min_value": 0.0, "mask_upper_tri": True}
+
+
+def test_the_circuit_page_shows_the_scores_the_triggers_and_a_view_per_layer(monkeypatch):
+    from analyses.induction import report
+    from probe.induction import clean_batch, head_scores
+
+    model, task = long_model()
+    monkeypatch.setattr(report, "attention_view", lambda model, tokens, layer: (layer, tokens.tolist()))
+    monkeypatch.setattr(report, "offline_html", lambda view: f"<view {view[0]}: {view[1]}>")
+    text, scores = report.circuit_page(model, task, "the title")
+    batch = clean_batch(model, task, 64)
+    expected = head_scores(model, task, batch)
+    pd.testing.assert_frame_equal(scores, expected)
+    triggers = ", ".join(f"{task.token_label(int(q))!r} -> {task.token_label(int(o))!r}"
+                         for q, o in zip(batch.triggers[0], batch.outputs[0]))
+    previous = expected.loc[expected.previous_token.idxmax()]
+    for shown in (f"triggers {html.escape(triggers)}. Scores over 64 sequences: <b>previous_token</b> = share of "
+                  "a query's attention on the position before it; <b>induction</b> = share, at in-context "
+                  "positions (a trigger seen before), on the positions that follow an earlier occurrence of the "
+                  "query's token.</p>\n" + expected.to_html(index=False, float_format="%.3f") + "\n<p>",
+                  f"The previous-token head: L{int(previous.layer)}H{int(previous['head'])} "
+                  f"({previous.previous_token:.2f})",
+                  "<h2>Layer 0</h2>\n<view 0: " + str(batch.tokens[0, :48].tolist()),
+                  "<h2>Layer 1</h2>\n<view 1: "):
+        assert shown in text, shown
