@@ -306,3 +306,68 @@ def test_the_circuit_page_shows_the_scores_the_triggers_and_a_view_per_layer(mon
                   "<h2>Layer 0</h2>\n<view 0: " + str(batch.tokens[0, :48].tolist()),
                   "<h2>Layer 1</h2>\n<view 1: "):
         assert shown in text, shown
+
+
+def drawn(ax) -> list[tuple]:
+    """(label, linestyle, colour, x, y) of each line of an axes."""
+    from matplotlib.colors import to_hex
+    return [(line.get_label(), line.get_linestyle(), to_hex(line.get_color()), list(line.get_xdata()),
+             list(line.get_ydata())) for line in ax.get_lines()]
+
+
+def test_the_figures_draw_their_tables(tmp_path):
+    """Each figure's lines, bars, labels and limits, read back from the matplotlib objects."""
+    from analyses.induction import figures
+
+    curves = pd.DataFrame({"layers": [1, 1, 2, 2], "step": [0, 5, 0, 5], "in_context_accuracy": [0.1, 0.4, 0.2, 0.9],
+                           "bigram_loss": [3.0, 2.5, 3.1, 2.4]})
+    fig = figures.layers_figure(curves, tmp_path / "layers.png")
+    acc, loss = fig.axes
+    assert (tmp_path / "layers.png").stat().st_size > 0
+    assert drawn(acc) == [("1 layer", "-", "#1f77b4", [0, 5], [0.1, 0.4]),
+                          ("2 layers", "-", "#ff7f0e", [0, 5], [0.2, 0.9]),
+                          ("talk: 1 layer ~55%", ":", "#808080", [0, 1], [0.55, 0.55]),
+                          ("talk: 2 layers ~99%", "--", "#808080", [0, 1], [0.99, 0.99])]
+    assert [line[4] for line in drawn(loss)] == [[3.0, 2.5], [3.1, 2.4]]
+    assert (acc.get_xlabel(), acc.get_ylabel(), acc.get_ylim()) == ("step", "in-context accuracy (counter >= 2)",
+                                                                     (0, 1.02))
+    assert (loss.get_xlabel(), loss.get_ylabel()) == ("step", "bigram loss (nats)")
+    assert [t.get_fontsize() for ax in (acc, loss) for t in ax.get_legend().get_texts()][:1] == [8.0]
+    assert loss.get_legend() is not None and loss.get_legend().get_texts()[0].get_fontsize() == 8.0
+
+    names = ["wk0"] * 2 + ["wk0_64"] * 2 + ["wk1"] * 2 + ["wo1"] * 2 + ["ff1"] * 2
+    probes = pd.DataFrame({"step": [0, 5] * 5, "probe": names,
+                           "value": [0.1, 0.5, 0.2, 0.6, 0.3, 0.7, 0.4, 0.8, 2.0, 1.0], "mode": ["joint"] * 10,
+                           "trained_alone": [""] * 10})
+    alone = pd.DataFrame({"step": [0, 5, 0, 5], "probe": ["wo1", "wo1", "wk0", "wk0"], "value": [0.0, 1.0, 0.5, 0.5],
+                          "mode": ["alone"] * 4, "trained_alone": ["wo1", "wo1", "wo1", "wo1"]})
+    runs = pd.DataFrame({"step": [0, 5, 0, 5], "mode": ["joint", "joint", "alone", "alone"],
+                         "trained_alone": ["", "", "wo1", "wo1"], "in_context_accuracy": [0.1, 0.3, 0.2, 0.6]})
+    ax, acc = figures.probes_figure(pd.concat([probes, alone], ignore_index=True), runs).axes
+    assert drawn(ax) == [("W_KQ^1 (wk0), joint", "-", "#1f77b4", [0, 5], [0.1, 0.5]),
+                         ("W_KQ^1, t < 64 (wk0_64), joint", ":", "#1f77b4", [0, 5], [0.2, 0.6]),
+                         ("W_KQ^2 (wk1), joint", "-", "#ff7f0e", [0, 5], [0.3, 0.7]),
+                         ("W_OV^2 (wo1), joint", "-", "#2ca02c", [0, 5], [0.4, 0.8]),
+                         ("W_OV^2 (wo1), alone", "--", "#2ca02c", [0, 5], [0.0, 1.0])]
+    assert drawn(acc) == [("joint", "-", "#000000", [0, 5], [0.1, 0.3]),
+                          ("W_OV^2 (wo1) alone", "--", "#2ca02c", [0, 5], [0.2, 0.6])]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_ylim()) == ("step", "memory recall", (-0.02, 1.02))
+    assert (acc.get_xlabel(), acc.get_ylabel(), acc.get_ylim()) == ("step", "held-out in-context accuracy",
+                                                                    (-0.02, 1.02))
+    assert [a.get_legend().get_texts()[0].get_fontsize() for a in (ax, acc)] == [7.0, 7.0]
+
+    table = pd.DataFrame({"in_context": [0.8, 0.2], "global": [0.1, 0.6], "bigram_kl": [0.2, 2.0]},
+                         index=pd.Index(["clean", "mlp_ablated"], name="variant"))
+    share, kl = figures.location_figure(table).axes
+    bars = [(round(b.get_x(), 3), round(b.get_width(), 3), b.get_height()) for b in share.patches]
+    assert bars == [(-0.4, 0.4, 0.8), (0.6, 0.4, 0.2), (-0.0, 0.4, 0.1), (1.0, 0.4, 0.6)]
+    assert [(round(b.get_x() + b.get_width() / 2, 3), b.get_height()) for b in kl.patches] == [(0, 0.2), (1, 2.0)]
+    for a in (share, kl):
+        ticks = a.get_xticklabels()
+        assert [t.get_text() for t in ticks] == ["clean", "mlp_ablated"] and list(a.get_xticks()) == [0, 1]
+        assert (ticks[0].get_rotation(), ticks[0].get_ha(), ticks[0].get_fontsize()) == (30.0, "right", 8.0)
+    assert (share.get_ylabel(), share.get_ylim()) == ("share of in-context positions\n(output != global top)", (0, 1))
+    assert kl.get_ylabel() == "KL(pi_b || model) at bigram positions (nats)"
+    assert [t.get_text() for t in share.get_legend().get_texts()] == ["predicts the in-context output",
+                                                                      "predicts the global bigram"]
+    assert share.get_legend().get_texts()[0].get_fontsize() == 8.0
