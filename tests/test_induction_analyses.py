@@ -328,7 +328,9 @@ def test_the_figures_draw_their_tables(tmp_path):
                           ("2 layers", "-", "#ff7f0e", [0, 5], [0.2, 0.9]),
                           ("talk: 1 layer ~55%", ":", "#808080", [0, 1], [0.55, 0.55]),
                           ("talk: 2 layers ~99%", "--", "#808080", [0, 1], [0.99, 0.99])]
-    assert [line[4] for line in drawn(loss)] == [[3.0, 2.5], [3.1, 2.4]]
+    assert drawn(loss) == [("1 layer", "-", "#1f77b4", [0, 5], [3.0, 2.5]),
+                           ("2 layers", "-", "#ff7f0e", [0, 5], [3.1, 2.4])]
+    assert list(fig.get_size_inches()) == [10, 3.6] and acc.get_position().y0 == loss.get_position().y0
     assert (acc.get_xlabel(), acc.get_ylabel(), acc.get_ylim()) == ("step", "in-context accuracy (counter >= 2)",
                                                                      (0, 1.02))
     assert (loss.get_xlabel(), loss.get_ylabel()) == ("step", "bigram loss (nats)")
@@ -343,7 +345,10 @@ def test_the_figures_draw_their_tables(tmp_path):
                           "mode": ["alone"] * 4, "trained_alone": ["wo1", "wo1", "wo1", "wo1"]})
     runs = pd.DataFrame({"step": [0, 5, 0, 5], "mode": ["joint", "joint", "alone", "alone"],
                          "trained_alone": ["", "", "wo1", "wo1"], "in_context_accuracy": [0.1, 0.3, 0.2, 0.6]})
-    ax, acc = figures.probes_figure(pd.concat([probes, alone], ignore_index=True), runs).axes
+    fig = figures.probes_figure(pd.concat([probes, alone], ignore_index=True), runs, tmp_path / "probes.png")
+    ax, acc = fig.axes
+    assert list(fig.get_size_inches()) == [11, 3.8] and ax.get_position().y0 == acc.get_position().y0
+    assert (tmp_path / "probes.png").stat().st_size > 0
     assert drawn(ax) == [("W_KQ^1 (wk0), joint", "-", "#1f77b4", [0, 5], [0.1, 0.5]),
                          ("W_KQ^1, t < 64 (wk0_64), joint", ":", "#1f77b4", [0, 5], [0.2, 0.6]),
                          ("W_KQ^2 (wk1), joint", "-", "#ff7f0e", [0, 5], [0.3, 0.7]),
@@ -358,7 +363,9 @@ def test_the_figures_draw_their_tables(tmp_path):
 
     table = pd.DataFrame({"in_context": [0.8, 0.2], "global": [0.1, 0.6], "bigram_kl": [0.2, 2.0]},
                          index=pd.Index(["clean", "mlp_ablated"], name="variant"))
-    share, kl = figures.location_figure(table).axes
+    fig = figures.location_figure(table)
+    share, kl = fig.axes
+    assert list(fig.get_size_inches()) == [10, 3.6] and share.get_position().y0 == kl.get_position().y0
     bars = [(round(b.get_x(), 3), round(b.get_width(), 3), b.get_height()) for b in share.patches]
     assert bars == [(-0.4, 0.4, 0.8), (0.6, 0.4, 0.2), (-0.0, 0.4, 0.1), (1.0, 0.4, 0.6)]
     assert [(round(b.get_x() + b.get_width() / 2, 3), b.get_height()) for b in kl.patches] == [(0, 0.2), (1, 2.0)]
