@@ -1,4 +1,6 @@
 import os
+import resource
+import time
 
 import pytest
 import torch
@@ -35,3 +37,39 @@ def tiny_ckpt(tiny_result, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
+
+
+# What each test costs, for scripts/time_suite.sh: with FACTUAL_RECALL_TEST_TIMES=FILE each phase of each
+# test (setup, call, teardown) appends a line "nodeid<TAB>phase<TAB>wall s<TAB>CPU s<TAB>children's CPU s":
+# the CPU seconds of this process (all its threads) and of the subprocesses that ended in the phase
+# (kernels, CLIs, workers, once waited for). A session fixture counts in the setup of its first test.
+TIMES = os.environ.get("FACTUAL_RECALL_TEST_TIMES")
+
+
+def _clocks() -> tuple[float, float, float]:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time(), children.ru_utime + children.ru_stime
+
+
+def _timed(item, phase: str):
+    before = _clocks()
+    try:
+        return (yield)
+    finally:
+        spent = [after - start for after, start in zip(_clocks(), before)]
+        with open(TIMES, "a") as out:
+            out.write(f"{item.nodeid}\t{phase}\t" + "\t".join(f"{s:.3f}" for s in spent) + "\n")
+
+
+if TIMES:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(item):
+        return (yield from _timed(item, "setup"))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(item):
+        return (yield from _timed(item, "call"))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(item, nextitem):
+        return (yield from _timed(item, "teardown"))
