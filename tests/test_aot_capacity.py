@@ -59,6 +59,7 @@ def test_head_roles_ablations_rerun_one_position_with_the_full_sequence_accuracy
     assert (roles.accuracy_drop > 0).any()  # the ablations do change the answers
 
 
+@pytest.mark.slow
 def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
     ckpt = association_ckpt[0]
     with pytest.raises(CheckpointError) as err:
@@ -110,6 +111,7 @@ def test_tables_fit_each_seed_alone_beside_the_mean():
     assert "by_seed" not in one_seed and one_seed["fit_H"]["slope"] == pytest.approx(0.02)
 
 
+@pytest.mark.slow
 def test_aot_capacity_cli_tiny_run(tmp_path):
     out = tmp_path / "cap"
     args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",

@@ -180,6 +180,7 @@ def test_memory_seeds_are_independent_and_reproducible():
 
 
 
+@pytest.mark.slow
 def test_authors_recipe_script_finds_and_resumes_the_linear_capacity(tmp_path):
     """The official recipe's check (scripts/): N* at d = 4 lies where the fits say, and a re-run
     reads every probe back instead of fitting again."""

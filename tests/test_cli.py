@@ -11,6 +11,7 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_train_help_documents_every_flag():
     proc = run("models.train", "--help")
     assert proc.returncode == 0
@@ -19,6 +20,7 @@ def test_train_help_documents_every_flag():
         assert flag in proc.stdout, flag
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--preset", "huge"], "unknown preset 'huge'"),
     (["--lr", "0"], "learning rates must be > 0"),
@@ -34,6 +36,7 @@ def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, args", [
     ("models.train", ["--steps", "many"]),
     ("models.train", ["--optimizer", "rmsprop"]),
@@ -48,6 +51,7 @@ def test_bad_flag_value_is_one_error_line(tmp_path, command, args):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
     before = (tiny_ckpt / "model.safetensors").read_bytes()
     proc = run("models.train", "--out", str(tiny_ckpt), "--quiet")
@@ -55,6 +59,7 @@ def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
     assert (tiny_ckpt / "model.safetensors").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_train_cli_writes_a_checkpoint(tmp_path):
     out = tmp_path / "ckpt"
     proc = run("models.train", "--out", str(out), "--quiet", "--lr", "1e-2,3e-3", "--steps", "40")
@@ -83,6 +88,7 @@ def test_the_milestone_rule_warns_outside_its_validation_and_says_when_it_stops(
     assert TrainConfig(steps=100).milestones_warning(128) is None  # the rule off: nothing to say
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["attention", "mlp"])
 def test_constructions_reach_100_percent(tmp_path, kind):
     out = tmp_path / kind
@@ -94,11 +100,13 @@ def test_constructions_reach_100_percent(tmp_path, kind):
     assert f"{shape}; held-out accuracy 1.0000" in proc.stdout and "None" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_constructions_refuse_too_small_models(tmp_path):
     proc = run("models.recall.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
     assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
 
 
+@pytest.mark.slow
 def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -110,6 +118,7 @@ def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
 def test_gpu_checks_refuse_a_machine_without_cuda(tmp_path):
     out = tmp_path / "gpu"

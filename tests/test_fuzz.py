@@ -140,6 +140,7 @@ def _corrupt(ckpt, part):
         (ckpt / "run.json").write_text("{broken")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["analyses.locate_facts"], ["models.train", "--resume"]],
                          ids=["locate", "resume"])
 @pytest.mark.parametrize("part", ["config", "weights", "nan", "run"])

@@ -17,6 +17,7 @@ def _nvidia_tools() -> bool:
     return spec is not None and (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend")
 def test_every_kernel_compiles_for_an_h100_without_spills_global_atomics_or_barriers_in_its_loop():
     """A barrier inside a loop stops every warp of a program once per iteration: the tables'

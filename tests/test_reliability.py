@@ -91,6 +91,7 @@ def _check_readable(ckpt: Path) -> None:
         load_checkpoint(ckpt)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume(tmp_path):
     reference = tmp_path / "reference"
     assert cli("--out", str(reference), *DENSE).wait() == 0
@@ -120,6 +121,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     assert (ckpt / "metrics.jsonl").read_text().count("\n") == (reference / "metrics.jsonl").read_text().count("\n")
 
 
+@pytest.mark.slow
 def test_ctrl_c_names_the_saved_step_and_the_resume_command(tmp_path):
     ckpt = tmp_path / "run"
     proc = cli("--out", str(ckpt), *DENSE[2:], "--steps", "200")
@@ -146,6 +148,7 @@ def test_resume_refuses_every_other_setting(tmp_path, capsys):
         assert exit_.value.code == 2 and f"drop {flags[0]}" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_divergence_of_every_model_stops_naming_step_and_model(tmp_path):
     out = tmp_path / "nan"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--optimizer", "sgd",
@@ -163,6 +166,7 @@ def test_divergence_of_every_model_stops_naming_step_and_model(tmp_path):
 MALICIOUS = b"cos\nsystem\n(S'touch {marker}'\ntR."  # a pickle that runs a shell command when loaded
 
 
+@pytest.mark.slow
 def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt, ckpt)
