@@ -23,6 +23,18 @@ def quick(run: RunConfig, **train_overrides) -> RunConfig:
     return RunConfig(run.task, run.model, override(run.train, {"device": str(TEST_DEVICE), **train_overrides}))
 
 
+def run_main(main, argv, capsys) -> tuple[int, str, str]:
+    """A command's main run in this process through run_cli, the path its `python -m` takes,
+    without the 1-3 s of CPU a new process spends importing torch and TransformerLens: (exit
+    code, stdout, stderr). Each command keeps a test through its real entry point, as a process."""
+    from models.cli import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main([str(arg) for arg in argv]))
+    said = capsys.readouterr()
+    return exit_.value.code, said.out, said.err
+
+
 @pytest.fixture(scope="session")
 def tiny_result():
     """The tiny preset trained once for the whole session."""

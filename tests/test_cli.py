@@ -1,10 +1,14 @@
-"""Entry points: --help, bad arguments give one line and exit 2, constructions reach 100%."""
+"""Entry points: --help, bad arguments give one line and exit 2 (each command through its main in this
+process, and as a process), constructions reach 100%."""
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_main
 
 
 def run(*args):
@@ -20,7 +24,6 @@ def test_train_help_documents_every_flag():
         assert flag in proc.stdout, flag
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--preset", "huge"], "unknown preset 'huge'"),
     (["--lr", "0"], "learning rates must be > 0"),
@@ -29,25 +32,27 @@ def test_train_help_documents_every_flag():
     (["--preset", "shape:0.25,1,8,16"], "d_head"),
     (["--target-accuracy", "nan"], "target_accuracy must be a number"),
 ])
-def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
-    proc = run("models.train", "--out", str(tmp_path / "ckpt"), "--quiet", *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_train_bad_arguments_one_line_exit_2(tmp_path, capsys, args, message):
+    from models.recall.train import main
+
+    code, _, err = run_main(main, ["--out", tmp_path / "ckpt", "--quiet", *args], capsys)
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("command, args", [
     ("models.train", ["--steps", "many"]),
     ("models.train", ["--optimizer", "rmsprop"]),
     ("models.recall.constructions", ["--kind", "attention", "--d-model", "wide"]),
     ("models.recall.constructions", ["--kind", "both"]),
 ])
-def test_bad_flag_value_is_one_error_line(tmp_path, command, args):
-    proc = run(command, "--out", str(tmp_path / "ckpt"), *args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+def test_bad_flag_value_is_one_error_line(tmp_path, capsys, command, args):
+    main = importlib.import_module(command).main
+    code, _, err = run_main(main, ["--out", tmp_path / "ckpt", *args], capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -106,16 +111,17 @@ def test_constructions_refuse_too_small_models(tmp_path):
     assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
 
 
-@pytest.mark.slow
-def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
+def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path, capsys):
+    from analyses.locate_facts import main
+
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for args, message in [(["--contexts", "1"], "--contexts must be >= 2"),
                           (["--out", str(blocker / "sub")], f"{blocker} exists and is not a directory"),
                           (["--step", "12345"], "step_00012345.safetensors: missing")]:
-        proc = run("analyses.locate_facts", str(tiny_ckpt), "--quiet", *args)
-        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        code, _, err = run_main(main, [tiny_ckpt, "--quiet", *args], capsys)
+        assert code == 2 and message in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 @pytest.mark.slow

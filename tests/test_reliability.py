@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from analyses import locate_facts
 from models import load, load_checkpoint
 from models.checkpoint import CheckpointError
 from models.recall.presets import preset
@@ -175,9 +176,8 @@ def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
     for name in ("model.pt", "model.pkl", "optimizer.pth"):
         (ckpt / name).write_bytes(payload)
     load(ckpt, device="cpu")
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--contexts", "2",
-                           "--patch-contexts", "1", "--quiet", "--out", str(tmp_path / "out")], capture_output=True)
-    assert proc.returncode == 0
+    assert locate_facts.main([str(ckpt), "--contexts", "2", "--patch-contexts", "1", "--quiet",
+                              "--out", str(tmp_path / "out")]) == 0
     with pytest.raises(CheckpointError, match="a pickle file, which is never loaded"):
         load(ckpt / "model.pt")
     proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt / "model.pkl")],
