@@ -3,15 +3,17 @@ paper-tradeoff checkpoint (S = R = 32, D = 8: 1024 facts), the whole process inc
 (imports, loading, every instrument, CSV, JSON and figures). Target: under 60 s on a
 2-core CPU.
 
-    python bench/locate_facts_speed.py [--ckpt CKPT] [--repeats 3] [--facts 3:1]
+    python bench/locate_facts_speed.py [--ckpt CKPT] [--repeats 3] [--facts 3:1] [--preset P] [--train-steps N]
 
-Without --ckpt it first trains the paper-tradeoff preset into a temporary directory. With
+Without --ckpt it first trains --preset (default paper-tradeoff; --train-steps caps its steps,
+as `models.train --steps` does: the smallest run, for a test) into a temporary directory. With
 --facts it also times `--facts S:R,...` (the chosen facts only), interleaved with the run
 over every fact, and prints the ratio of the analysis' own times (summary.json).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -27,20 +29,27 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs of the CLI (default 3)")
     p.add_argument("--device", default="auto", help="device passed to the CLI (default auto)")
     p.add_argument("--facts", default=None, metavar="S:R,...", help="also time locate_facts --facts S:R,...")
+    p.add_argument("--preset", default="paper-tradeoff",
+                   help="the preset trained without --ckpt (default paper-tradeoff)")
+    p.add_argument("--train-steps", type=int, default=None, metavar="N",
+                   help="without --ckpt: train N steps (default: the preset's)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.ckpt
         if ckpt is None:
-            ckpt = Path(tmp) / "paper-tradeoff"
-            subprocess.run([sys.executable, "-m", "models.train", "--preset", "paper-tradeoff", "--out", str(ckpt),
-                            "--quiet"], check=True)
+            ckpt = Path(tmp) / args.preset
+            steps = [] if args.train_steps is None else ["--steps", str(args.train_steps)]
+            subprocess.run([sys.executable, "-m", "models.train", "--preset", args.preset, "--out", str(ckpt),
+                            "--quiet", *steps], check=True)
         seconds, analysis_seconds, chosen_seconds = [], [], []
+        runs = itertools.count()
 
         def locate_facts(*extra: str) -> tuple[float, dict]:
+            out = Path(tmp) / f"out{next(runs)}"  # each run its own fresh folder
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--out", str(Path(tmp) / "out"),
+            subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--out", str(out),
                             "--device", args.device, "--quiet", *extra], check=True, stdout=subprocess.DEVNULL)
-            return time.perf_counter() - start, json.loads((Path(tmp) / "out" / "summary.json").read_text())
+            return time.perf_counter() - start, json.loads((out / "summary.json").read_text())
         for _ in range(args.repeats):
             wall, summary = locate_facts()
             seconds.append(wall)

@@ -51,6 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.step_cost import StepShape, copy_bandwidth, cost_lines, device_peaks, step_flops  # noqa: E402
 from models.bridge import build_bridge, resolve_device  # noqa: E402
+from models.checkpoint import CheckpointError  # noqa: E402
 from models.cli import override  # noqa: E402
 from models.cores import fused_attention  # noqa: E402
 from models.cores.forward import CORES, choose_core, has_positions, last_position_logits  # noqa: E402
@@ -153,11 +154,14 @@ FLUSHED = {"ours": True, "ours-counter": True, "ours-graphed": True, "tl": False
 def trained_state(preset_name: str, steps: int, folder: Path, device: torch.device) -> dict:
     """Seed 0 of the preset (its first learning rate) trained by our trainer for `steps`
     steps, never stopping early: weights, Adam moments and step, data stream (CPU tensors
-    of one model). The trainer's resumable state in `folder` makes a later call instant."""
+    of one model). The data come from the generator sampler, whatever the preset's default,
+    because both trained variants go on drawing from that stream: `ours-trained` with the
+    generator sampler and the TransformerLens loop with a torch.Generator. The trainer's
+    resumable state in `folder` makes a later call instant."""
     base = preset(preset_name)
     run = RunConfig(base.task, base.model, override(base.train, {
         "lr": base.train.lr[:1], "seed": (0,), "steps": steps, "target_accuracy": 2.0,
-        "snapshots_per_octave": 1, "device": str(device)}))
+        "snapshots_per_octave": 1, "device": str(device), "sampler": "generator"}))
     train(run, progress=True, state_folder=folder)
     tensors, info = load_state(folder, steps)
 
@@ -312,9 +316,12 @@ def main() -> None:
         steps["ours-graphed"] = ours(sampler="counter", graphed=True)
     if args.trained_steps:
         folder = args.trained_state or Path(tempfile.gettempdir()) / "train_throughput" / \
-            f"{args.preset}-{args.trained_steps}-{device.type}"
+            f"{args.preset}-{args.trained_steps}-{device.type}-generator"
         print(f"trained model: {args.trained_steps} steps of models.recall.trainer, state in {folder}")
-        trained = trained_state(args.preset, args.trained_steps, folder, device)
+        try:
+            trained = trained_state(args.preset, args.trained_steps, folder, device)
+        except CheckpointError as error:
+            parser.error(f"--trained-state {folder}: {error}")
         steps.update({"ours-trained": ours(trained=trained), "ours-trained-kept": ours(trained=trained),
                       "tl-trained": make_tl(args.preset, args.batch, args.k, device, trained=trained)})
     for name, step in steps.items():  # warm-up (and a graphed step's capture)

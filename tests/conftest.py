@@ -1,4 +1,6 @@
+import importlib.util
 import os
+import platform
 import resource
 import time
 
@@ -9,6 +11,7 @@ from models.cli import override
 from models.recall.config import RunConfig
 from models.recall.presets import preset
 from models.recall.trainer import train
+from tasks import triton_kernels
 
 # The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
 # FACTUAL_RECALL_TEST_DEVICE=cuda (docs/gpu.md). TF32 off, so float32 is float32.
@@ -16,6 +19,53 @@ TEST_DEVICE = torch.device(os.environ.get("FACTUAL_RECALL_TEST_DEVICE", "cpu"))
 if TEST_DEVICE.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_expected(device: torch.device) -> bool:
+    """Whether Triton should run its kernels on `device` here, said without asking
+    tasks.triton_kernels: it is installed, and the device is the CPU of a machine without a GPU
+    (Triton's interpreter) or the GPU of a machine with one (compiled)."""
+    return triton_installed() and device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def triton_on(device: torch.device) -> pytest.MarkDecorator:
+    """Marks a test of Triton kernels on `device` (see `require_triton`)."""
+    return pytest.mark.triton(device=torch.device(device))
+
+
+def require_triton(device: torch.device) -> None:
+    """A Triton test on `device` runs where triton_kernels.runs_on says the kernels run. Where
+    it says they do not: a failure where they should (triton_expected: set-up installs the
+    kernels extra, so a wrong runs_on must not turn every Triton test into a silent skip), and
+    where Triton is absent on a platform the extra installs on while CI is set; else a skip
+    saying why (no Triton on a developer's machine, a CUDA device the machine lacks)."""
+    if triton_kernels.runs_on(device):
+        return
+    if triton_expected(device):
+        pytest.fail(f"Triton is installed but tasks.triton_kernels.runs_on({str(device)!r}) says its kernels do "
+                    "not run here: they should (interpreted on a machine without a GPU, compiled on one with)")
+    if not triton_installed():
+        reason = "needs Triton (pip install -e .[kernels])"
+        ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
+        if ci and platform.system() == "Linux" and platform.machine() == "x86_64":
+            pytest.fail(f"{reason}; CI is set, and set-up installs the kernels extra on this platform")
+        pytest.skip(reason)
+    pytest.skip(f"Triton runs its kernels on {'the GPU' if torch.cuda.is_available() else 'the CPU'} here, "
+                f"not on {device}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "triton(device): a test of Triton kernels on `device` (tests.conftest."
+                                       "require_triton: fails, not skips, where they should run)")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("triton"):
+        require_triton(mark.kwargs["device"])
 
 
 def quick(run: RunConfig, **train_overrides) -> RunConfig:

@@ -10,10 +10,9 @@ import torch
 from models.training import optimizer as optim
 from models.training.capture_check import CaptureHazard, check_capturable
 from models.training.optimizer import Optimizer
-from tasks import triton_kernels
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, triton_on
 
-needs_triton = pytest.mark.skipif(not triton_kernels.runs_on(TEST_DEVICE), reason="needs Triton")
+needs_triton = triton_on(TEST_DEVICE)
 SHAPES = {"W_Q": (3, 2, 5, 7), "b_Q": (3, 1), "W_in": (3, 700), "W_out": (3, 33, 41)}  # [K, ...], K = 3
 
 

@@ -3,6 +3,8 @@ against the TransformerBridge model, the dana head layout."""
 import itertools
 import json
 import math
+import re
+from dataclasses import fields
 
 import pytest
 import torch
@@ -250,11 +252,14 @@ def test_one_attention_only_model_from_the_command_line(tmp_path, capsys):
 
     out = tmp_path / "aot"
     assert main(["association", "--n-tokens", "6", "--context", "2", "--batches", "20", "--epochs", "5",
-                 "--batch-size", "64", "--lr", "0.02", "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+                 "--batch-size", "64", "--lr", "0.02", "--d-head", "6", "--device", "cpu", "--out", str(out),
+                 "--quiet"]) == 0
     printed = capsys.readouterr().out
     model, task = load(out, device="cpu")
-    recorded = json.loads((out / "config.json").read_text())["training"]["final_accuracy"]
-    assert isinstance(task, AssociationTask) and task.n_tokens == 6 and model.cfg.attn_only
+    training = json.loads((out / "config.json").read_text())["training"]
+    recorded = training["final_accuracy"]
+    assert (training["batches"], training["epochs"], training["batch_size"], training["lr"]) == (20, 5, 64, 0.02)
+    assert isinstance(task, AssociationTask) and task.n_tokens == 6 and model.cfg.attn_only and model.cfg.d_head == 6
     every = task.prompts(torch.arange(task.n_sequences))
     with torch.inference_mode():
         answered = (model(every.tokens)[:, -1].argmax(-1) == every.answers).float().mean().item()
@@ -263,10 +268,75 @@ def test_one_attention_only_model_from_the_command_line(tmp_path, capsys):
     assert model.to_str_tokens(held.answers, answers=True) == [f"t{int(a)}" for a in held.answers]
     with pytest.raises(SystemExit) as exit_:
         run_cli(lambda: main(["association", "--concentration", "2", "--out", str(tmp_path / "bad")]))
-    assert exit_.value.code == 2 and "--concentration" in capsys.readouterr().err
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        "error: --concentration is a setting of the distribution task, not of association.\n")
     assert not (tmp_path / "bad").exists()
 
 
+
+@pytest.mark.parametrize("kind, task_class, seed_field", [("association", AssociationTask, "table_seed"),
+                                                          ("distribution", DistributionTask, "target_seed")])
+def test_the_task_seed_draws_the_task_whatever_the_seed(tmp_path, capsys, kind, task_class, seed_field):
+    """--task-seed draws the association table (or the target distributions), --seed only the
+    weights and the data set: the checkpoint's task is the task seed's."""
+    from models.aot.train import main
+
+    out = tmp_path / kind
+    concentration = ["--concentration", "2"] if kind == "distribution" else []
+    assert main([kind, "--n-tokens", "6", "--context", "2", "--batches", "1", "--epochs", "1", "--batch-size", "8",
+                 "--device", "cpu", "--out", str(out), "--quiet", "--task-seed", "3", "--seed", "5",
+                 *concentration]) == 0
+    loss = "cross-entropy" if kind == "association" else "KL"
+    assert re.search(rf"^final +accuracy [\d.]+ on all 36 sequences, loss [\d.]+ nats \({loss}\)$",
+                     capsys.readouterr().out, re.M)
+    task = task_from_config(json.loads((out / "config.json").read_text())["task"])
+    if kind == "distribution":
+        assert task.concentration == 2.0
+    extra = (2.0,) if kind == "distribution" else ()
+    drawn, other = task_class(6, 2, 3, *extra), task_class(6, 2, 5, *extra)
+    assert getattr(task, seed_field) == 3
+    field = "next_tokens" if kind == "association" else "log_targets"
+    assert torch.equal(getattr(task, field), getattr(drawn, field))
+    assert not torch.equal(getattr(drawn, field), getattr(other, field))  # the two seeds' tasks differ
+
+
+def test_the_command_line_s_defaults_out_force_and_progress(tmp_path, monkeypatch, capsys):
+    """Without flags: the defaults its --help states (N = 50, S = 2, seeds 0, a distribution's
+    concentration 1), written to ckpt/aot_TASK; --force replaces a checkpoint there; a progress
+    bar unless --quiet."""
+    import models.aot.train as cli_module
+
+    args = cli_module.parser().parse_args(["distribution"])
+    assert (args.n_tokens, args.context, args.task_seed, args.seed, args.out, args.force, args.quiet) == (
+        50, 2, 0, 0, None, False, False)
+    assert cli_module.build_task(args).concentration == 1.0
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main(["--help"])
+    shown = capsys.readouterr().out
+    assert exit_.value.code == 0 and shown.startswith("usage: python -m models.aot.train [-h] [--out OUT]")
+    assert cli_module.__doc__.strip().split("\n\n")[0] in shown
+    for title, config in (("model", cli_module.MODEL), ("training", cli_module.TRAINING)):  # every field a flag
+        group = re.split(rf"\n{title}( \([^\n]*\))?:\n", shown)[2].split("\n\n")[0]
+        for f in fields(config):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = " ".join(group.split(flag, 1)[1].split("\n  --")[0].split())
+            assert help_text.endswith(f"(default: {getattr(config, f.name)})"), (flag, help_text)
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.parser().parse_args(["bogus"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        "error: argument task: invalid choice: 'bogus' (choose from 'association', 'distribution')\n")
+
+    progress = []
+    real = cli_module.train_aot
+    monkeypatch.setattr(cli_module, "train_aot", lambda *a, **kw: progress.append(kw["progress"]) or real(*a, **kw))
+    monkeypatch.chdir(tmp_path)
+    small = ["--n-tokens", "4", "--batches", "1", "--epochs", "1", "--batch-size", "4", "--device", "cpu"]
+    assert cli_module.main(["association", *small]) == 0
+    assert (tmp_path / "ckpt" / "aot_association" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="already holds files; pass --force"):
+        cli_module.main(["association", *small])
+    assert cli_module.main(["association", *small, "--force", "--quiet"]) == 0
+    assert progress == [True, False]
 def test_the_default_model_memorises_the_paper_s_bigrams_in_a_few_hundred_steps(tmp_path, capsys):
     """`python -m models.aot.train association` with its defaults learns: the default model
     stores every one of the 2500 bigrams of N = 50 within its first 400 steps (two fifths of

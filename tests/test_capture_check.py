@@ -4,7 +4,9 @@ trainer builds it, passes with every sampler `--cuda-graph auto` captures. The a
 task's step as it was (its table copied from the host inside the step) is kept as a fixture
 the check must refuse."""
 import re
+import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,10 @@ from models.training.graphed import use_cuda_graph
 from tasks.association import AssociationTask, DistributionTask
 
 META = torch.device("meta")
+ROOT = Path(__file__).resolve().parents[1]
+UNSAFE = torch.library.Library("capture_check_test", "DEF")  # an operation torch tags unsafe in a CUDA graph
+UNSAFE.define("unsafe(Tensor x) -> Tensor", tags=(torch.Tag.cudagraph_unsafe,))
+UNSAFE.impl("unsafe", lambda x: x.clone(), "CompositeExplicitAutograd")
 CAPTURED = [s for s in ("generator", "counter") if use_cuda_graph("auto", torch.device("cuda"), s)]
 
 
@@ -91,10 +97,60 @@ def test_a_step_whose_work_changes_between_calls_is_refused():
         check_capturable(step)
 
 
+def test_a_step_whose_shapes_change_between_calls_is_refused():
+    """The same operations on the same device, on a slice the host sizes anew each call: a
+    replay would repeat the first call's shapes."""
+    w, calls = _weights(), []
+
+    def step():
+        calls.append(1)
+        return (w[:len(calls)] * 2,)
+    with pytest.raises(CaptureHazard, match=r"differs between two calls \(operation 1: .*\(1, 3\).* then .*\(2, 3\)"):
+        check_capturable(step)
+
+
+def test_a_step_whose_keyword_operand_changes_between_calls_is_refused():
+    """The same operation whose output tensor (a keyword argument) changes dtype: recorded too."""
+    w, calls = _weights().detach(), []
+    outputs = [torch.empty(4, 3, device=META, dtype=dtype) for dtype in (torch.float64, torch.float32)]
+
+    def step():
+        calls.append(1)
+        return (torch.mul(w, 2, out=outputs[len(calls) % 2]),)
+    differs = r"operation 0: \('aten\.mul\.out', .*torch\.float32, \(4, 3\)\)\) then .*torch\.float64"
+    with pytest.raises(CaptureHazard, match=differs):
+        check_capturable(step)
+
+
 def test_a_step_on_the_cpu_is_not_called_checked():
     w = torch.zeros(3, requires_grad=True)
-    with pytest.raises(ValueError, match="no operation on the meta device"):
+    with pytest.raises(ValueError) as refused:
         check_capturable(lambda: (w * 2).sum().backward())
+    assert str(refused.value) == "the step ran no operation on the meta device: build its tensors there to check it."
+
+
+def _compiled(source: str, filename: str):
+    """The function `step` of `source`, as if it were written in the file `filename`."""
+    namespace = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["step"]
+
+
+def test_a_hazard_is_placed_in_the_toolkit_s_code_not_in_a_virtual_environment_inside_it():
+    """A library's frame under ROOT/.venv (where set-up puts the venv) is passed over for the
+    toolkit's own line that called it; a hazard from no frame of the toolkit says `?`."""
+    w = _weights()
+    library = _compiled("def step(w):\n    return w.sum().item()\n",
+                        str(ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "lib.py"))
+    with pytest.raises(CaptureHazard, match=r"aten\.\S+ at tests/test_capture_check\.py:\d+: "):
+        check_capturable(lambda: library(w))
+    refused = []
+    outside = _compiled("def step(w, check, refused):\n    try:\n        check(lambda: w.sum().item())\n"
+                        "    except ValueError as e:\n        refused.append(str(e))\n", "/elsewhere/step.py")
+    thread = threading.Thread(target=outside, args=(w, check_capturable, refused))  # no frame of the toolkit's
+    thread.start()
+    thread.join()
+    assert len(refused) == 1 and re.fullmatch(r"aten\.\S+ at \?: waits for a value on the host .*", refused[0])
 
 
 # ------------------------------------------------------------------ every trainer's step
@@ -179,20 +235,26 @@ def test_the_steps_with_adam_s_triton_kernel_are_capturable(name, monkeypatch):
 @pytest.mark.parametrize("body, reason", [
     (lambda w: w.detach().copy_(HOST_TABLE[None].float()), "a copy from the host to the device"),
     (lambda w: torch.empty(4, 3).copy_(w.detach()), "a copy from the device to the host (waits for the device)"),
+    (lambda w: torch.ops.aten.copy(w, HOST_TABLE[None].float().expand(4, 3)), "a copy from the host to the device"),
+    (lambda w: torch.ops.aten.copy(torch.empty(4, 3), w), "a copy from the device to the host (waits for the device)"),
+    (lambda w: torch.searchsorted(w[0], w[1], sorter=HOST_TABLE), "a CPU tensor operand in work on the device"),
+    (lambda w: torch.ops.capture_check_test.unsafe(w), "torch marks it unsafe in a CUDA graph"),
     (lambda w: w.sum().item(), "waits for a value on the host (.item(), bool(), a Python branch on a tensor, "
                                ".tolist())"),
     (lambda w: w.nonzero(), "its output's shape depends on the data"),
     (lambda w: w[w > 0], "boolean-mask indexing: its shape depends on the data"),
     (lambda w: w + torch.randn(w.shape, device=w.device), "a random draw: a replay repeats only the draws of "
                                                          "generators registered with the graph"),
-], ids=["copy_ from the host", "copy_ to the host", "item", "nonzero", "boolean mask", "random draw"])
+], ids=["copy_ from the host", "copy_ to the host", "copy from the host", "copy to the host",
+         "keyword operand on the host", "tagged unsafe", "item", "nonzero", "boolean mask", "random draw"])
 def test_each_hazard_s_line_says_which_way_and_why(body, reason):
-    """The whole line after the operation and the place: which way a copy goes, and why the
-    capture cannot hold the operation."""
+    """The whole line after the operation and the place: which way a copy goes (the in-place
+    copy_ and the functional copy that functionalised code dispatches), a host tensor passed as
+    a keyword argument, an operation tagged unsafe, and why the capture cannot hold it."""
     w = _weights()
     with pytest.raises(CaptureHazard) as refused:
         check_capturable(lambda: body(w))
-    assert re.fullmatch(r"aten\.\S+ at tests/test_capture_check\.py:\d+: (.*)\.", str(refused.value)).group(1) == reason
+    assert re.fullmatch(r"\w+\.\S+ at tests/test_capture_check\.py:\d+: (.*)\.", str(refused.value)).group(1) == reason
 
 
 def test_a_step_whose_work_changes_between_calls_names_the_first_operation_that_differs():

@@ -7,10 +7,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.recall.training_data import TrainingData
-from tasks import counter, triton_kernels
+from tasks import counter
 from tasks.counter_sampler import TaskStack, counter_prompts
 from tasks.factual_recall import FactualRecallTask
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, triton_on
 
 
 def mix32_reference(x: int) -> int:
@@ -53,7 +53,7 @@ def test_the_test_device_draws_what_the_cpu_draws():
     assert torch.equal(device.tokens.cpu(), cpu.tokens) and torch.equal(device.answers.cpu(), cpu.answers)
 
 
-needs_triton = pytest.mark.skipif(not triton_kernels.runs_on(TEST_DEVICE), reason="the kernel needs Triton")
+needs_triton = triton_on(TEST_DEVICE)
 FIELDS = ("tokens", "subjects", "relations", "answers", "subject_pos", "relation_pos")
 
 

@@ -15,10 +15,9 @@ from models.cores.fused_attention import FusedAttention
 from models.recall.config import ModelConfig
 from models.recall.weights import init_weights, stack
 from tasks.factual_recall import FactualRecallTask
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, triton_on
 
-needs_fused = pytest.mark.skipif(not fused_attention.runs_on(TEST_DEVICE),
-                                 reason="the fused core needs Triton (pip install -e .[kernels])")
+needs_fused = triton_on(TEST_DEVICE)
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}
 
 

@@ -6,7 +6,9 @@ lines and the sweep pieces already recorded and goes on from the cut piece's cel
 of time ends within its budget; and the offline set-up (scripts/setup.sh --offline) from a
 folder of wheels."""
 import hashlib
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -122,7 +124,10 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
 def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_path):
     """Resumed with its tests and bench recorded at this code and too little time for any piece
     (a piece keeps 10 s after its search, the pack 5 s): no piece starts a process, one line names
-    the pieces left, and the report and both archives are packed within the budget."""
+    the pieces left, and the report and both archives are packed within the budget. Then with
+    time for the first piece (that call's own wall time, measured, plus the 15 s a piece keeps
+    and 10 s): it starts, the time it takes counts against the rest, which are left for the next
+    call, and the call still ends within its budget and a few seconds."""
     tree = _tree(tmp_path / "tree")
     for name, entry, code in (("passed", "tests", "tests"), ("measured", "stack-169", "bench")):
         record(tree / DRY / "gpu" / f"{name}.json", entry, {"code": code_hash(CODE[code], tree)})
@@ -135,16 +140,19 @@ def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_
     (earlier / "report.txt").write_text("an earlier call\n")
     with tarfile.open(tmp_path / "state.tar.gz", "w:gz") as tar:
         tar.add(earlier, arcname=".")
-    out, budget = tmp_path / "out", 12
-    t0 = time.monotonic()
-    done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(out), str(tmp_path / "state.tar.gz")],
-                          cwd=tree, env={**ENV, "GPU_RUN_SECONDS": str(budget), "PYTHONPATH": str(tree),
-                                         "GPU_RUN_ARCHIVE_BYTES": "100000"},
-                          capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - t0
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert seconds < budget + 8, f"{seconds:.0f} s for a budget of {budget} s"
-    report = (out / "report.txt").read_text().splitlines()
+
+    def call(out: Path, budget: int) -> tuple[float, list[str]]:
+        t0 = time.monotonic()
+        done = subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", str(out), str(tmp_path / "state.tar.gz")],
+                              cwd=tree, env={**ENV, "GPU_RUN_SECONDS": str(budget), "PYTHONPATH": str(tree),
+                                             "GPU_RUN_ARCHIVE_BYTES": "100000"},
+                              capture_output=True, text=True, timeout=300)
+        seconds = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert seconds < budget + 8, f"{seconds:.0f} s for a budget of {budget} s"
+        return seconds, (out / "report.txt").read_text().splitlines()
+    out = tmp_path / "out"
+    seconds, report = call(out, 12)
     assert report[0] == "an earlier call" and report[-1].startswith("gpu_run: ")
     assert [line for line in report if line.startswith("bench_stack-169: measured at this code (")]
     assert f"fig4_left: {len(PIECES)} of {len(PIECES)} pieces left for the next call" in report
@@ -156,6 +164,13 @@ def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_
     assert "inflight/sweep/small/step_00000001.safetensors" in kept and not [n for n in kept if "large" in n]
     assert "state.tar.gz: 1 in-flight stacks' states left out, 1 kept (the archive's limit: 100000 bytes)" in report
     assert {p.name for p in out.iterdir()} <= ALLOWED
+
+    _, report = call(tmp_path / "out2", math.ceil(seconds) + 25)  # time for the first piece, not for all
+    started = [line.split(":")[0] for line in report if re.match(r"fig4_left_\w+: exit", line)]
+    assert started[:1] == ["fig4_left_d11"] and len(started) < len(PIECES), report
+    left = [int(m[1]) for line in report if (m := re.fullmatch(r"fig4_left: (\d+) of \d+ pieces left for the next call",
+                                                                line))]
+    assert left and len(PIECES) - len(started) <= left[0] <= len(PIECES), report  # what did not start is left
 
 
 def test_gpu_run_refuses_a_missing_archive_in_one_line(tmp_path):

@@ -203,7 +203,7 @@ def test_train_stacks_trains_each_bucket_with_the_defaults_of_train_shapes(monke
     runs = [replace(r, train=replace(r.train, steps=s)) for r, s in ((CELLS[2], 3), (CELLS[4], 4))]
     (alone,) = train_stacks(runs[:1])
     assert asked == [torch.device("cpu")] and alone.training["subnormals"] == "flushed"
-    assert "training 1 models of 1 shapes: 100%" in capsys.readouterr().err
+    assert "training 1 model of 1 shape: 100%" in capsys.readouterr().err
     results = train_stacks(runs, memory_budget_bytes=2 ** 40)  # given: no default asked for
     assert [r.training["steps_run"] for r in results] == [3, 4] and len(asked) == 1
     bar = capsys.readouterr().err

@@ -1,13 +1,11 @@
 """Kernels per training step (bench/step_kernels.py), counted on the CPU: the graphed GPU
 step's time goes with their number."""
-import pytest
-import torch
 
 from bench.step_kernels import step_kernels
-from tasks import triton_kernels
+from tests.conftest import triton_on
 
 
-@pytest.mark.skipif(not triton_kernels.runs_on(torch.device("cpu")), reason="needs Triton")
+@triton_on("cpu")
 def test_on_cuda_the_batch_and_adam_are_one_kernel_each_and_a_step_at_most_60():
     cpu, cuda = (step_kernels("config-a", 16, on_cuda) for on_cuda in (False, True))
     assert sum(sum(ops.values()) for ops in cuda.values()) <= 60  # the graphed GPU step's kernels

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.cores import fused_attention
 from models.cores.forward import has_positions, last_position_logits
 from models.recall.presets import preset
 from models.recall.trainer import summed_loss, train, train_step
@@ -15,7 +14,7 @@ from models.recall.weights import init_weights, stack, trainable_keys
 from models.training.optimizer import ADAM_BETAS, ADAM_EPS, Optimizer, bias_corrections
 from models.training.result import snapshot_schedule
 from tasks.factual_recall import FactualRecallTask
-from tests.conftest import quick
+from tests.conftest import quick, triton_on
 
 
 def test_tiny_reaches_99_percent(tiny_result):
@@ -199,8 +198,7 @@ class _HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("core", ["vocab", pytest.param("fused", marks=pytest.mark.skipif(
-    not fused_attention.runs_on(torch.device("cpu")), reason="the fused core needs Triton"))])
+@pytest.mark.parametrize("core", ["vocab", pytest.param("fused", marks=triton_on("cpu"))])
 @pytest.mark.parametrize("sampler", ["generator", "counter"])
 @pytest.mark.parametrize("variant", ["uniform", "zipf, two seeds, positions"])
 def test_training_step_never_waits_for_the_device(variant, sampler, core):

@@ -71,7 +71,7 @@ def _reason(func, args, kwargs, out_device: torch.device | None) -> str | None:
     if torch.Tag.cudagraph_unsafe in tags:
         return "torch marks it unsafe in a CUDA graph"
     if name in ("_to_copy", "copy_", "copy") and len(devices) > 1:
-        return ("a copy from the host to the device" if inputs[-1 if name == "copy_" else 0].device.type == "cpu"
+        return ("a copy from the host to the device" if inputs[0 if name == "_to_copy" else -1].device.type == "cpu"
                 else "a copy from the device to the host (waits for the device)")
     if "cpu" in devices and len(devices) > 1:
         return "a CPU tensor operand in work on the device"

@@ -1,0 +1,79 @@
+"""Where Triton runs the toolkit's kernels (tasks.triton_kernels.runs_on), and the rule every
+Triton test follows (tests.conftest.require_triton): where set-up installed the kernels extra,
+a Triton test that cannot run fails instead of skipping."""
+import importlib
+import os
+
+import pytest
+import torch
+
+import tests.conftest as conftest
+from tasks import triton_kernels
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+FIND_SPEC = importlib.util.find_spec
+
+
+def test_triton_runs_its_kernels_in_the_interpreter_on_a_machine_without_a_gpu():
+    conftest.require_triton(CUDA if torch.cuda.is_available() else CPU)
+    import triton
+
+    for runs_on in (triton_kernels.runs_on, triton_kernels.runs_on.__wrapped__):  # cached, and computed now
+        if torch.cuda.is_available():
+            assert runs_on(CUDA) and not runs_on(CPU)
+        else:  # Triton's interpreter: CPU tensors, never CUDA ones
+            assert runs_on(CPU) and not runs_on(CUDA)
+            assert triton.knobs.runtime.interpret
+    assert triton_kernels.load.__wrapped__("tasks.counter_kernel") is importlib.import_module("tasks.counter_kernel")
+
+
+def test_without_triton_no_kernel_runs(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else FIND_SPEC(name, *a))
+    assert not triton_kernels.runs_on.__wrapped__(CPU) and not triton_kernels.runs_on.__wrapped__(CUDA)
+
+
+def test_the_interpreter_is_asked_for_on_a_machine_without_a_gpu_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ.get("TRITON_INTERPRET") == (None if torch.cuda.is_available() else "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ["TRITON_INTERPRET"] == "0"
+
+
+@pytest.mark.parametrize("installed, ci, outcome", [
+    (True, "", pytest.fail.Exception),  # installed: runs_on saying no is the failure
+    (False, "true", pytest.fail.Exception),  # CI installs the kernels extra: its absence is the failure
+    (False, "", pytest.skip.Exception)])  # a developer's venv without the extra: a skip saying so
+def test_a_triton_test_that_cannot_run_fails_where_triton_should_run(monkeypatch, installed, ci, outcome):
+    here = CUDA if torch.cuda.is_available() else CPU
+    monkeypatch.setattr(triton_kernels, "runs_on", lambda device: False)
+    monkeypatch.setattr(conftest, "triton_installed", lambda: installed)
+    monkeypatch.setattr(conftest.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(conftest.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises((pytest.fail.Exception, pytest.skip.Exception)) as raised:
+        conftest.require_triton(here)
+    assert raised.type is outcome
+    assert ("says its kernels do not run here" if installed else "needs Triton") in str(raised.value)
+
+
+def test_a_triton_test_on_a_device_the_machine_lacks_is_skipped(monkeypatch):
+    monkeypatch.setattr(triton_kernels, "runs_on", lambda device: False)
+    monkeypatch.setattr(conftest, "triton_installed", lambda: True)
+    lacking = CPU if torch.cuda.is_available() else CUDA
+    with pytest.raises(pytest.skip.Exception, match=f"not on {lacking}"):
+        conftest.require_triton(lacking)
+
+
+@pytest.mark.parametrize("cuda, hip, gpu, interpret", [(None, None, False, True),  # a CPU torch
+                                                      ("12.4", None, False, True),  # a CUDA torch, no GPU here
+                                                      ("12.4", None, True, False),  # a CUDA torch on a GPU: compiled
+                                                      (None, "6.2", True, False)])  # a ROCm torch on a GPU
+def test_the_interpreter_is_asked_for_by_every_torch_build_without_a_gpu(monkeypatch, cuda, hip, gpu, interpret):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    triton_kernels._interpret_without_a_gpu()
+    assert os.environ.get("TRITON_INTERPRET") == ("1" if interpret else None)
