@@ -59,6 +59,8 @@ def require_triton(device: torch.device) -> None:
 
 
 def pytest_configure(config):
+    if TIMES:
+        config.pluginmanager.register(_Timer(), "factual-recall-test-times")
     config.addinivalue_line("markers", "triton(device): a test of Triton kernels on `device` (tests.conftest."
                                        "require_triton: fails, not skips, where they should run)")
 
@@ -123,15 +125,18 @@ def _timed(item, phase: str):
             out.write(f"{item.nodeid}\t{phase}\t" + "\t".join(f"{s:.3f}" for s in spent) + "\n")
 
 
-if TIMES:
+class _Timer:
+    """The three phases' hooks, a plugin of their own (pytest_configure registers it) so that
+    this module's pytest_runtest_setup (the Triton marks) stays what it is."""
+
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_setup(item):
+    def pytest_runtest_setup(self, item):
         return (yield from _timed(item, "setup"))
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(item):
+    def pytest_runtest_call(self, item):
         return (yield from _timed(item, "call"))
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(item, nextitem):
+    def pytest_runtest_teardown(self, item, nextitem):
         return (yield from _timed(item, "teardown"))
