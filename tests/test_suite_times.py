@@ -18,7 +18,7 @@ def test_each_phase_of_each_test_is_recorded_and_summed(tmp_path):
         import pytest, torch
 
         def test_spends_in_a_child():
-            subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+            subprocess.run([sys.executable, "-c", "sum(i * i for i in range(20_000_000))"], check=True)
 
         def test_spends_nothing():
             pass
@@ -37,7 +37,7 @@ def test_each_phase_of_each_test_is_recorded_and_summed(tmp_path):
         (name, phase) for name in ("test_spends_in_a_child", "test_spends_nothing")
         for phase in ("setup", "call", "teardown")]
     child = {r[1]: float(r[4]) for r in rows if r[0].endswith("in_a_child")}
-    assert child["call"] > 0.05 and child["setup"] < 0.05
+    assert child["call"] > 0.3 and child["setup"] < 0.05
     summed = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_times.py"), str(times), "--top", "1"],
                             capture_output=True, text=True, check=True).stdout.splitlines()
     assert summed[0].startswith("3 tests: ") and summed[1].endswith("test_spend.py::test_spends_in_a_child")
