@@ -185,7 +185,7 @@ def _abbreviate(tokens: list[str], keep: int = 6) -> str:
     return " ".join(tokens[:keep]) + (f" ... (+{len(tokens) - keep})" if len(tokens) > keep else "")
 
 
-def write(located: Located, out: Path, task: FactualRecallTask) -> None:
+def write(located: Located, out: Path) -> None:
     """facts.csv (subject, relation, answer as its first columns), heads.csv, head_tokens.csv,
     summary.json and the figures in `out`."""
     facts = located.facts.reset_index()
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     recorded.refuse_other_results("locate_facts", out, wanted, args.ckpt, "locate_facts")
     located = locate(model, task, **asdict(settings), progress=not args.quiet, facts=facts)
     located = replace(located, summary=located.summary.from_checkpoint(origin))
-    write(located, out, task)
+    write(located, out)
     print(report(located, args.ckpt, out))
     return 0
 

@@ -73,7 +73,7 @@ def located_results(ckpt: Path, model, task, into: Path, fresh: bool = False, pr
     def compute():
         located = locate_facts.locate(model, task, progress=progress)
         return replace(located, summary=located.summary.from_checkpoint(origin))
-    return Needed(into, compute, lambda located: locate_facts.write(located, into, task))
+    return Needed(into, compute, lambda located: locate_facts.write(located, into))
 
 
 def facts_to_show(facts: pd.DataFrame) -> list[tuple[int, int]]:

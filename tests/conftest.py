@@ -1,6 +1,8 @@
 import importlib.util
 import os
 import platform
+import resource
+import time
 
 import pytest
 import torch
@@ -57,6 +59,8 @@ def require_triton(device: torch.device) -> None:
 
 
 def pytest_configure(config):
+    if TIMES:
+        config.pluginmanager.register(_Timer(), "factual-recall-test-times")
     config.addinivalue_line("markers", "triton(device): a test of Triton kernels on `device` (tests.conftest."
                                        "require_triton: fails, not skips, where they should run)")
 
@@ -69,6 +73,18 @@ def pytest_runtest_setup(item):
 def quick(run: RunConfig, **train_overrides) -> RunConfig:
     """`run` on TEST_DEVICE, with training fields replaced."""
     return RunConfig(run.task, run.model, override(run.train, {"device": str(TEST_DEVICE), **train_overrides}))
+
+
+def run_main(main, argv, capsys) -> tuple[int, str, str]:
+    """A command's main run in this process through run_cli, the path its `python -m` takes,
+    without the 1-3 s of CPU a new process spends importing torch and TransformerLens: (exit
+    code, stdout, stderr). Each command keeps a test through its real entry point, as a process."""
+    from models.cli import run_cli
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: main([str(arg) for arg in argv]))
+    said = capsys.readouterr()
+    return exit_.value.code, said.out, said.err
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +101,42 @@ def tiny_ckpt(tiny_result, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
+
+
+# What each test costs, for scripts/time_suite.sh: with FACTUAL_RECALL_TEST_TIMES=FILE each phase of each
+# test (setup, call, teardown) appends a line "nodeid<TAB>phase<TAB>wall s<TAB>CPU s<TAB>children's CPU s":
+# the CPU seconds of this process (all its threads) and of the subprocesses that ended in the phase
+# (kernels, CLIs, workers, once waited for). A session fixture counts in the setup of its first test.
+TIMES = os.environ.get("FACTUAL_RECALL_TEST_TIMES")
+
+
+def _clocks() -> tuple[float, float, float]:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time(), children.ru_utime + children.ru_stime
+
+
+def _timed(item, phase: str):
+    before = _clocks()
+    try:
+        return (yield)
+    finally:
+        spent = [after - start for after, start in zip(_clocks(), before)]
+        with open(TIMES, "a") as out:
+            out.write(f"{item.nodeid}\t{phase}\t" + "\t".join(f"{s:.3f}" for s in spent) + "\n")
+
+
+class _Timer:
+    """The three phases' hooks, a plugin of their own (pytest_configure registers it) so that
+    this module's pytest_runtest_setup (the Triton marks) stays what it is."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        return (yield from _timed(item, "setup"))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        return (yield from _timed(item, "call"))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        return (yield from _timed(item, "teardown"))

@@ -14,6 +14,7 @@ from models.aot.trainer import train_aot
 from probe.head_roles import head_roles
 from probe.kl_floor import rank_d_kl_floor
 from tasks.association import AssociationTask, DistributionTask
+from tests.conftest import run_main
 
 CPU = {"device": "cpu"}
 
@@ -59,15 +60,16 @@ def test_head_roles_ablations_rerun_one_position_with_the_full_sequence_accuracy
     assert (roles.accuracy_drop > 0).any()  # the ablations do change the answers
 
 
-def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path):
+def test_factual_recall_readers_refuse_other_kinds(association_ckpt, tmp_path, capsys):
+    from analyses.locate_facts import main
+
     ckpt = association_ckpt[0]
     with pytest.raises(CheckpointError) as err:
         load(ckpt, device="cpu", kind="factual_recall")
     assert "task kind 'association' is not a factual-recall task" in str(err.value) and "\n" not in str(err.value)
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--quiet",
-                           "--out", str(tmp_path / "o")], check=False, capture_output=True, text=True)
-    assert proc.returncode == 2 and "task kind 'association'" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    code, _, stderr = run_main(main, [ckpt, "--quiet", "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "task kind 'association'" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
 def test_distribution_checkpoint_kind(tmp_path):
@@ -110,7 +112,8 @@ def test_tables_fit_each_seed_alone_beside_the_mean():
     assert "by_seed" not in one_seed and one_seed["fit_H"]["slope"] == pytest.approx(0.02)
 
 
-def test_aot_capacity_cli_tiny_run(tmp_path):
+@pytest.mark.slow
+def test_aot_capacity_cli_tiny_run(tmp_path, capsys):
     out = tmp_path / "cap"
     args = [sys.executable, "-m", "analyses.aot_capacity", "--out", str(out), "--quiet", "--device", "cpu",
             "--n-tokens", "6", "--d-model", "3", "--d-head", "2", "--fixed-heads", "2", "--heads", "1,2,3",
@@ -143,18 +146,20 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
         "standard H=1", "standard H=2", "dana H=1", "dana H=2"}
     bound = 1 / 6 + (1 - 1 / 6) * (capacity.n_heads * capacity.d_head + capacity.d_model) / 36
     assert np.allclose(capacity.lower_bound, bound.clip(upper=1))
-    # a rerun finds every stack of models recorded (cells/) and trains nothing
+    # a rerun finds every stack of models recorded (cells/) and trains nothing (the command's main in
+    # this process from here on: the run above went through its entry point)
+    from analyses.aot_capacity.cli import main
+
     before = (out / "runs.csv").read_text()
-    again = subprocess.run(args, check=False, capture_output=True, text=True)
-    assert again.returncode == 0 and (out / "runs.csv").read_text() == before
+    assert run_main(main, args[3:], capsys)[0] == 0 and (out / "runs.csv").read_text() == before
     assert json.loads((out / "summary.json").read_text())["cells_computed"] == 0
     # another task or training into the same --out is refused, naming what differs, nothing written
     files = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
-    other = [a for a in args[:-1]] + ["standard"]
+    other = [a for a in args[3:-1]] + ["standard"]
     other[other.index("--n-tokens") + 1], other[other.index("--epochs") + 1] = "7", "3"
-    refused = subprocess.run(other, check=False, capture_output=True, text=True)
-    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert "n_tokens: recorded 6, now 7" in refused.stderr and "train.epochs: recorded 2, now 3" in refused.stderr
+    code, _, err = run_main(main, other, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "n_tokens: recorded 6, now 7" in err and "train.epochs: recorded 2, now 3" in err
     assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == files
     bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
                          check=False, capture_output=True, text=True)
@@ -171,7 +176,7 @@ def test_aot_capacity_cli_tiny_run(tmp_path):
     (["--n-tokens", "50", "--context", "6"], "sequences is more than"),
 ])
 def test_aot_capacity_refuses_a_bad_task_before_creating_out(tmp_path, flags, message):
-    from analyses.aot_capacity import main
+    from analyses.aot_capacity.cli import main
 
     with pytest.raises(ValueError, match=message):
         main(["--out", str(tmp_path / "x"), "--quiet", *flags])

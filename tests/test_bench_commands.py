@@ -134,6 +134,7 @@ def test_every_documented_script_has_a_smallest_size_and_every_script_is_documen
     assert len(_runs()) >= 12  # the page's commands, not a parse that found nothing
 
 
+@pytest.mark.slow  # each a process: a second or more of imports before the command runs
 @pytest.mark.parametrize("script, argv", _runs(), ids=lambda x: x if isinstance(x, str) else " ".join(x))
 def test_the_documented_command_runs_at_its_smallest_size(script, argv, tiny_ckpt, tmp_path):
     if flags(argv).get("--device", "").startswith("cuda") and not _cuda():

@@ -133,6 +133,7 @@ def model_task(ckpt):
     return load(ckpt, "cpu")
 
 
+@pytest.mark.slow
 def test_attention_views_render_offline(browser, ckpt):
     assert visualize.main([str(ckpt), "--facts", "3:1,7:0", "--device", "cpu"]) == 0
     seen = render(browser, ckpt / "analysis" / "visualize" / "index.html")
@@ -151,6 +152,7 @@ def assert_neuron_view_shown(seen: Rendered, out: Path) -> None:
     assert re.search(r"\bn\d+\s+n\d+\b", neurons) and not re.search(r"[nSR]\d+[nSRE]", neurons), neurons
 
 
+@pytest.mark.slow
 def test_report_renders_offline(browser, ckpt):
     assert report.main([str(ckpt), "--device", "cpu", "--quiet"]) == 0
     seen = render(browser, ckpt / "analysis" / "report" / "index.html")
@@ -159,6 +161,7 @@ def test_report_renders_offline(browser, ckpt):
     assert_neuron_view_shown(seen, ckpt / "analysis" / "report")
 
 
+@pytest.mark.slow
 def test_cdn_version_fails_the_check(browser, model_task, tmp_path):
     """Test of the test: circuitsvis's str(view) loads its script from a CDN; offline it
     shows nothing, and the checker must say so."""
@@ -173,6 +176,7 @@ def test_cdn_version_fails_the_check(browser, model_task, tmp_path):
     assert local.ok, local  # the same view, inline, passes
 
 
+@pytest.mark.slow
 def test_unclosed_circuitsvis_divs_lose_views(browser, model_task, tmp_path):
     """Why visualize.offline_html closes circuitsvis's `<div .../>`: with two raw views on one
     page the second lands inside the first and is wiped when the first renders."""

@@ -85,6 +85,7 @@ def test_a_shape_without_a_whole_number_of_heads_is_one_line(heads, tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", ["0", "1.5"])
 def test_a_shape_preset_without_a_whole_number_of_heads_is_one_line(heads, tmp_path):
     done = subprocess.run([sys.executable, "-m", "models.train", "--preset", f"shape:1,1,{heads},8", "--steps", "1",

@@ -1,4 +1,6 @@
-"""Entry points: --help, bad arguments give one line and exit 2, constructions reach 100%."""
+"""Entry points: --help, bad arguments give one line and exit 2 (each command through its main in this
+process, and as a process), constructions reach 100%."""
+import importlib
 import json
 import subprocess
 import sys
@@ -6,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_main
+
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_train_help_documents_every_flag():
     proc = run("models.train", "--help")
     assert proc.returncode == 0
@@ -27,10 +32,12 @@ def test_train_help_documents_every_flag():
     (["--preset", "shape:0.25,1,8,16"], "d_head"),
     (["--target-accuracy", "nan"], "target_accuracy must be a number"),
 ])
-def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
-    proc = run("models.train", "--out", str(tmp_path / "ckpt"), "--quiet", *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_train_bad_arguments_one_line_exit_2(tmp_path, capsys, args, message):
+    from models.recall.train import main
+
+    code, _, err = run_main(main, ["--out", tmp_path / "ckpt", "--quiet", *args], capsys)
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -40,14 +47,16 @@ def test_train_bad_arguments_one_line_exit_2(tmp_path, args, message):
     ("models.recall.constructions", ["--kind", "attention", "--d-model", "wide"]),
     ("models.recall.constructions", ["--kind", "both"]),
 ])
-def test_bad_flag_value_is_one_error_line(tmp_path, command, args):
-    proc = run(command, "--out", str(tmp_path / "ckpt"), *args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+def test_bad_flag_value_is_one_error_line(tmp_path, capsys, command, args):
+    main = importlib.import_module(command).main
+    code, _, err = run_main(main, ["--out", tmp_path / "ckpt", *args], capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
     before = (tiny_ckpt / "model.safetensors").read_bytes()
     proc = run("models.train", "--out", str(tiny_ckpt), "--quiet")
@@ -55,6 +64,7 @@ def test_train_refuses_to_overwrite_without_force(tiny_ckpt):
     assert (tiny_ckpt / "model.safetensors").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_train_cli_writes_a_checkpoint(tmp_path):
     out = tmp_path / "ckpt"
     proc = run("models.train", "--out", str(out), "--quiet", "--lr", "1e-2,3e-3", "--steps", "40")
@@ -83,6 +93,7 @@ def test_the_milestone_rule_warns_outside_its_validation_and_says_when_it_stops(
     assert TrainConfig(steps=100).milestones_warning(128) is None  # the rule off: nothing to say
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["attention", "mlp"])
 def test_constructions_reach_100_percent(tmp_path, kind):
     out = tmp_path / kind
@@ -94,22 +105,26 @@ def test_constructions_reach_100_percent(tmp_path, kind):
     assert f"{shape}; held-out accuracy 1.0000" in proc.stdout and "None" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_constructions_refuse_too_small_models(tmp_path):
     proc = run("models.recall.constructions", "--kind", "attention", "--out", str(tmp_path / "c"), "--d-model", "8")
     assert proc.returncode == 2 and "d_model >= d_vocab" in proc.stderr
 
 
-def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path):
+def test_locate_facts_bad_arguments(tiny_ckpt, tmp_path, capsys):
+    from analyses.locate_facts import main
+
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for args, message in [(["--contexts", "1"], "--contexts must be >= 2"),
                           (["--out", str(blocker / "sub")], f"{blocker} exists and is not a directory"),
                           (["--step", "12345"], "step_00012345.safetensors: missing")]:
-        proc = run("analyses.locate_facts", str(tiny_ckpt), "--quiet", *args)
-        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        code, _, err = run_main(main, [tiny_ckpt, "--quiet", *args], capsys)
+        assert code == 2 and message in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
 def test_gpu_checks_refuse_a_machine_without_cuda(tmp_path):
     out = tmp_path / "gpu"

@@ -67,6 +67,7 @@ def test_a_run_with_a_dropped_model_resumes_to_the_uninterrupted_result(tmp_path
     assert [r["models"] for r in full.metrics] == [r["models"] for r in resumed.metrics]
 
 
+@pytest.mark.slow
 def test_the_command_keeps_the_healthy_model_and_records_the_dropped_one(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--device", "cpu",

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 
+@pytest.mark.slow
 def test_importing_and_drawing_leave_the_backend_alone(tmp_path):
     """A notebook that imports an analysis and writes its figures still shows its own
     figures inline: the backend it chose is the one it keeps."""

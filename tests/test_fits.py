@@ -66,6 +66,7 @@ def test_train_refuses_a_run_too_large_for_any_machine_before_writing(tmp_path, 
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.slow
 def test_the_refusal_is_one_line_and_exit_2_from_the_command(tmp_path):
     out = tmp_path / "ckpt"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--device", "cpu",

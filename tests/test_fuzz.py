@@ -1,10 +1,9 @@
 """Fuzzing (hypothesis): random task and model configurations give a working task/model or
 one ValueError sentence; random corruptions of config.json and of safetensors files give a
 CheckpointError of one line and never a write into the checkpoint."""
+import importlib
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from models import CheckpointError, load
 from models.recall.config import ModelConfig
 from models.recall.weights import init_weights
 from tasks.factual_recall import FactualRecallTask
+from tests.conftest import run_main
 
 CASES = 150  # per property; docs/reliability.md records the total
 FUZZ = settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -143,13 +143,15 @@ def _corrupt(ckpt, part):
 @pytest.mark.parametrize("command", [["analyses.locate_facts"], ["models.train", "--resume"]],
                          ids=["locate", "resume"])
 @pytest.mark.parametrize("part", ["config", "weights", "nan", "run"])
-def test_every_cli_refuses_a_corrupted_checkpoint_with_exit_2(tiny_ckpt, tmp_path, command, part):
+def test_every_cli_refuses_a_corrupted_checkpoint_with_exit_2(tiny_ckpt, tmp_path, capsys, command, part):
+    """Through each command's main, as `python -m` runs it (tests/test_cli.py and
+    tests/test_locate_facts.py run both commands as processes)."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt, ckpt)
     _corrupt(ckpt, part)
     before = _snapshot(ckpt)
-    proc = subprocess.run([sys.executable, "-m", *command, str(ckpt)], capture_output=True, text=True)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert str(ckpt) in proc.stderr
+    code, _, err = run_main(importlib.import_module(command[0]).main, [*command[1:], ckpt], capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(ckpt) in err
     assert _snapshot(ckpt) == before

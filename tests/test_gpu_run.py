@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from analyses.sweeps.gpu_records import CODE, code_hash, record
 
@@ -86,6 +87,7 @@ def _run_until(tree: Path, out: Path, until, seconds: int = 600) -> dict:
     return _archive(out / "results.tar.gz")
 
 
+@pytest.mark.slow
 def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on_from_them(tmp_path):
     first, out = _tree(tmp_path / "first"), tmp_path / "out"
     results = _run_until(first, out, _cut_piece)
@@ -118,6 +120,7 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     assert {p.name for p in again.iterdir()} <= ALLOWED
 
 
+@pytest.mark.slow
 def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_path):
     """Resumed with its tests and bench recorded at this code and too little time for any piece
     (a piece keeps 10 s after its search, the pack 5 s): no piece starts a process, one line names
@@ -189,6 +192,7 @@ def _wheel(folder: Path, name: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_offline_setup_builds_a_venv_from_wheels_and_a_python_with_torch(tmp_path):
     """No network: the venv sees the given Python's torch (itself a virtual environment here),
     the wheels' packages and the checkout."""

@@ -49,6 +49,7 @@ def test_on_refuses_what_cannot_be_captured(device, sampler, reason):
         use_cuda_graph("always", device, sampler)
 
 
+@pytest.mark.slow
 def test_train_cli_refuses_a_graph_it_cannot_capture_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "models.train", "--preset", "tiny", "--device", "cpu",
                            "--cuda-graph", "on", "--out", str(tmp_path / "ckpt")], capture_output=True, text=True)

@@ -238,6 +238,7 @@ def test_cli_records_the_snapshots_it_read_and_keeps_other_settings_apart(tiny_c
                                                     "(settings.storage_points: recorded 0, now 12)"), err
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_checkpoint_without_snapshots(tiny_result, tmp_path):
     ckpt = tmp_path / "no-snapshots"
     write_checkpoint(ckpt, tiny_result.section, tiny_result.task, tiny_result.training, tiny_result.weights, [], {})

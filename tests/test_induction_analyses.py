@@ -127,6 +127,7 @@ def test_bad_input_is_refused_in_one_line(argv, message, tmp_path, capsys):
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_the_module_refuses_in_one_line_as_a_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "analyses.induction", "location",
                            "tests/data/pre_aot_package/factual_recall", "--out", str(tmp_path)],

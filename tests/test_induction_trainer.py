@@ -159,6 +159,7 @@ def test_the_cli_refuses_bad_input_in_one_line(flags, message, tmp_path, capsys)
     assert err.count("\n") == 1 and not out.exists()
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_in_one_line_as_a_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "models.induction.train", "--out", str(tmp_path / "o"),
                            "--seq-len", "1"], capture_output=True, text=True, timeout=120)

@@ -19,6 +19,7 @@ def _nvidia_tools() -> bool:
     return spec is not None and (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not triton_installed(), reason="needs Triton (pip install -e .[kernels])")
 def test_every_kernel_compiles_for_an_h100_without_spills_global_atomics_or_barriers_in_its_loop():
     """A barrier inside a loop stops every warp of a program once per iteration: the tables'

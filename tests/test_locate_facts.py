@@ -162,6 +162,7 @@ def test_locate_builds_the_prompts_once(attention_construction, monkeypatch):
     assert len(built) == 3
 
 
+@pytest.mark.slow
 def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
     out = tmp_path / "located"
     proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(tiny_ckpt), "--out", str(out),
@@ -181,6 +182,7 @@ def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_bad, message", [
     (lambda p: p / "absent", "no such directory"),
     (lambda p: (p / "config.json").write_text("{}") and p, "lacks the required field 'format'"),

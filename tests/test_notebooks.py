@@ -15,6 +15,7 @@ def _outputs(notebook) -> list:
     return [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     notebook = nbformat.read(path, as_version=4)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from analyses import locate_facts
 from models import load, load_checkpoint
 from models.checkpoint import CheckpointError
 from models.recall.presets import preset
@@ -91,6 +92,7 @@ def _check_readable(ckpt: Path) -> None:
         load_checkpoint(ckpt)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume(tmp_path):
     reference = tmp_path / "reference"
     assert cli("--out", str(reference), *DENSE).wait() == 0
@@ -120,6 +122,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     assert (ckpt / "metrics.jsonl").read_text().count("\n") == (reference / "metrics.jsonl").read_text().count("\n")
 
 
+@pytest.mark.slow
 def test_ctrl_c_names_the_saved_step_and_the_resume_command(tmp_path):
     ckpt = tmp_path / "run"
     proc = cli("--out", str(ckpt), *DENSE[2:], "--steps", "200")
@@ -146,6 +149,7 @@ def test_resume_refuses_every_other_setting(tmp_path, capsys):
         assert exit_.value.code == 2 and f"drop {flags[0]}" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_divergence_of_every_model_stops_naming_step_and_model(tmp_path):
     out = tmp_path / "nan"
     proc = subprocess.run([sys.executable, "-m", "models.train", "--out", str(out), "--quiet", "--optimizer", "sgd",
@@ -163,6 +167,7 @@ def test_divergence_of_every_model_stops_naming_step_and_model(tmp_path):
 MALICIOUS = b"cos\nsystem\n(S'touch {marker}'\ntR."  # a pickle that runs a shell command when loaded
 
 
+@pytest.mark.slow
 def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt, ckpt)
@@ -171,9 +176,8 @@ def test_malicious_pickle_in_checkpoint_is_never_executed(tiny_ckpt, tmp_path):
     for name in ("model.pt", "model.pkl", "optimizer.pth"):
         (ckpt / name).write_bytes(payload)
     load(ckpt, device="cpu")
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt), "--contexts", "2",
-                           "--patch-contexts", "1", "--quiet", "--out", str(tmp_path / "out")], capture_output=True)
-    assert proc.returncode == 0
+    assert locate_facts.main([str(ckpt), "--contexts", "2", "--patch-contexts", "1", "--quiet",
+                              "--out", str(tmp_path / "out")]) == 0
     with pytest.raises(CheckpointError, match="a pickle file, which is never loaded"):
         load(ckpt / "model.pt")
     proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt / "model.pkl")],

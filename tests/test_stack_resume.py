@@ -101,6 +101,7 @@ train_stacks(runs(), progress=False, state_folder=sys.argv[1], save_every=0)
 """
 
 
+@pytest.mark.slow
 def test_a_stack_killed_by_sigkill_resumes_bit_identical(tmp_path, uncut):
     script = textwrap.dedent(KILLED).format(threads=torch.get_num_threads())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

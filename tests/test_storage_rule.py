@@ -50,7 +50,7 @@ def test_shares_are_nan_where_the_margin_is_not_positive(tmp_path):
         assert facts.loc[~unknown, column].notna().all()
     known_both = facts[facts["label"] == "both"]
     assert ((known_both["attention_share"] - 0.5).abs() < 0.05).all()  # equal writes: half the margin each
-    write(located, tmp_path, TASK)  # the tables, summary and figures take the NaN shares
+    write(located, tmp_path)  # the tables, summary and figures take the NaN shares
     assert pd.read_csv(tmp_path / "facts.csv")["attention_share"].isna().sum() == 4
     assert (tmp_path / "margins.png").stat().st_size > 0
 

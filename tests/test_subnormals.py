@@ -66,6 +66,7 @@ def notebook_runs():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
 def test_training_flushes_subnormals_on_every_thread_then_restores_them(notebook_runs):
     assert notebook_runs["before"] == 0.0  # subnormals are kept by default
@@ -74,6 +75,7 @@ def test_training_flushes_subnormals_on_every_thread_then_restores_them(notebook
     assert notebook_runs["labels"] == ["flushed", "flushed"]
 
 
+@pytest.mark.slow
 def test_flushed_training_is_bit_reproducible(notebook_runs):
     assert notebook_runs["subnormal_probabilities"] > 0  # the trained model is in the regime that matters
     assert notebook_runs["identical"]

@@ -258,6 +258,7 @@ def threads_row(i: int) -> dict:
     return {"i": i, "threads": torch.get_num_threads(), "sum": float((a @ b).sum())}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["processes", "ray"])
 @pytest.mark.parametrize("threads", [None, 2])
 def test_each_cell_computes_with_the_sweep_s_torch_threads_on_every_executor(request, tmp_path, kind, threads):
@@ -276,6 +277,7 @@ def test_each_cell_computes_with_the_sweep_s_torch_threads_on_every_executor(req
     assert {row["threads"] for row in rows["local"]} == {threads or 1}
 
 
+@pytest.mark.slow
 def test_ray_rows_equal_local_rows(ray_cluster, local_grid, tmp_path, capsys):
     code, out, err = _tradeoff([*GRID, "--executor", "ray", "--out", str(tmp_path)], capsys)
     assert code == 0, err
@@ -302,6 +304,7 @@ class CountingCells(Cells):
         return super().record(key, row)
 
 
+@pytest.mark.slow
 def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_cluster, tmp_path):
     from analyses.sweeps.executors import RayExecutor
 
@@ -315,6 +318,7 @@ def test_a_killed_workers_cell_is_retried_and_recorded_once(ray_cluster, tmp_pat
     assert cells.writes == {f"n{n}": 1 for n in range(4)} and cells.rows() == rows
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_grid, tmp_path, capsys):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -337,6 +341,7 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_table(ray_cluster, local_g
 
 
 # ------------------------------------------------------------------ worker processes
+@pytest.mark.slow
 def test_worker_process_cells_equal_local_cells(local_grid_out, local_grid, tmp_path, capsys):
     code, out, err = _tradeoff([*GRID, "--executor", "processes", "--jobs", "2", "--out", str(tmp_path)], capsys)
     assert code == 0, err
@@ -366,6 +371,7 @@ def dies(n: int) -> dict:
     return {"n": n}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", [fails_or_waits, dies])
 def test_a_failing_or_killed_worker_process_stops_the_sweep_with_the_finished_cells_recorded(tmp_path, fn):
     """One worker: cell 0 returns before cell 1 fails (raises, or its worker is killed); the
@@ -393,6 +399,7 @@ def interrupted(n: int) -> dict:
     return {"n": n}
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_reaches_the_driver_alone_not_its_worker_processes(tmp_path):
     """Workers start with SIGINT blocked: a Ctrl-C does not interrupt their cells (the driver,
     which handles it, stops them), so no worker prints a traceback or leaves its queues'
@@ -422,6 +429,7 @@ def _group(pgid: int) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while the workers

@@ -39,6 +39,7 @@ def ckpt(tiny_ckpt, tmp_path_factory):
     return Path(shutil.copytree(tiny_ckpt, tmp_path_factory.mktemp("views") / "tiny"))
 
 
+@pytest.mark.slow
 def test_visualize_cli_writes_offline_views(ckpt):
     proc = run("visualize", ckpt, "--facts", "3:1,7:0", "--device", "cpu", "--quiet")
     assert proc.returncode == 0, proc.stderr
@@ -76,6 +77,7 @@ def test_report_refuses_bad_facts_before_writing_anything(tiny_ckpt, tmp_path, f
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no analysis/ in the checkpoint
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_one_line(tmp_path, capsys):
     proc = run("report", tmp_path / "absent")  # through the real entry point once
     assert proc.returncode == 2 and "no such directory" in proc.stderr
