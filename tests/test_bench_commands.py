@@ -85,6 +85,8 @@ SMALLEST = {
     "subnormal_seeds.py": lambda argv, where: ["--cells", "1x4", "--seeds", "0", "--steps", "2",
                                                "--out", str(where["tmp"] / "subnormals")],
     "induction_sampler.py": lambda argv, where: ["--batch", "8", "--seq-len", "16", "--rounds", "1"],
+    "induction_step.py": lambda argv, where: ["--batch", "4", "--seq-len", "16", "--d-model", "16", "--steps", "1",
+                                              "--rounds", "1"],
 }
 # Run by another test, which runs the documented command itself.
 ELSEWHERE = {"kernel_resources.py": "tests/test_kernel_resources.py"}
@@ -94,7 +96,8 @@ RESULT = {"train_throughput.py": "speedup_vs_transformerlens ", "step_cost.py": 
           "step_kernels.py": "  a whole step",
           "step_profile.py": "model_flop_utilisation ", "stack_speed.py": "median alone / stack: ",
           "locate_facts_speed.py": "locate_facts_seconds ", "sweep_speed.py": "ray_overhead_per_cell_s ",
-          "subnormal_seeds.py": "", "induction_sampler.py": "ours_over_loop "}  # subnormal_seeds' tables: below
+          "subnormal_seeds.py": "", "induction_sampler.py": "ours_over_loop ",
+          "induction_step.py": r"simplified: +[\d.]+ s/step"}  # subnormal_seeds' tables: below
 # Scripts of bench/ that bench/README.md does not document, and where they are.
 UNDOCUMENTED = {"gpu_checks.py": "docs/gpu.md (CUDA only; tests/test_cli.py runs its refusal without CUDA)"}
 
