@@ -1,0 +1,224 @@
+"""python -m analyses.induction's command line in process: each flag and its stated default reach the
+study, the files and summary each command writes under --out, reproduce at a tiny size, refusals in one line."""
+import json
+import re
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from analyses.induction import cli, studies
+from analyses.induction.cli import main, parser, recipes
+from analyses.sweeps.cli import run_cli
+from models.induction.config import InductionModelConfig, preset
+
+TINY = ["--steps", "4", "--n-triggers", "2", "--seq-len", "16", "--d-model", "16", "--batch-size", "8",
+        "--probe-every", "2", "--device", "cpu", "--quiet"]
+SHARED = {"--preset": "sizes (default cpu)", "--steps": "training steps (default: the preset's)",
+          "--n-triggers": "K (default: the preset's)", "--seq-len": "T (default: the preset's)",
+          "--triggers": "fixed (the K most frequent characters, the authors' fixed_special_toks) or random (drawn "
+                        "per sequence from the marginals); default: the preset's (fixed)",
+          "--d-model": "d (default: the preset's)", "--batch-size": "sequences per step (default: the preset's)",
+          "--lr": "the simplified model's SGD learning rate (default: the preset's; layers: AdamW 1e-3)",
+          "--seed": "seed of the weights and data (default 0)", "--threads": "torch threads (default torch's)"}
+PROBES = {"--probe-every": "probes: steps between snapshots and evaluations (default: the preset's eval_every; "
+                           "the authors probe every 5)",
+          "--alone": "probes: how the other two memories are held while one trains alone: target (frozen at the "
+                     "construction's), init (the authors' freeze_until: frozen at their random init until --until, "
+                     "then trained), none (the joint run only); default target",
+          "--until": "probes with --alone init: the step the others join training (default 30% of the steps, the "
+                     "authors' 300 of 1000)"}
+
+
+def shown(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def options(text: str) -> dict[str, str]:
+    """--flag -> its help text on one line, read from an argparse --help."""
+    found = {}
+    for block in re.split(r"\n  (?=-)", text.split("options:\n", 1)[1].strip()):
+        head, _, rest = block.partition("  ")
+        found[head.split()[0].rstrip(",")] = " ".join(rest.split())
+    return found
+
+
+@pytest.mark.parametrize("command, what", [("layers", "one layer against two"),
+                                           ("probes", "memory recall probes over training"),
+                                           ("reproduce", "every study at a preset's size")])
+def test_the_cli_help_states_each_default_the_parser_takes(command, what, capsys):
+    text = shown([command], capsys)
+    assert text.startswith(f"usage: python -m analyses.induction {command} [-h] [--preset {{cpu,paper}}]")
+    assert f"\n\n{what}\n\n" in text and "[--triggers {fixed,random}]" in text
+    expected = {**SHARED, **(PROBES if command != "layers" else {}),
+                "--out": f"output directory (default induction_{command})", "--quiet": "no progress bars",
+                "--device": "auto (CUDA when present) | cpu | cuda | cuda:N", "-h": "show this help message and exit"}
+    assert options(text) == expected
+    assert ("[--alone {target,init,none}]" in text) == (command != "layers")
+    args = parser().parse_args([command])
+    stated = {"preset": "cpu", "steps": None, "n_triggers": None, "seq_len": None, "triggers": None, "d_model": None,
+              "batch_size": None, "lr": None, "seed": 0, "out": None, "device": "auto", "threads": None,
+              "quiet": False, "command": command}
+    if command != "layers":
+        stated.update(probe_every=None, alone="target", until=None)
+    assert vars(args) == stated
+
+
+def test_the_cli_help_of_the_checkpoint_commands_and_the_ranks_default(capsys):
+    top = shown([], capsys)
+    for name, what in (("layers", "one layer against two"), ("probes", "memory recall probes over training"),
+                       ("reproduce", "every study at a preset's size"),
+                       ("circuit", "the heads by their attention, circuitsvis views"),
+                       ("location", "where global and in-context knowledge live")):
+        assert re.search(rf"\n    {name} +{re.escape(what)}\n", top), name
+    assert "{layers,probes,reproduce,circuit,location}" in top and cli.__doc__.split("\n")[0] in top
+    location = options(shown(["location"], capsys))
+    assert location["--ranks"] == "ranks the last MLP's output matrix is truncated to (default 1,4,16)"
+    assert location["--out"] == "output directory (default CKPT/analysis/induction_location)"
+    assert "--ranks" not in options(shown(["circuit"], capsys))
+    assert parser().parse_args(["location", "ck"]).ranks == (1, 4, 16)
+    assert parser().parse_args(["location", "ck", "--ranks", "2,8"]).ranks == (2, 8)
+
+
+def test_the_cli_recipes_take_each_flag_over_the_preset():
+    task0, model0, cfg0 = preset("cpu")
+    task, model, cfg, generic, adam = recipes(parser().parse_args(["probes"]))
+    assert (task, model) == (task0, model0)
+    assert cfg == replace(cfg0, device="auto", snapshot_every=cfg0.eval_every)
+    assert generic == InductionModelConfig("generic", 2, 64, 1, 256, True)
+    assert adam == replace(cfg0, device="auto", optimizer="adam", lr=(1e-3,), loss="all")
+    assert recipes(parser().parse_args(["layers", "--preset", "paper"]))[:2] == preset("paper")[:2]
+    args = parser().parse_args(["layers", "--steps", "7", "--n-triggers", "2", "--seq-len", "16", "--triggers",
+                                "random", "--d-model", "8", "--batch-size", "4", "--lr", "0.5", "--seed", "3",
+                                "--device", "cpu"])
+    task, model, cfg, generic, adam = recipes(args)
+    assert task == replace(task0, n_triggers=2, seq_len=16, triggers="random") and model == replace(model0, d_model=8)
+    assert cfg == replace(cfg0, seed=(3,), device="cpu", steps=7, batch_size=4, lr=(0.5,), snapshot_every=25)
+    assert generic == InductionModelConfig("generic", 2, 8, 1, 32, True)
+    assert adam == replace(cfg0, seed=(3,), device="cpu", steps=7, batch_size=4, optimizer="adam", lr=(1e-3,),
+                           loss="all")
+
+
+def recording(monkeypatch, name, returns=None):
+    """studies.<name> run as it is (or returning `returns`), its arguments and results kept."""
+    asked, real = [], getattr(studies, name)
+
+    def study(*a, **k):
+        asked.append((a, k, returns if returns is not None else real(*a, **k)))
+        return asked[-1][2]
+    monkeypatch.setattr(studies, name, study)
+    return asked
+
+
+CURVES = pd.DataFrame({"layers": [1, 1, 2, 2], "step": [0, 4, 0, 4], "in_context_accuracy": [0.1, 0.25, 0.2, 0.75],
+                       "bigram_loss": [3.0, 2.5, 3.1, 2.4]})
+
+
+def test_the_cli_layers_writes_the_curves_and_the_last_accuracies(tmp_path, monkeypatch, capsys):
+    asked = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
+    assert main(["layers", *TINY[:10], "--seed", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    (task, generic, adam, progress), _, _ = asked[0]
+    assert (task.n_triggers, task.seq_len, generic.d_model, adam.steps, adam.seed, progress) == (2, 16, 16, 4, (2,),
+                                                                                                True)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "layers.csv"), CURVES)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"preset": "cpu", "seed": 2, "layers": {"one_layer": 0.25, "two_layers": 0.75,
+                                                              "talk": {"one_layer": 0.55, "two_layers": 0.99},
+                                                              "steps": 4}}
+    assert (tmp_path / "layers.png").stat().st_size > 1000
+    assert capsys.readouterr().out == ("in-context accuracy after 4 steps: one layer 0.250 (talk ~0.55), "
+                                       f"two layers 0.750 (talk ~0.99)\nwrote {tmp_path}/\n")
+
+
+def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp_path, monkeypatch, capsys):
+    asked = recording(monkeypatch, "joint_against_alone")
+    assert main(["probes", *TINY, "--alone", "init", "--lr", "0.3", "--out", str(tmp_path)]) == 0
+    (task, model, cfg, progress), kwargs, found = asked[0]
+    assert (cfg.eval_every, cfg.snapshot_every, cfg.lr, progress) == (2, 2, (0.3,), False)
+    assert kwargs == {"alone": "init", "until": 2, "state": tmp_path / "train_state"}  # round(0.3 * 4 / 2) * 2
+    probes, curves, _ = found
+    for name, table in (("probes.csv", probes), ("probes_curves.csv", curves)):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / name, keep_default_na=False, na_values=[""]).fillna(
+            {"trained_alone": ""}), table, check_dtype=False)
+    order = studies.learning_order(probes[probes["mode"] == "joint"])
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "order.csv"), order, check_dtype=False, check_names=False)
+    learned = studies.steps_to_learn(probes)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "joint_alone.csv"), learned, check_dtype=False,
+                                  check_names=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())["probes"]
+    assert summary["sizes"] == {"K": 2, "triggers": "fixed", "T": 16, "d": 16, "batch": 8, "lr": 0.3,
+                                "momentum": 0.9, "weight_decay": 1e-4, "steps": 4, "probe_every": 2}
+    assert summary["order"] == order.probe.tolist() and summary["talk_order"] == ["wo1", "wk1", "wk0"]
+    assert summary["first_step"] == {p: None if pd.isna(s) else s for p, s in zip(order.probe, order.first_step)}
+    assert summary["alone"] == "init" and summary["until"] == 2
+    assert summary["joint_alone"] == json.loads(learned.to_json(orient="records"))
+    assert summary["in_context_accuracy_0.9"] == studies.accuracy_to_learn(curves)
+    joint = curves[curves["mode"] == "joint"].iloc[-1].drop(["mode", "trained_alone"])
+    assert summary["joint_final"] == pytest.approx(joint.to_dict(), nan_ok=True)
+    assert summary["run"]["training"]["steps"] == 4 and summary["run"]["model"]["d_model"] == 16
+    saved = json.loads((tmp_path / "probes_model" / "training.json").read_text()) if (
+        tmp_path / "probes_model" / "training.json").is_file() else None
+    assert (tmp_path / "probes_model" / "model.safetensors").is_file() and not (tmp_path / "train_state").exists()
+    assert saved is None or "snapshots" not in json.dumps(saved)
+    out = capsys.readouterr().out
+    assert out.startswith("learning order (first step with recall >= 0.9, joint training):\n" +
+                          order.to_string(index=False) + "\n")
+    assert ("steps to recall >= 0.9, joint against alone (others frozen at their random initial values until "
+            f"step 2, then trained):\n{learned.to_string(index=False)}\n") in out
+    asked = recording(monkeypatch, "joint_against_alone", returns=found)
+    assert main(["probes", *TINY, "--alone", "target", "--until", "3", "--out", str(tmp_path / "t")]) == 0
+    assert asked[0][1]["until"] == 3
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())["probes"]
+    assert summary["until"] is None and "(others frozen at the construction's memories):" in capsys.readouterr().out
+
+
+def test_the_cli_reproduce_runs_every_study_at_its_size(tmp_path, monkeypatch, capsys):
+    """reproduce: layers, the probes' joint run and a simplified model with a final MLP (4d wide) trained on
+    every token, its circuit and location (ranks 1, 4, 16) and its MLP's KL over training."""
+    layers = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
+    probes = recording(monkeypatch, "joint_against_alone")
+    assert main(["reproduce", *TINY, "--alone", "none", "--out", str(tmp_path)]) == 0
+    assert len(layers) == 1 and probes[0][1]["alone"] == "none"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"preset", "seed", "layers", "probes", "mlp_model", "heads", "location"} <= set(summary)
+    assert "joint_alone" not in summary["probes"] and not (tmp_path / "joint_alone.csv").exists()
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert (config["training"]["loss"], config["training"]["steps"], config["model"]["d_mlp"]) == ("all", 4, 64)
+    assert summary["layers"]["two_layers"] == 0.75 and layers[0][0][1].d_model == 16
+    mlp = summary["mlp_model"]
+    assert mlp["source"]["checkpoint"] == str(tmp_path / "model") and len(mlp["ff1_kl_first_last"]) == 2
+    curve = pd.read_csv(tmp_path / "mlp_model_curve.csv")
+    assert curve.step.tolist() == [0, 4] and mlp["ff1_kl_first_last"] == pytest.approx(
+        [curve.ff1_kl.iloc[0], curve.ff1_kl.iloc[-1]])
+    assert mlp["final"] and all(isinstance(v, float) for v in mlp["final"].values())
+    location = pd.read_csv(tmp_path / "location.csv")
+    assert location.variant.tolist()[:5] == ["clean", "mlp_ablated", "mlp_rank_1", "mlp_rank_4", "mlp_rank_16"]
+    assert [row["variant"] for row in summary["location"]] == location.variant.tolist()
+    assert pd.DataFrame(summary["location"]).drop(columns="variant").to_numpy() == pytest.approx(
+        location.drop(columns="variant").to_numpy())
+    assert isinstance(summary["ff1_kl"], float) and len(summary["heads"]) == 2
+    for name in ("layers.csv", "probes.csv", "order.csv", "circuit.html", "heads.csv", "location.png"):
+        assert (tmp_path / name).is_file(), name
+    assert "The induction circuit of the simplified model with a final MLP" in (tmp_path / "circuit.html").read_text()
+
+
+def test_the_cli_writes_to_the_default_out_and_sets_the_threads(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    threads = []
+    monkeypatch.setattr(cli.torch, "set_num_threads", threads.append)
+    recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
+    assert main(["layers", *TINY[:10], "--device", "cpu", "--quiet", "--threads", "1"]) == 0
+    assert threads == [1] and (tmp_path / "induction_layers" / "summary.json").is_file()
+    assert capsys.readouterr().out.endswith("wrote induction_layers/\n")
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--n-triggers", "--seq-len", "--d-model", "--batch-size",
+                                  "--probe-every"])
+def test_the_cli_refuses_a_size_below_one_in_one_line(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_cli(lambda: main(["probes", flag, "0", "--out", str(tmp_path / "o")]))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err == f"error: {flag} must be >= 1, got 0.\n" and not (tmp_path / "o").exists()
