@@ -119,18 +119,19 @@ CURVES = pd.DataFrame({"layers": [1, 1, 2, 2], "step": [0, 4, 0, 4], "in_context
 
 def test_the_cli_layers_writes_the_curves_and_the_last_accuracies(tmp_path, monkeypatch, capsys):
     asked = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
-    assert main(["layers", *TINY[:10], "--seed", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    out = tmp_path / "a" / "b"
+    assert main(["layers", *TINY[:10], "--seed", "2", "--device", "cpu", "--out", str(out)]) == 0
     (task, generic, adam, progress), _, _ = asked[0]
     assert (task.n_triggers, task.seq_len, generic.d_model, adam.steps, adam.seed, progress) == (2, 16, 16, 4, (2,),
                                                                                                 True)
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "layers.csv"), CURVES)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    pd.testing.assert_frame_equal(pd.read_csv(out / "layers.csv"), CURVES)
+    summary = json.loads((out / "summary.json").read_text())
     assert summary == {"preset": "cpu", "seed": 2, "layers": {"one_layer": 0.25, "two_layers": 0.75,
                                                               "talk": {"one_layer": 0.55, "two_layers": 0.99},
                                                               "steps": 4}}
-    assert (tmp_path / "layers.png").stat().st_size > 1000
+    assert (out / "layers.png").stat().st_size > 1000
     assert capsys.readouterr().out == ("in-context accuracy after 4 steps: one layer 0.250 (talk ~0.55), "
-                                       f"two layers 0.750 (talk ~0.99)\nwrote {tmp_path}/\n")
+                                       f"two layers 0.750 (talk ~0.99)\nwrote {out}/\n")
 
 
 def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp_path, monkeypatch, capsys):
@@ -148,7 +149,9 @@ def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp
     learned = studies.steps_to_learn(probes)
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "joint_alone.csv"), learned, check_dtype=False,
                                   check_names=False)
-    summary = json.loads((tmp_path / "summary.json").read_text())["probes"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (set(summary), summary["preset"], summary["seed"]) == ({"preset", "seed", "probes"}, "cpu", 0)
+    summary = summary["probes"]
     assert summary["sizes"] == {"K": 2, "triggers": "fixed", "T": 16, "d": 16, "batch": 8, "lr": 0.3,
                                 "momentum": 0.9, "weight_decay": 1e-4, "steps": 4, "probe_every": 2}
     assert summary["order"] == order.probe.tolist() and summary["talk_order"] == ["wo1", "wk1", "wk0"]
@@ -222,3 +225,63 @@ def test_the_cli_refuses_a_size_below_one_in_one_line(flag, tmp_path, capsys):
         run_cli(lambda: main(["probes", flag, "0", "--out", str(tmp_path / "o")]))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err == f"error: {flag} must be >= 1, got 0.\n" and not (tmp_path / "o").exists()
+
+
+def test_the_cli_takes_sizes_of_one(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(cli, "run_probes", lambda args, out: asked.append(args) or {})
+    sizes = ["--steps", "1", "--n-triggers", "1", "--seq-len", "1", "--d-model", "1", "--batch-size", "1",
+             "--probe-every", "1"]
+    assert main(["probes", *sizes, "--out", str(tmp_path)]) == 0
+    assert [getattr(asked[0], k) for k in ("steps", "n_triggers", "seq_len", "d_model", "batch_size",
+                                           "probe_every")] == [1] * 6
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from models.induction.config import InductionTaskConfig, InductionTrainConfig
+    from models.induction.trainer import train
+
+    cfg = InductionTrainConfig(lr=(0.2,), batch_size=8, steps=4, eval_every=2, eval_size=8, snapshot_every=2,
+                               device="cpu", loss="all")
+    result = train(InductionTaskConfig(n_triggers=2, seq_len=16), InductionModelConfig(d_model=16, d_mlp=32), cfg,
+                   progress=False)[0]
+    return result.save(tmp_path_factory.mktemp("induction") / "model")
+
+
+def test_the_cli_circuit_and_location_of_a_snapshot_print_and_record_their_tables(ckpt, tmp_path, capsys):
+    """--step N reads that snapshot: the tables printed (3 decimals) are those written and in summary.json,
+    with the MLP's KL; the page is titled with the checkpoint and step; a folder of other results refused."""
+    from models import load
+    from models.checkpoint import weights_sha256
+    from probe.induction import knowledge_location, memory_recall
+
+    model, task = load(ckpt, "cpu", 2, kind="induction")
+    out = tmp_path / "loc"
+    assert main(["location", str(ckpt), "--step", "2", "--ranks", "2", "--device", "cpu", "--out", str(out)]) == 0
+    table = knowledge_location(model, task, ranks=(2,))
+    assert capsys.readouterr().out == table.to_string(float_format="%.3f") + f"\nwrote {out}/\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step"] == 2 and summary["settings"] == {"ranks": [2]}
+    assert pd.DataFrame(summary["location"]).set_index("variant").to_numpy() == pytest.approx(table.to_numpy())
+    recall = memory_recall(model, task).set_index("probe").value
+    assert summary["ff1_kl"] == pytest.approx(float(recall["ff1"]))
+    assert main(["circuit", str(ckpt), "--step", "2", "--device", "cpu", "--out", str(tmp_path / "c")]) == 0
+    heads = pd.read_csv(tmp_path / "c" / "heads.csv")
+    assert capsys.readouterr().out == heads.to_string(index=False, float_format="%.3f") + f"\nwrote {tmp_path}/c/\n"
+    recorded = pd.DataFrame(json.loads((tmp_path / "c" / "summary.json").read_text())["heads"])
+    assert list(recorded) == list(heads) and recorded.to_numpy() == pytest.approx(heads.to_numpy())
+    assert f"The induction circuit of {ckpt} at step 2<" in (tmp_path / "c" / "circuit.html").read_text()
+    assert main(["circuit", str(ckpt), "--device", "cpu", "--quiet", "--out", str(tmp_path / "f")]) == 0
+    assert f"The induction circuit of {ckpt}<" in (tmp_path / "f" / "circuit.html").read_text()
+    with pytest.raises(SystemExit) as stop:
+        run_cli(lambda: main(["location", str(ckpt), "--ranks", "2", "--device", "cpu", "--out", str(out)]))
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"error: {out} holds other induction_location results (step: recorded 2, now null; weights_sha256: recorded "
+        f'"{weights_sha256(ckpt, 2)[:12]}...", now "{weights_sha256(ckpt)[:12]}..."), which the induction location '
+        "analysis does not write over; move them, or choose another --out.\n")
+    with pytest.raises(SystemExit) as stop:
+        run_cli(lambda: main(["layers", "--out", str(ckpt / "analysis" / "x")]))
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        f"error: --out {ckpt / 'analysis' / 'x'} is inside a checkpoint ({ckpt}), whose results it would pass "
+        "for; choose a folder outside it.\n")
