@@ -135,7 +135,13 @@ def test_the_cli_layers_writes_the_curves_and_the_last_accuracies(tmp_path, monk
 
 
 def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp_path, monkeypatch, capsys):
+    """probes: its tables, figure, joint model and summary under --out; while the study runs, OUT/train_state
+    records what it was asked (the summary's run), and the state goes once it is done."""
     asked = recording(monkeypatch, "joint_against_alone")
+    real = studies.joint_against_alone
+    state_seen = []
+    monkeypatch.setattr(studies, "joint_against_alone", lambda *a, **k: state_seen.append(
+        json.loads((k["state"] / "run.json").read_text())) or real(*a, **k))
     assert main(["probes", *TINY, "--alone", "init", "--lr", "0.3", "--out", str(tmp_path)]) == 0
     (task, model, cfg, progress), kwargs, found = asked[0]
     assert (cfg.eval_every, cfg.snapshot_every, cfg.lr, progress) == (2, 2, (0.3,), False)
@@ -162,6 +168,7 @@ def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp
     joint = curves[curves["mode"] == "joint"].iloc[-1].drop(["mode", "trained_alone"])
     assert summary["joint_final"] == pytest.approx(joint.to_dict(), nan_ok=True)
     assert summary["run"]["training"]["steps"] == 4 and summary["run"]["model"]["d_model"] == 16
+    assert summary["run"]["task"]["n_triggers"] == 2 and state_seen == [summary["run"]]
     model_config = json.loads((tmp_path / "probes_model" / "config.json").read_text())
     assert model_config["training"]["steps_run"] == 4 and model_config["model"]["d_model"] == 16
     assert (tmp_path / "probes_model" / "model.safetensors").is_file() and not (tmp_path / "train_state").exists()
@@ -183,6 +190,8 @@ def test_the_cli_reproduce_runs_every_study_at_its_size(tmp_path, monkeypatch, c
     every token, its circuit and location (ranks 1, 4, 16) and its MLP's KL over training."""
     layers = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
     probes = recording(monkeypatch, "joint_against_alone")
+    trained, train = [], cli.train
+    monkeypatch.setattr(cli, "train", lambda *a: trained.append(a) or train(*a))
     assert main(["reproduce", *TINY, "--alone", "none", "--out", str(tmp_path)]) == 0
     assert len(layers) == 1 and probes[0][1]["alone"] == "none"
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -196,7 +205,8 @@ def test_the_cli_reproduce_runs_every_study_at_its_size(tmp_path, monkeypatch, c
     curve = pd.read_csv(tmp_path / "mlp_model_curve.csv")
     assert curve.step.tolist() == [0, 4] and mlp["ff1_kl_first_last"] == pytest.approx(
         [curve.ff1_kl.iloc[0], curve.ff1_kl.iloc[-1]])
-    assert mlp["final"] and all(isinstance(v, float) for v in mlp["final"].values())
+    last = json.loads((tmp_path / "model" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert mlp["final"] == {k: v for k, v in last.items() if isinstance(v, float)} and trained[0][3] is False
     location = pd.read_csv(tmp_path / "location.csv")
     assert location.variant.tolist()[:5] == ["clean", "mlp_ablated", "mlp_rank_1", "mlp_rank_4", "mlp_rank_16"]
     assert [row["variant"] for row in summary["location"]] == location.variant.tolist()
@@ -205,7 +215,8 @@ def test_the_cli_reproduce_runs_every_study_at_its_size(tmp_path, monkeypatch, c
     assert isinstance(summary["ff1_kl"], float) and len(summary["heads"]) == 2
     for name in ("layers.csv", "probes.csv", "order.csv", "circuit.html", "heads.csv", "location.png"):
         assert (tmp_path / name).is_file(), name
-    assert "The induction circuit of the simplified model with a final MLP" in (tmp_path / "circuit.html").read_text()
+    title = "<title>The induction circuit of the simplified model with a final MLP</title>"
+    assert title in (tmp_path / "circuit.html").read_text() and (tmp_path / "probes_model" / "config.json").is_file()
 
 
 def test_the_cli_writes_to_the_default_out_and_sets_the_threads(tmp_path, monkeypatch, capsys):
