@@ -296,3 +296,19 @@ def test_the_cli_circuit_and_location_of_a_snapshot_print_and_record_their_table
     assert stop.value.code == 2 and capsys.readouterr().err == (
         f"error: --out {ckpt / 'analysis' / 'x'} is inside a checkpoint ({ckpt}), whose results it would pass "
         "for; choose a folder outside it.\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "error: the following arguments are required: command"),
+    (["probes", "--triggers", "bogus"], "error: argument --triggers: invalid choice: 'bogus' (choose from 'fixed', "
+                                        "'random')"),
+    (["reproduce", "--alone", "bogus"], "error: argument --alone: invalid choice: 'bogus' (choose from 'target', "
+                                        "'init', 'none')"),
+    (["layers", "--alone", "init"], "error: unrecognized arguments: --alone init"),
+    (["location", "ck", "--ranks", "a"], "error: argument --ranks: expected a comma-separated list of int, got the "
+                                         "item 'a'"),
+])
+def test_the_cli_refuses_a_missing_command_and_unknown_choices_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_cli(lambda: main(argv))
+    assert stop.value.code == 2 and capsys.readouterr().err == message + "\n"
