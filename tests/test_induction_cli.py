@@ -233,7 +233,7 @@ def test_the_cli_writes_to_the_default_out_and_sets_the_threads(tmp_path, monkey
                                   "--probe-every"])
 def test_the_cli_refuses_a_size_below_one_in_one_line(flag, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        run_cli(lambda: main(["probes", flag, "0", "--out", str(tmp_path / "o")]))
+        run_cli(lambda: main(["probes", *TINY, flag, "0", "--out", str(tmp_path / "o")]))  # tiny if not refused
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err == f"error: {flag} must be >= 1, got 0.\n" and not (tmp_path / "o").exists()
 
