@@ -75,6 +75,9 @@ def test_the_cli_help_of_the_checkpoint_commands_and_the_ranks_default(capsys):
                        ("location", "where global and in-context knowledge live")):
         assert re.search(rf"\n    {name} +{re.escape(what)}\n", top), name
     assert "{layers,probes,reproduce,circuit,location}" in top and cli.__doc__.split("\n")[0] in top
+    for name, what in (("circuit", "the heads by their attention, circuitsvis views"),
+                       ("location", "where global and in-context knowledge live")):
+        assert f"\n\n{what}\n\n" in shown([name], capsys)
     location = options(shown(["location"], capsys))
     assert location["--ranks"] == "ranks the last MLP's output matrix is truncated to (default 1,4,16)"
     assert location["--out"] == "output directory (default CKPT/analysis/induction_location)"
