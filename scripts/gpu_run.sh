@@ -13,6 +13,8 @@
 #   tradeoff/paper_grid_gpu/            Figure 4 right: the 169-cell grid over seeds 0, 1, 2
 #   capacity/paper_fig4_left_full/      Figure 4 left at the full protocol, one folder per piece
 #                                       (analyses/capacity/protocol.py), fig4_left.csv and .png
+#   induction/paper_gpu/                the induction head at the paper's size (d = T = 256, batch 512,
+#                                       K = 5): `python -m analyses.induction reproduce --preset paper`
 #   gpu/passed.json                     what passed on a GPU at which code (tests, checks)
 #   gpu/measured.json                   each bench line's steps/s by attention core, at which code
 #   gpu/done/                           the sweep pieces finished
@@ -22,12 +24,13 @@
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): in full where the code a GPU runs
 #              changed since they last passed in full (passed.json), else a one-minute subset
 #              (capture, parity, determinism, resumed stacks); summary in tests_cuda.txt
+#   checks     bench/gpu_checks.py (main job CUDA against CPU, host syncs, determinism), where
+#              the code changed since it last passed
+#   induction  every in-context study at the paper's size, once (a cut run starts over next call)
 #   bench_*    the bench lines whose code changed since measured.json recorded them, the stack
 #              rate first: 169 models at the grid's largest cell with both attention cores, then
 #              config A and tiny K = 64 (graphed, beside the fused core) and tiny K = 1, each with
 #              bench/step_profile.py's table (bench.txt); each line recorded in measured.json
-#   checks     bench/gpu_checks.py (main job CUDA against CPU, host syncs, determinism), where
-#              the code changed since it last passed
 #   grid       Figure 4 right, the stacks in GPU_RUN_JOBS worker processes sharing the GPU, each
 #              stack resumable; started where 240 s are left, else after the pieces
 #   fig4_left_*  the pieces of Figure 4 left, largest sizes first, GPU_RUN_JOBS searches at once
@@ -62,6 +65,7 @@ work=$(mktemp -d)
 res=results$([ $dry = 1 ] && echo /dry_run)  # a dry run's results: ignored by git
 grid_dir=$res/tradeoff/paper_grid_gpu
 fig4_dir=$res/capacity/paper_fig4_left_full
+induction_dir=$res/induction/paper_gpu
 done_dir=$res/gpu/done
 passed=$res/gpu/passed.json
 measured=$res/gpu/measured.json
@@ -82,8 +86,11 @@ put() {  # copy a file of the run into OUT atomically
 }
 pack() {  # the results and the archive, each atomically: a whole file or the previous one
   local kept=() p tmp=".$BASHPID.tmp"  # the packer's and this process's packs never share a file
-  for p in "$grid_dir" "$fig4_dir" "$done_dir" "$passed" "$measured"; do [ -e "$p" ] && kept+=("$p"); done
-  tar -czf "$out/results.tar.gz$tmp" --exclude='*.tmp' --exclude='*/state' -C "$root" "${kept[@]}" 2>/dev/null \
+  for p in "$grid_dir" "$fig4_dir" "$induction_dir" "$done_dir" "$passed" "$measured"; do [ -e "$p" ] && kept+=("$p"); done
+  # not results: the stacks' states, an unfinished study's training state, circuitsvis pages and
+  # weight snapshots (tens of MB; their curves are in the CSVs)
+  tar -czf "$out/results.tar.gz$tmp" --exclude='*.tmp' --exclude='*/state' --exclude='*/train_state' \
+    --exclude='*.html' --exclude='*/snapshots' -C "$root" "${kept[@]}" 2>/dev/null \
     && mv "$out/results.tar.gz$tmp" "$out/results.tar.gz"
   # the in-flight stacks' states, smallest first, as many as keep the archive within archive_bytes
   # (their floats barely compress): those left out start over in the next call
@@ -149,6 +156,7 @@ if [ $dry = 1 ]; then
   profile[stack-169]=stack-vocab,stack-fused
   profile_flags="--device cpu --small --steps 2 --rows 10"
   grid=(--heads 1,2 --widths 4 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1 --seeds 0)
+  induction=(--preset cpu --steps 4 --n-triggers 2 --seq-len 16 --d-model 16 --batch-size 8 --probe-every 2)
 else
   export FACTUAL_RECALL_TEST_DEVICE=cuda
   device=(--device cuda)
@@ -174,6 +182,8 @@ else
   # one stack per H (its 13 widths x 3 seeds), GPU_RUN_JOBS stacks at a time, each in its own process
   grid=(--heads 1,2,4,6,8,10,12,14,16,20,24,28,32 --widths 1,8,16,24,32,40,48,56,64,80,96,112,128 --seeds 0,1,2
         --executor processes --jobs "$jobs")
+  # the authors' size and protocol (their freeze_until for "alone"), probed every 20 steps
+  induction=(--preset paper --alone init --probe-every 20)
 fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); gpu=${gpu:-cpu}
 
@@ -191,6 +201,21 @@ step tests 180 "$python" -m pytest -p no:cacheprovider "${tests[@]}" \
   && records set "$passed" "$kind" code="$code" device="$gpu" summary="$(grep -E '(passed|failed)' "$work/tests.txt" | tail -1 | tr -d '=')"
 tail -n 30 "$work/tests.txt" > "$work/tests_cuda.txt" 2>/dev/null; put tests_cuda.txt tests_cuda.txt
 
+
+if [ $dry = 0 ]; then
+  if [ "$(records get "$passed" checks code)" = "$code" ]; then
+    log "checks: passed at this code ($(records get "$passed" checks commit)): skipped"
+  else
+    step checks 120 "$python" bench/gpu_checks.py --out "$work/checks" \
+      && records set "$passed" checks code="$code" device="$gpu"
+    put checks/gpu_checks.json gpu_checks.json
+  fi
+fi
+
+# the in-context studies at the paper's size: every one of them, in one process
+science=1 step induction 300 "$python" -m analyses.induction reproduce "${induction[@]}" "${device[@]}" --quiet \
+  --out "$induction_dir"
+
 # the bench lines whose code changed since measured.json recorded them, the stack rate first
 bench_code=$(records hash bench)
 for line in "${bench_lines[@]}"; do
@@ -204,16 +229,6 @@ $python bench/step_profile.py $profile_flags --configs ${profile[$line]} || rc=1
   tail -n "+$(( seen + 1 ))" "$work/bench.txt" | grep "^model_flop_utilisation" | sed 's/^/  /' | tee -a "$work/report.txt"
 done
 put bench.txt bench.txt
-
-if [ $dry = 0 ]; then
-  if [ "$(records get "$passed" checks code)" = "$code" ]; then
-    log "checks: passed at this code ($(records get "$passed" checks commit)): skipped"
-  else
-    step checks 120 "$python" bench/gpu_checks.py --out "$work/checks" \
-      && records set "$passed" checks code="$code" device="$gpu"
-    put checks/gpu_checks.json gpu_checks.json
-  fi
-fi
 
 # Figure 4 right: its stacks take minutes each, so it starts where grid_least seconds are left
 # (else the pieces go first, their probes recorded one by one, and it waits for a longer call)

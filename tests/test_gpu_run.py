@@ -35,7 +35,7 @@ PIECES = ["d11", "alpha1", "alpha1_large", "alpha2", "alpha2_large", "2e16_d11"]
 def _tree(path: Path) -> Path:
     """A fresh copy of the checkout's code, without git and without results."""
     for name in ("analyses", "bench", "models", "probe", "scripts", "tasks", "tests"):
-        shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("__pycache__", "data"))
+        shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "pyproject.toml", path)
     (path / "results").mkdir()
     return path
@@ -98,7 +98,14 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     report = (out / "report.txt").read_text()
     assert "tests: in full" in report and "bench_stack-169: exit 0" in report  # a fresh tree: nothing recorded
     assert "== stack-vocab" in (out / "bench.txt").read_text()  # the profiler's table
-    assert report.index("tests: exit") < report.index("bench_stack-169:") < report.index("grid: exit")
+    assert report.index("tests: exit") < report.index("induction: exit 0") < report.index("bench_stack-169:") \
+        < report.index("grid: exit")
+    induction = f"{DRY}/induction/paper_gpu/"  # the in-context studies, their weights without snapshots or pages
+    assert {induction + f for f in ("summary.json", "probes.csv", "layers.csv", "location.csv",
+                                    "model/model.safetensors")} <= set(results)
+    assert f"{DRY}/gpu/done/induction" in results
+    assert not [n for n in results if n.startswith(induction) and ("snapshots" in n or n.endswith(".html")
+                                                                    or "train_state" in n)]
     started = [report.find(f"fig4_left_{p}:") for p in PIECES[:PIECES.index(cut)]]
     assert -1 not in started and started == sorted(started)  # the largest sizes first
 
@@ -110,7 +117,7 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     report = (again / "report.txt").read_text()
     assert _done(resumed, cut), report
     assert "tests: the subset" in report and "bench_stack-169: measured at this code" in report
-    for step in ("grid", "fig4_left_d11"):
+    for step in ("grid", "induction", "fig4_left_d11"):
         assert f"{step}: done in an earlier call" in report
     assert f"fig4_left_{cut}: exit 0" in report
     assert {n: resumed.get(n) for n in _cells(results)} == _cells(results)  # kept, not recomputed
