@@ -77,3 +77,26 @@ def test_the_interpreter_is_asked_for_by_every_torch_build_without_a_gpu(monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     triton_kernels._interpret_without_a_gpu()
     assert os.environ.get("TRITON_INTERPRET") == ("1" if interpret else None)
+
+
+KERNEL_MODULES = ("models.training.adam_kernel", "models.cores.fused_kernels", "tasks.counter_kernel")
+
+
+@pytest.mark.parametrize("module", KERNEL_MODULES)
+def test_a_compiled_launch_binds_each_argument_of_every_kernel_to_itself(module):
+    """A compiled launch (CUDA) first binds the arguments in a function Triton generates, whose own
+    locals (`params`, `specialization`, `options`) a kernel argument of the same name would shadow:
+    the launch then fails on the GPU only, the interpreter never binding. Built here as on CUDA."""
+    conftest.require_triton(CUDA if torch.cuda.is_available() else CPU)
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    kernels = [k for k in vars(triton_kernels.load(module)).values() if hasattr(k, "fn") or isinstance(k, JITFunction)]
+    assert kernels
+    for kernel in kernels:
+        jit = JITFunction(kernel.fn) if not isinstance(kernel, JITFunction) else kernel
+        bind = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+        args = {p.name: 16 if p.is_constexpr else torch.zeros(2) for p in jit.params}  # [2] stands for any tensor
+        bound, _, options = bind(**args, enable_fp_fusion=False)
+        assert list(bound) == list(args) and all(bound[name] is arg for name, arg in args.items()), kernel.fn.__name__
+        assert options == {"enable_fp_fusion": False}

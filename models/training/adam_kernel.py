@@ -15,7 +15,7 @@ import triton.language as tl
 
 
 @triton.jit
-def adam(params, grads, m, v, lr, step, corrections, n_corrections, blocks, w1, b2, w2, eps,
+def adam(weights, grads, m, v, lr, step, corrections, n_corrections, blocks, w1, b2, w2, eps,
          BLOCK: tl.constexpr):
     """One block: `blocks` row pid (int64) = the block's first element, the end of its
     parameter, the parameter's first element and its elements per model (flat indices);
@@ -38,4 +38,4 @@ def adam(params, grads, m, v, lr, step, corrections, n_corrections, blocks, w1, 
     update = tl.div_rn(tl.div_rn(rate, c1) * first, denom)
     tl.store(m + i, first, mask=inside)
     tl.store(v + i, second, mask=inside)
-    tl.store(params + i, tl.load(params + i, mask=inside, other=0.0) - update, mask=inside)
+    tl.store(weights + i, tl.load(weights + i, mask=inside, other=0.0) - update, mask=inside)
