@@ -26,7 +26,7 @@
 #              (capture, parity, determinism, resumed stacks); summary in tests_cuda.txt
 #   checks     bench/gpu_checks.py (main job CUDA against CPU, host syncs, determinism), where
 #              the code changed since it last passed
-#   induction  every in-context study at the paper's size, once (a cut run starts over next call)
+#   induction  every in-context study at the paper's size, once (a cut call keeps the studies it finished)
 #   bench_*    the bench lines whose code changed since measured.json recorded them, the stack
 #              rate first: 169 models at the grid's largest cell with both attention cores, then
 #              config A and tiny K = 64 (graphed, beside the fused core) and tiny K = 1, each with
@@ -151,8 +151,9 @@ if [ $dry = 1 ]; then
   device=(--device cpu)
   tests_full=(tests/test_graphed.py -k "refuses or auto_captures or warms_up")
   tests_subset=(tests/test_graphed.py -k "refuses or auto_captures")
-  bench_lines=(stack-169)  # the GPU's lines at tiny sizes: one, for the dry run's time
+  bench_lines=(stack-169 tiny-k1)  # the GPU's lines at tiny sizes, one of them not profiled
   bench[stack-169]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 2"
+  bench[tiny-k1]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 1"
   profile[stack-169]=stack-vocab,stack-fused
   profile_flags="--device cpu --small --steps 2 --rows 10"
   grid=(--heads 1,2 --widths 4 --steps 40 --eval-every 20 --contexts 2 --patch-contexts 1 --seeds 0)
@@ -212,8 +213,9 @@ if [ $dry = 0 ]; then
   fi
 fi
 
-# the in-context studies at the paper's size: every one of them, in one process
-science=1 step induction 300 "$python" -m analyses.induction reproduce "${induction[@]}" "${device[@]}" --quiet \
+# the in-context studies at the paper's size (on an H100 about 2 min for the layers, 3 for the probes, 3 for the
+# model with an MLP): a call cut in the middle keeps the studies it finished (summary.json), the next goes on
+science=1 step induction 480 "$python" -m analyses.induction reproduce "${induction[@]}" "${device[@]}" --quiet \
   --out "$induction_dir"
 
 # the bench lines whose code changed since measured.json recorded them, the stack rate first
@@ -223,9 +225,10 @@ for line in "${bench_lines[@]}"; do
     log "bench_$line: measured at this code ($(records get "$measured" "$line" commit)): skipped"; continue
   fi
   seen=$(cat "$work/bench.txt" 2>/dev/null | wc -l)
+  configs=${profile[$line]:-}  # the profiler's configurations of the line (none: not profiled)
   into=bench step "bench_$line" 240 bash -c "echo '== bench line $line'; $python bench/train_throughput.py \
-${bench[$line]} --record $measured --line $line; rc=\$?; if [ -n '${profile[$line]:-}' ]; then \
-$python bench/step_profile.py $profile_flags --configs ${profile[$line]} || rc=1; fi; exit \$rc"
+${bench[$line]} --record $measured --line $line; rc=\$?; if [ -n '$configs' ]; then \
+$python bench/step_profile.py $profile_flags --configs $configs || rc=1; fi; exit \$rc"
   tail -n "+$(( seen + 1 ))" "$work/bench.txt" | grep "^model_flop_utilisation" | sed 's/^/  /' | tee -a "$work/report.txt"
 done
 put bench.txt bench.txt

@@ -97,6 +97,7 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     assert not [n for n in results if "/state/" in n or n.endswith(".tmp")]  # in-flight states: the archive's
     report = (out / "report.txt").read_text()
     assert "tests: in full" in report and "bench_stack-169: exit 0" in report  # a fresh tree: nothing recorded
+    assert "bench_tiny-k1: exit 0" in report  # a line the profiler does not read
     assert "== stack-vocab" in (out / "bench.txt").read_text()  # the profiler's table
     assert report.index("tests: exit") < report.index("induction: exit 0") < report.index("bench_stack-169:") \
         < report.index("grid: exit")
@@ -136,10 +137,12 @@ def test_a_gpu_run_out_of_time_leaves_the_pieces_and_ends_within_its_budget(tmp_
     and 10 s): it starts, the time it takes counts against the rest, which are left for the next
     call, and the call still ends within its budget and a few seconds."""
     tree = _tree(tmp_path / "tree")
-    for name, entry, code in (("passed", "tests", "tests"), ("measured", "stack-169", "bench")):
+    for name, entry, code in (("passed", "tests", "tests"), ("measured", "stack-169", "bench"),
+                              ("measured", "tiny-k1", "bench")):
         record(tree / DRY / "gpu" / f"{name}.json", entry, {"code": code_hash(CODE[code], tree)})
     (tree / DRY / "gpu" / "done").mkdir()
-    (tree / DRY / "gpu" / "done" / "grid").write_text("finished earlier\n")
+    for step in ("grid", "induction"):
+        (tree / DRY / "gpu" / "done" / step).write_text("finished earlier\n")
     earlier = tmp_path / "earlier"
     for key, size in (("small", 1000), ("large", 200_000)):  # two stacks' states in flight
         (earlier / "inflight" / "sweep" / key).mkdir(parents=True)

@@ -217,6 +217,8 @@ def test_the_tables_of_the_probes_study_read_the_threshold_inclusively_and_each_
                            "in_context_accuracy": [0.1, 0.9, 0.2, 0.95, 0.1, 0.3]})
     found = studies.accuracy_to_learn(curves)
     assert list(found.items()) == [("joint", 10), ("alone_wo1", 10), ("alone_wk0", None)]
+    read_back = curves.replace({"trained_alone": {"": float("nan")}})  # the joint run's "" in probes_curves.csv
+    assert studies.accuracy_to_learn(read_back) == found
 
 
 def test_the_curves_and_the_mlps_kl_over_training():

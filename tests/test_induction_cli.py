@@ -129,9 +129,11 @@ def test_the_cli_layers_writes_the_curves_and_the_last_accuracies(tmp_path, monk
                                                                                                 True)
     pd.testing.assert_frame_equal(pd.read_csv(out / "layers.csv"), CURVES)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary == {"preset": "cpu", "seed": 2, "layers": {"one_layer": 0.25, "two_layers": 0.75,
-                                                              "talk": {"one_layer": 0.55, "two_layers": 0.99},
-                                                              "steps": 4}}
+    settings = {"preset": "cpu", "steps": 4, "n_triggers": 2, "seq_len": 16, "triggers": None, "d_model": 16,
+                "batch_size": 8, "lr": None, "seed": 2}  # what decides the results: the flags of the sizes
+    assert summary == {"preset": "cpu", "seed": 2, "settings": settings, "studies": ["layers"],
+                       "layers": {"one_layer": 0.25, "two_layers": 0.75,
+                                  "talk": {"one_layer": 0.55, "two_layers": 0.99}, "steps": 4}}
     assert (out / "layers.png").stat().st_size > 1000
     assert capsys.readouterr().out == ("in-context accuracy after 4 steps: one layer 0.250 (talk ~0.55), "
                                        f"two layers 0.750 (talk ~0.99)\nwrote {out}/\n")
@@ -159,7 +161,8 @@ def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "joint_alone.csv"), learned, check_dtype=False,
                                   check_names=False)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (set(summary), summary["preset"], summary["seed"]) == ({"preset", "seed", "probes"}, "cpu", 0)
+    assert (set(summary), summary["preset"], summary["seed"]) == ({"preset", "seed", "settings", "studies", "probes"},
+                                                                  "cpu", 0)
     summary = summary["probes"]
     assert summary["sizes"] == {"K": 2, "triggers": "fixed", "T": 16, "d": 16, "batch": 8, "lr": 0.3,
                                 "momentum": 0.9, "weight_decay": 1e-4, "steps": 4, "probe_every": 2}
@@ -220,6 +223,36 @@ def test_the_cli_reproduce_runs_every_study_at_its_size(tmp_path, monkeypatch, c
         assert (tmp_path / name).is_file(), name
     title = "<title>The induction circuit of the simplified model with a final MLP</title>"
     assert title in (tmp_path / "circuit.html").read_text() and (tmp_path / "probes_model" / "config.json").is_file()
+
+
+def test_an_interrupted_reproduce_keeps_its_finished_studies_and_runs_the_rest(tmp_path, monkeypatch, capsys):
+    """summary.json is written after each study; a reproduce of the same settings into that folder keeps
+    the studies it names and runs the others, one of other settings runs every study again."""
+    layers = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
+    probes = recording(monkeypatch, "joint_against_alone")
+
+    def cut(args, out):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "reproduce_location", cut)
+    argv = ["reproduce", *TINY, "--alone", "none", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["studies"] == ["layers", "probes"] and summary["layers"]["two_layers"] == 0.75
+    monkeypatch.setattr(cli, "reproduce_location", lambda args, out: {"mlp_model": {"steps": args.steps}})
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert (len(layers), len(probes)) == (1, 1)  # kept, not trained again
+    printed = capsys.readouterr().out
+    assert f"layers: kept, finished by an earlier run of these settings ({tmp_path}/summary.json)" in printed
+    assert "probes: kept" in printed and "in-context accuracy" not in printed
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["studies"] == ["layers", "probes", "mlp_model"] and again["mlp_model"] == {"steps": 4}
+    assert {k: again[k] for k in summary if k != "studies"} == {k: v for k, v in summary.items() if k != "studies"}
+    assert main([*argv, "--seed", "1"]) == 0  # other settings: every study again
+    assert (len(layers), len(probes)) == (2, 2)
+    assert "summary.json: written at other settings; every study runs again" in capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text())["settings"]["seed"] == 1
 
 
 def test_the_cli_writes_to_the_default_out_and_sets_the_threads(tmp_path, monkeypatch, capsys):

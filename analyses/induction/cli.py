@@ -66,6 +66,11 @@ def run_layers(args, out: Path) -> dict:
     curves, _ = studies.one_against_two_layers(task, generic, adam, not args.quiet)
     write_csv(out / "layers.csv", curves)
     layers_figure(curves, out / "layers.png")
+    return layers_summary(curves)
+
+
+def layers_summary(curves: pd.DataFrame) -> dict:
+    """The layers study's part of summary.json from its curves (layers.csv), printed."""
     final = curves.groupby("layers").last()
     summary = {"one_layer": final.loc[1, "in_context_accuracy"], "two_layers": final.loc[2, "in_context_accuracy"],
                "talk": TALK, "steps": int(final.loc[2, "step"])}
@@ -92,14 +97,22 @@ def run_probes(args, out: Path) -> dict:
     write_csv(out / "probes.csv", probes)
     write_csv(out / "probes_curves.csv", curves)
     probes_figure(probes, curves, out / "probes.png")
+    return probes_summary(args, run, until, probes, curves, out)
+
+
+def probes_summary(args, run: dict, until: int, probes: pd.DataFrame, curves: pd.DataFrame, out: Path) -> dict:
+    """The probes study's part of summary.json from its tables (probes.csv, probes_curves.csv) and what
+    the run was asked to do (`run`); writes order.csv and joint_alone.csv and prints them."""
+    task, model, cfg = (run[k] for k in ("task", "model", "training"))
     order = studies.learning_order(probes[probes["mode"] == "joint"])
     learned = studies.steps_to_learn(probes)
     accuracy = studies.accuracy_to_learn(curves)
     write_csv(out / "order.csv", order)
     print("learning order (first step with recall >= 0.9, joint training):\n" + order.to_string(index=False))
-    summary = {"sizes": {"K": task.n_triggers, "triggers": task.triggers, "T": task.seq_len, "d": model.d_model,
-                         "batch": cfg.batch_size, "lr": cfg.lr[0], "momentum": cfg.momentum,
-                         "weight_decay": cfg.weight_decay, "steps": cfg.steps, "probe_every": every},
+    summary = {"sizes": {"K": task["n_triggers"], "triggers": task["triggers"], "T": task["seq_len"],
+                         "d": model["d_model"], "batch": cfg["batch_size"], "lr": cfg["lr"][0],
+                         "momentum": cfg["momentum"], "weight_decay": cfg["weight_decay"], "steps": cfg["steps"],
+                         "probe_every": cfg["eval_every"]},
                "order": order.probe.tolist(), "first_step": dict(zip(order.probe, order.first_step)),
                "talk_order": ["wo1", "wk1", "wk0"], "alone": args.alone, "in_context_accuracy_0.9": accuracy,
                "run": run}
@@ -196,16 +209,38 @@ def main(argv=None) -> int:
             raise ValueError(f"--out {out} is inside a checkpoint ({inside}), whose results it would pass for; "
                              "choose a folder outside it.")
         out.mkdir(parents=True, exist_ok=True)
-        summary = {"preset": args.preset, "seed": args.seed}
-        if args.command in ("layers", "reproduce"):
-            summary["layers"] = run_layers(args, out)
-        if args.command in ("probes", "reproduce"):
-            summary["probes"] = run_probes(args, out)
+        summary = {"preset": args.preset, "seed": args.seed, "settings": study_settings(args), "studies": []}
         if args.command == "reproduce":
-            summary.update(reproduce_location(args, out))
+            summary = kept_studies(out / "summary.json", summary)
+        for name in STUDIES[args.command]:
+            if name in summary["studies"]:
+                print(f"{name}: kept, finished by an earlier run of these settings ({out}/summary.json)")
+                continue
+            summary.update(STUDY_RUNS[name](args, out))
+            summary["studies"].append(name)
+            write_summary(out / "summary.json", summary)  # after each study: an interrupted run keeps it
     write_summary(out / "summary.json", summary)
     print(f"wrote {out}/")
     return 0
+
+
+def study_settings(args) -> dict:
+    """The flags that decide a training study's results (not where or how fast it runs)."""
+    return {k: getattr(args, k) for k in ("preset", "steps", "n_triggers", "seq_len", "triggers", "d_model",
+                                          "batch_size", "lr", "seed", "probe_every", "alone", "until")
+            if hasattr(args, k)}
+
+
+def kept_studies(path: Path, summary: dict) -> dict:
+    """The summary to go on from: the one at `path` where an earlier reproduce of the same settings
+    wrote it (its finished studies are kept, their files beside it), else `summary` (all run again)."""
+    if not path.is_file():
+        return summary
+    earlier = json.loads(path.read_text())
+    if earlier.get("settings") != json.loads(json.dumps(summary["settings"])) or "studies" not in earlier:
+        print(f"{path}: written at other settings; every study runs again")
+        return summary
+    return earlier
 
 
 def checkpoint_analysis(args) -> tuple[Path, dict]:
@@ -241,3 +276,10 @@ def reproduce_location(args, out: Path) -> dict:
                           "ff1_kl_first_last": [float(ff1.ff1_kl.iloc[0]), float(ff1.ff1_kl.iloc[-1])]},
             **run_circuit(loaded, built, out, "The induction circuit of the simplified model with a final MLP"),
             **run_location(loaded, built, out, (1, 4, 16))}
+
+
+# each training study by name: what it adds to summary.json; the studies of each command, in order
+STUDY_RUNS = {"layers": lambda args, out: {"layers": run_layers(args, out)},
+              "probes": lambda args, out: {"probes": run_probes(args, out)},
+              "mlp_model": lambda args, out: reproduce_location(args, out)}
+STUDIES = {"layers": ["layers"], "probes": ["probes"], "reproduce": ["layers", "probes", "mlp_model"]}

@@ -124,7 +124,7 @@ def accuracy_to_learn(curves: pd.DataFrame, threshold: float = LEARNED) -> dict[
     """Per run (`joint`, or `alone_<memory>`), the first evaluated step with in-context accuracy >=
     `threshold` (None if never)."""
     found = {}
-    for (mode, alone), group in curves.groupby(["mode", "trained_alone"], sort=False):
+    for (mode, alone), group in curves.groupby(["mode", "trained_alone"], sort=False, dropna=False):
         reached = group[group.in_context_accuracy >= threshold].step
         found[mode if mode == "joint" else f"alone_{alone}"] = int(reached.min()) if len(reached) else None
     return found
