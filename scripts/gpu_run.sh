@@ -23,7 +23,8 @@
 #   env        the GPU, driver and torch
 #   tests      the CUDA tests (FACTUAL_RECALL_TEST_DEVICE=cuda): in full where the code a GPU runs
 #              changed since they last passed in full (passed.json), else a one-minute subset
-#              (capture, parity, determinism, resumed stacks); summary in tests_cuda.txt
+#              (capture, parity, determinism, resumed stacks); in tests_cuda.txt every failure by
+#              name (also of a run cut by its limit) and the summary
 #   checks     bench/gpu_checks.py (main job CUDA against CPU, host syncs, determinism), where
 #              the code changed since it last passed
 #   induction  every in-context study at the paper's size, once (a cut call keeps the studies it finished)
@@ -198,9 +199,11 @@ if [ "$(records get "$passed" tests code)" = "$code" ]; then kind=tests_subset; 
 log "tests: $([ $kind = tests ] && echo "in full: the code a GPU runs changed since its last full pass" \
   || echo "the subset: the code a GPU runs passed in full at $(records get "$passed" tests commit)")"
 if [ $kind = tests ]; then tests=("${tests_full[@]}"); else tests=("${tests_subset[@]}"); fi
-step tests 180 "$python" -m pytest -p no:cacheprovider "${tests[@]}" \
+# each test's outcome on its own line as it ends (-vv: the configuration says -q), so a run cut by its limit still names its failures
+step tests 240 "$python" -m pytest -p no:cacheprovider -vv "${tests[@]}" \
   && records set "$passed" "$kind" code="$code" device="$gpu" summary="$(grep -E '(passed|failed)' "$work/tests.txt" | tail -1 | tr -d '=')"
-tail -n 30 "$work/tests.txt" > "$work/tests_cuda.txt" 2>/dev/null; put tests_cuda.txt tests_cuda.txt
+{ grep -E "(FAILED|ERROR) " "$work/tests.txt" | sort -u; tail -n 30 "$work/tests.txt"; } > "$work/tests_cuda.txt" 2>/dev/null
+put tests_cuda.txt tests_cuda.txt
 
 
 if [ $dry = 0 ]; then

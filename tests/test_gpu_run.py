@@ -99,6 +99,7 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     assert "tests: in full" in report and "bench_stack-169: exit 0" in report  # a fresh tree: nothing recorded
     assert "bench_tiny-k1: exit 0" in report  # a line the profiler does not read
     assert "== stack-vocab" in (out / "bench.txt").read_text()  # the profiler's table
+    assert re.search(r"test_graphed\.py::\S+ PASSED", (out / "tests_cuda.txt").read_text())  # each test by name
     assert report.index("tests: exit") < report.index("induction: exit 0") < report.index("bench_stack-169:") \
         < report.index("grid: exit")
     induction = f"{DRY}/induction/paper_gpu/"  # the in-context studies, their weights without snapshots or pages
