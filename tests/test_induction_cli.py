@@ -239,6 +239,9 @@ def test_an_interrupted_reproduce_keeps_its_finished_studies_and_runs_the_rest(t
         main(argv)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["studies"] == ["layers", "probes"] and summary["layers"]["two_layers"] == 0.75
+    assert summary["settings"] == {"preset": "cpu", "steps": 4, "n_triggers": 2, "seq_len": 16, "triggers": None,
+                                   "d_model": 16, "batch_size": 8, "lr": None, "seed": 0, "probe_every": 2,
+                                   "alone": "none", "until": None}
     monkeypatch.setattr(cli, "reproduce_location", lambda args, out: {"mlp_model": {"steps": args.steps}})
     capsys.readouterr()
     assert main(argv) == 0
