@@ -123,7 +123,6 @@ def t_quantile(q: float, dof: int) -> float:
     return (low + high) / 2
 
 
-
 def linear_least_squares(design: np.ndarray, y: np.ndarray, names: tuple[str, ...],
                          distinct_x: int | None = None) -> Fit:
     """y ~ design @ beta (design [n, p]): beta, R^2 and t intervals; undetermined when n <= p or
@@ -168,9 +167,8 @@ def fit_power(x, y, grid: np.ndarray | None = None) -> Fit:
     one, the grid's exponents whose SSE is within F(1, n - 3) of the best (an end of the grid
     inside it is written as -inf or inf: the data do not bound it there)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
-    names = POWER
     if len(x) <= 3 or len(np.unique(x)) < 3:
-        return Fit(names, len(x), distinct_x=len(np.unique(x)) if len(x) > 3 else None)
+        return Fit(POWER, len(x), distinct_x=len(np.unique(x)) if len(x) > 3 else None)
     grid = np.round(np.arange(0.1, 4.0001, 0.01), 2) if grid is None else grid
     sse = np.empty(len(grid))
     coefs = []
@@ -186,5 +184,5 @@ def fit_power(x, y, grid: np.ndarray | None = None) -> Fit:
     high = math.inf if inside[-1] == len(grid) - 1 else float(grid[inside[-1]])
     sst = float(((y - y.mean()) ** 2).sum())
     a, b = map(float, coefs[best])
-    return Fit(names, len(x), (float(grid[best]), a, b), ((low, high), None, None),
+    return Fit(POWER, len(x), (float(grid[best]), a, b), ((low, high), None, None),
                float(1 - sse[best] / sst) if sst > 0 else None)

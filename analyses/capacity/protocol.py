@@ -136,8 +136,8 @@ def write_combined(results: Path):
         write_csv(folder / "fig4_left.csv", table)
         stored = table[table["facts"] > 0]
         if len(stored):
-            slope = fitted_slope(stored["parameters"], stored["facts"]) if stored["parameters"].nunique() > 1 else None
-            facts_figure(stored, slope, TransformerSweep(), folder / "fig4_left.png")
+            facts_figure(stored, fitted_slope(stored["parameters"], stored["facts"]), TransformerSweep(),
+                         folder / "fig4_left.png")  # no slope line where the fit is undetermined
     return table
 
 
