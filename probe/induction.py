@@ -8,7 +8,8 @@ an InductionTask, reading the model through its weights and hooks, returning Dat
   position t's query rank position t-1's key first; `wk0_64` the same over the first 64 positions),
   W_KQ^2 (`wk1`: does a trigger's query rank its own remapped key W_OV^1 e_k first among the
   triggers), W_OV^2 (`wo1`: does u_k^T W_OV^2 e_k rank
-  k first), the final MLP (`ff1`: KL(pi_b(.|k) || softmax(W_U MLP(e_k))), nats).
+  k first), the final MLP (`ff1`: KL(pi_b(.|k) || softmax(W_U MLP(e_k))), nats). With several heads,
+  each head's recall, or (`heads="sum"`) the authors' full-width reading: scores summed over heads.
 - `head_scores`: each head's previous-token score (share of a query's attention on the position
   before it) and induction score (share on the positions after an earlier occurrence of the
   query's token, at in-context positions), from hook_pattern.
@@ -63,19 +64,29 @@ def in_context_scores(model, task: InductionTask, batch: InductionBatch | None =
     return pd.DataFrame(rows).set_index("positions")
 
 
-def _recall(queries: torch.Tensor, keys: torch.Tensor) -> float:
-    """R = share of queries i [M, e] whose best key [M', e] by inner product is key i."""
-    return (queries @ keys.T).argmax(-1).eq(torch.arange(len(queries), device=queries.device)).float().mean().item()
+def _recall(scores: torch.Tensor) -> float:
+    """R = share of queries i (rows of scores [M, M']) whose best key is key i."""
+    return scores.argmax(-1).eq(torch.arange(len(scores), device=scores.device)).float().mean().item()
 
 
-def memory_recall(model, task: InductionTask) -> pd.DataFrame:
-    """The authors' memory recall probes (wk0, wk1 per head, and wk0_64, wk0 over the first 64
-    positions, when n_ctx > 64; wo1 per head of the last layer; ff1 of the last layer's MLP), read
-    from the weights (layer norms are not applied, as in their code):
-    one row per (probe, layer, head) with its `value` (a recall in [0, 1]; ff1 a KL in nats) and
-    what it measures."""
+def _readings(per_head: list[torch.Tensor], heads: str) -> list[tuple[int | None, torch.Tensor]]:
+    """(head, scores) of each head, or (None, their sum): the full-width product W_Q^T W_K of all heads."""
+    return [(None, sum(per_head))] if heads == "sum" else list(enumerate(per_head))
+
+
+HEADS = ("each", "sum")  # memory_recall's readings of a layer with several heads
+
+
+def memory_recall(model, task: InductionTask, heads: str = "each") -> pd.DataFrame:
+    """The authors' memory recall probes (wk0, wk1, and wk0_64, wk0 over the first 64 positions, when
+    n_ctx > 64; wo1 of the last layer; ff1 of the last layer's MLP), read from the weights (layer
+    norms are not applied, as in their code): one row per (probe, layer, head) with its `value` (a
+    recall in [0, 1]; ff1 a KL in nats) and what it measures. `heads="each"`: one row per head;
+    `"sum"`: the authors' full-model reading, each probe's scores summed over the heads (head None)."""
     if model.cfg.n_layers != 2:
         raise ValueError(f"the memory recall probes read a two-layer model; this one has {model.cfg.n_layers}.")
+    if heads not in HEADS:
+        raise ValueError(f"heads must be one of {', '.join(HEADS)}, got {heads!r}.")
     with torch.inference_mode():
         W_E, W_pos, W_U, b_U = model.W_E, model.W_pos, model.W_U, model.b_U  # [N, d], [T, d], [d, N], [N]
         W_Q, W_K, W_V, W_O = model.W_Q, model.W_K, model.W_V, model.W_O  # [L, H, d, dh] ... W_O [L, H, dh, d]
@@ -85,20 +96,20 @@ def memory_recall(model, task: InductionTask) -> pd.DataFrame:
         triggers = task.fixed_triggers.to(W_E.device) if fixed else torch.arange(task.n_tokens, device=W_E.device)
         remapped = sum(W_E[triggers] @ W_V[0, h] @ W_O[0, h] for h in range(H))  # [M, d] e~_k = W_OV^1 e_k
         rows = []
-        for h in range(H):
-            q = W_pos[1:] @ W_Q[0, h] + b_Q[0, h]  # [T-1, dh] queries of positions 1..T-1
-            k = W_pos[:-1] @ W_K[0, h] + b_K[0, h]  # keys of positions 0..T-2: t's target is t-1
-            rows.append(("wk0", 0, h, _recall(q, k), "W_KQ^1: position t's query ranks position t-1 first"))
+        # position t's query [T-1, dh] (t = 1..T-1) against the keys of positions 0..T-2: t's target is t-1
+        previous = [(W_pos[1:] @ W_Q[0, h] + b_Q[0, h]) @ (W_pos[:-1] @ W_K[0, h] + b_K[0, h]).T for h in range(H)]
+        for h, scores in _readings(previous, heads):  # [T-1, T-1]
+            rows.append(("wk0", 0, h, _recall(scores), "W_KQ^1: position t's query ranks position t-1 first"))
             if len(W_pos) > EARLY:  # the authors' wk0_64: the first 64 positions only
-                rows.append(("wk0_64", 0, h, _recall(q[:EARLY - 1], k[:EARLY - 1]),
+                rows.append(("wk0_64", 0, h, _recall(scores[:EARLY - 1, :EARLY - 1]),
                              f"W_KQ^1 on the first {EARLY} positions (t < {EARLY}) only"))
-        for h in range(H):
-            q = W_E[triggers] @ W_Q[1, h] + b_Q[1, h]  # [M, dh]
-            k = remapped @ W_K[1, h] + b_K[1, h]
-            rows.append(("wk1", 1, h, _recall(q, k), "W_KQ^2: trigger k's query ranks its remapped key first"))
-        for h in range(H):
-            logits = W_E @ W_V[1, h] @ W_O[1, h] @ W_U + b_U  # [N, N] u_j^T W_OV^2 e_k
-            rows.append(("wo1", 1, h, logits.argmax(-1).eq(torch.arange(task.n_tokens, device=W_E.device))
+        # trigger k's query [M, dh] against the remapped keys
+        induction = [(W_E[triggers] @ W_Q[1, h] + b_Q[1, h]) @ (remapped @ W_K[1, h] + b_K[1, h]).T for h in range(H)]
+        for h, scores in _readings(induction, heads):  # [M, M]
+            rows.append(("wk1", 1, h, _recall(scores), "W_KQ^2: trigger k's query ranks its remapped key first"))
+        outputs = [W_E @ W_V[1, h] @ W_O[1, h] @ W_U for h in range(H)]  # [N, N] u_j^T W_OV^2 e_k
+        for h, logits in _readings(outputs, heads):
+            rows.append(("wo1", 1, h, (logits + b_U).argmax(-1).eq(torch.arange(task.n_tokens, device=W_E.device))
                          .float()[:task.n_train_outputs].mean().item(), "W_OV^2: u_k^T W_OV^2 e_k ranks k first"))
         if not model.cfg.attn_only:
             used = [i for i in range(task.n_tokens) if not (fixed and i in task.fixed_triggers.tolist())]
