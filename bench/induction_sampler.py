@@ -9,8 +9,10 @@ one output per trigger, the first token from pi_u, then a Python while-loop that
 trigger's output or draws from pi_b. The authors run it in 60 worker processes; here it runs in
 one, so its rate is per process (their 60 workers multiply it by at most the cores they get).
 
-The two take turns in --rounds rounds; each prints its median sequences/s and the share of
-in-context positions (counter >= 2), which must agree between the two (same distribution).
+The two take turns in --rounds rounds; each prints its median sequences per wall-clock second and
+per CPU second of this process (time.process_time: what a shared, loaded machine takes away from the
+wall-clock rate it leaves in this one), and the share of in-context positions (counter >= 2), which
+must agree between the two (same distribution).
 
     .venv/bin/python bench/induction_sampler.py [--batch 512] [--seq-len 256] [--triggers fixed] [--rounds 3]
 """
@@ -63,28 +65,45 @@ class AuthorsLoop:
         return np.array(seqs), np.array(counters)  # [B, T + 1] each
 
 
+CLOCKS = {"wall_s": time.perf_counter, "cpu_s": time.process_time}  # wall-clock, and this process's CPU time
+
+
+def timed(run, *args) -> tuple[object, dict[str, float]]:
+    """run(*args)'s value and the seconds it took on each clock of CLOCKS."""
+    start = {name: clock() for name, clock in CLOCKS.items()}
+    value = run(*args)
+    return value, {name: CLOCKS[name]() - start[name] for name in CLOCKS}
+
+
 def measure(batch: int, seq_len: int, triggers: str, n_triggers: int, rounds: int, device: str) -> dict:
-    """Median sequences/s of each sampler over `rounds` interleaved rounds, and each one's share of
-    in-context positions (counter >= 2 among the T inputs)."""
+    """Median sequences per second of each sampler over `rounds` interleaved rounds, by the wall clock
+    (`sequences_per_wall_s`) and by this process's CPU time (`sequences_per_cpu_s`), and each one's
+    share of in-context positions (counter >= 2 among the T inputs)."""
     task = InductionTask(n_triggers=n_triggers, seq_len=seq_len, triggers=triggers)
     loop, dev = AuthorsLoop(task), torch.device(device)
     seeds = torch.tensor([7], device=dev)
     task.sample_counter(2, seeds, 0)  # tables on the device, kernels warm
-    rates = {"ours": [], "loop": []}
-    share = {"ours": [], "loop": []}
-    for r in range(rounds):
-        start = time.perf_counter()
-        ours = task.sample_counter(batch, seeds, r)
+
+    def ours(r):
+        drawn = task.sample_counter(batch, seeds, r)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        rates["ours"].append(batch / (time.perf_counter() - start))
-        share["ours"].append((ours.counts >= 2).float().mean().item())
-        start = time.perf_counter()
+        return (drawn.counts >= 2).float().mean().item()
+
+    def theirs(r):
         _, counters = loop.batch(np.random.default_rng([7, r]), batch)
-        rates["loop"].append(batch / (time.perf_counter() - start))
-        share["loop"].append(float((counters[:, :-1] >= 2).mean()))
-    return {name: {"sequences_per_s": statistics.median(rates[name]), "in_context_share": statistics.mean(share[name])}
-            for name in rates}
+        return float((counters[:, :-1] >= 2).mean())
+    rates = {name: {clock: [] for clock in CLOCKS} for name in ("ours", "loop")}
+    share = {"ours": [], "loop": []}
+    for r in range(rounds):
+        for name, run in (("ours", ours), ("loop", theirs)):
+            value, seconds = timed(run, r)
+            share[name].append(value)
+            for clock, s in seconds.items():
+                rates[name][clock].append(batch / max(s, 1e-9))  # a clock that did not tick: no division by 0
+    return {name: {"sequences_per_wall_s": statistics.median(rates[name]["wall_s"]),
+                   "sequences_per_cpu_s": statistics.median(rates[name]["cpu_s"]),
+                   "in_context_share": statistics.mean(share[name])} for name in rates}
 
 
 def main(argv=None) -> int:
@@ -108,8 +127,11 @@ def main(argv=None) -> int:
           f"{args.rounds} rounds; ours on {args.device} ({args.threads} torch threads), the loop in one process")
     for name, label in (("ours", "ours (vectorised)"), ("loop", "authors' loop (baseline)")):
         r = result[name]
-        print(f"  {label:26s} {r['sequences_per_s']:12,.0f} sequences/s   in-context share {r['in_context_share']:.4f}")
-    print(f"ours_over_loop {result['ours']['sequences_per_s'] / result['loop']['sequences_per_s']:.1f}")
+        print(f"  {label:26s} {r['sequences_per_wall_s']:12,.0f} sequences per wall-clock s "
+              f"{r['sequences_per_cpu_s']:12,.0f} per CPU s   in-context share {r['in_context_share']:.4f}")
+    ratio = {clock: result["ours"][f"sequences_per_{clock}"] / result["loop"][f"sequences_per_{clock}"]
+             for clock in CLOCKS}
+    print(f"ours_over_loop {ratio['wall_s']:.1f} (wall clock), {ratio['cpu_s']:.1f} (CPU time)")
     return 0
 
 

@@ -29,3 +29,21 @@ def test_the_baseline_loop_draws_the_tasks_sequences():
 def test_the_two_samplers_agree_on_the_share_of_in_context_positions():
     result = measure(256, 64, "fixed", 5, 1, "cpu")
     assert abs(result["ours"]["in_context_share"] - result["loop"]["in_context_share"]) < 0.03
+
+
+def test_each_rate_is_read_from_its_own_clock(monkeypatch):
+    """Sequences per wall-clock second from time.perf_counter, per CPU second from time.process_time: on a
+    loaded machine the two differ (fake clocks: 1 s of wall clock and 0.25 s of CPU for every run)."""
+    import bench.induction_sampler as bench
+    ticks = {"wall_s": 0.0, "cpu_s": 0.0}
+
+    def clock(name, step):
+        def read():
+            ticks[name] += step
+            return ticks[name]
+        return read
+    monkeypatch.setattr(bench, "CLOCKS", {"wall_s": clock("wall_s", 1.0), "cpu_s": clock("cpu_s", 0.25)})
+    result = measure(8, 16, "fixed", 2, 3, "cpu")
+    for name in ("ours", "loop"):
+        assert result[name]["sequences_per_wall_s"] == 8 / 1.0  # one tick between a run's start and end
+        assert result[name]["sequences_per_cpu_s"] == 8 / 0.25
