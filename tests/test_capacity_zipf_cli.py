@@ -182,7 +182,7 @@ def test_the_memory_estimate_holds_what_a_cell_allocates():
     only the read-back's (E E^T)^+ [K, N, N]; on a GPU the draw is on the host."""
     import torch
 
-    from analyses.capacity.zipf.laws import cell_bytes
+    from analyses.capacity.zipf.laws import cell_bytes, check_fits
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     sweep = ZipfSweep(tokens=1000, samples=(10, 100, 1000), seeds=(0, 1), schemes=("counts", "adam"))
@@ -193,6 +193,11 @@ def test_the_memory_estimate_holds_what_a_cell_allocates():
     assert cell_bytes(sweep, "counts", 1024, cpu)[cpu]["read-back"] >= 8 * K * N * N
     gpu = cell_bytes(sweep, "counts", d, cuda)
     assert set(gpu) == {cpu, cuda} and gpu[cpu]["embeddings"] >= 2 * 4 * K * N * d
+    one = ZipfSweep(alpha=(2.0,), tokens=N, samples=(10, 100, 1000), d=(d,), seeds=(0, 1), schemes=("counts",))
+    device_part = sum(cell_bytes(one, "counts", d, cuda)[cuda].values())  # above the host's here
+    check_fits(one, cuda, available=device_part)  # no GPU is asked: `available` stands for each place
+    with pytest.raises(ValueError, match=r"^the cell alpha2_counts_d512 needs an estimated .* on cuda \(embeddings"):
+        check_fits(one, cuda, available=device_part - 1)
 
 
 PEAK = """import sys, threading, torch
