@@ -14,12 +14,16 @@ SMALL = ["--alpha", "0.8,2", "--tokens", "40", "--samples", "10,100,1000", "--d"
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tokens", "0"], "--tokens must be >= 1, got 0."),
+    (["--tokens", "0"], "--tokens must be >= 2, got 0."),
+    (["--tokens", "1"], "--tokens must be >= 2, got 1."),  # one token: no law, its figure had no curve
+    (["--alpha", "inf"], "--alpha must be finite and >= 0, got inf."),
+    (["--samples", "1000,10"], "--samples 10,1000: the exponent against n needs 3 values or more"),
+    (["--d", "64,16"], "--d 16,64: the exponent against d needs 3 values or more"),
     (["--d", "16,0"], "--d must be >= 1, got 16,0."),
     (["--threshold", "0"], "--threshold must be >= 1, got 0."),
     (["--outputs", "1"], "--outputs must be >= 2, got 1."),
     (["--samples", "0,10"], "--samples must be >= 1, got 0,10."),
-    (["--alpha", "-1"], "--alpha must be >= 0, got -1.0."),
+    (["--alpha", "-1"], "--alpha must be finite and >= 0, got -1.0."),
     (["--schemes", "counts,often"], "--schemes must be among counts, seen, threshold, gd, sgd, adam"),
     (["--stored-per-d", "0"], "--stored-per-d must be > 0, got 0.0."),
     (["--adam-betas", "0.9"], "--adam-betas must be two values in [0, 1), got 0.9."),
@@ -35,7 +39,9 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(flags, mess
 @pytest.mark.parametrize("argv, message", [
     (["oscillation", "--correlations", "1"], "--correlations must be in (-1, 1), got 1.0."),
     (["oscillation", "--first-frequency", "1"], "--first-frequency must be in (0, 1), got 1.0."),
-    (["oscillation", "--step-sizes", "0"], "--step-sizes must be > 0, got 0.0."),
+    (["oscillation", "--step-sizes", "0"], "--step-sizes must be finite and > 0, got 0.0."),
+    (["oscillation", "--step-sizes", "1,inf"], "--step-sizes must be finite and > 0, got 1.0,inf."),
+    (["overoptimisation", "--alpha", "inf"], "--alpha must be finite and >= 0, got inf."),
     (["overoptimisation", "--tokens", "1"], "--tokens must be >= 2, got 1."),
     (["overoptimisation", "--steps", "0"], "--steps must be >= 1, got 0."),
 ])
@@ -153,3 +159,152 @@ def test_at_large_d_seen_once_recalls_every_token_seen_and_counts_does_not():
     row = zipf_row(sweep, 1.5, "seen", 1024, "cpu")
     assert row["errors"] == (wrong["seen"].double() * data.p).sum(-1).tolist()
     assert row["errors"][0][0] < float(((counts == 0).double() * data.p).sum(-1)[0, 0])  # some unseen guessed right
+
+
+def test_sizes_that_cannot_fit_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """The largest cell's estimated memory against what the machine has: refused in one line,
+    `--plan` too, before a byte is drawn or written (here 1 MiB available, the cell ~100 MiB)."""
+    import models.recall.fits
+
+    monkeypatch.setattr(models.recall.fits, "available_bytes", lambda device: 2 ** 20)
+    for plan in ([], ["--plan"]):
+        code, _, err = _cli(["zipf", "--alpha", "2", "--tokens", "4000", "--samples", "10,100,1000", "--d", "512",
+                             "--seeds", "0", "--schemes", "counts", "--device", "cpu", "--quiet", *plan,
+                             "--out", str(tmp_path / "out")], capsys)
+        assert code == 2 and err.startswith("error: the cell alpha2_counts_d512 needs an estimated ")
+        assert "(embeddings " in err and "more than the 0.0 GiB available" in err and len(err.splitlines()) == 1
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_memory_estimate_holds_what_a_cell_allocates():
+    """The estimate is at least the tensors a chunk of seeds holds at once: E [K, N, d] drawn
+    seed by seed and stacked, Adam's S snapshots of W [K, d, d] and their stack, and where d >= N
+    only the read-back's (E E^T)^+ [K, N, N]; on a GPU the draw is on the host."""
+    import torch
+
+    from analyses.capacity.zipf.laws import cell_bytes, check_fits
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    sweep = ZipfSweep(tokens=1000, samples=(10, 100, 1000), seeds=(0, 1), schemes=("counts", "adam"))
+    K, N, S, d = 2, 1000, 3, 512
+    assert sum(cell_bytes(sweep, "counts", d, cpu)[cpu].values()) >= 2 * 4 * K * N * d
+    assert cell_bytes(sweep, "adam", d, cpu)[cpu]["adam"] >= 2 * 4 * K * S * d * d
+    assert "read-back" not in cell_bytes(sweep, "counts", d, cpu)[cpu]
+    assert cell_bytes(sweep, "counts", 1024, cpu)[cpu]["read-back"] >= 8 * K * N * N
+    gpu = cell_bytes(sweep, "counts", d, cuda)
+    assert set(gpu) == {cpu, cuda} and gpu[cpu]["embeddings"] >= 2 * 4 * K * N * d
+    one = ZipfSweep(alpha=(2.0,), tokens=N, samples=(10, 100, 1000), d=(d,), seeds=(0, 1), schemes=("counts",))
+    device_part = sum(cell_bytes(one, "counts", d, cuda)[cuda].values())  # above the host's here
+    check_fits(one, cuda, available=device_part)  # no GPU is asked: `available` stands for each place
+    with pytest.raises(ValueError, match=r"^the cell alpha2_counts_d512 needs an estimated .* on cuda \(embeddings"):
+        check_fits(one, cuda, available=device_part - 1)
+
+
+PEAK = """import sys, threading, torch
+from analyses.capacity.zipf.laws import ZipfSweep, cell_bytes, zipf_row
+
+def anonymous():  # resident anonymous memory (bytes): the libraries' pages, which the kernel may drop, left out
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+sweep = ZipfSweep(alpha=(2.0,), tokens=int(sys.argv[1]), samples=(10, 100, 1000), seeds=(0, 1, 2),
+                  schemes=(sys.argv[2],))
+d, done = int(sys.argv[3]), threading.Event()
+torch.zeros(1)
+before = peak = anonymous()
+def watch():
+    global peak
+    while not done.wait(0.001):
+        peak = max(peak, anonymous())
+watcher = threading.Thread(target=watch)
+watcher.start()
+zipf_row(sweep, 2.0, sys.argv[2], d, "cpu")
+done.set()
+watcher.join()
+print(peak - before, sum(cell_bytes(sweep, sys.argv[2], d, torch.device("cpu"))[torch.device("cpu")].values()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens, scheme, d", [(20000, "counts", 1024), (1000, "counts", 2048), (100, "adam", 1024)])
+def test_the_memory_estimate_against_the_peak_a_cell_reaches(tokens, scheme, d):
+    """The peak resident memory a cell adds (a fresh process) is at most the estimate, and the
+    estimate at most 2.5 times it: measured 1.0-1.6 times across embeddings, read-back, Adam."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PEAK, str(tokens), scheme, str(d)], capture_output=True, text=True,
+                          check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    grown, estimate = map(int, done.stdout.split())
+    assert grown <= estimate <= 2.5 * grown
+
+
+def test_the_plan_never_computes_a_cell_it_estimates_too_large(tmp_path, capsys, monkeypatch):
+    from analyses.capacity.zipf import cli as zipf_cli
+
+    timed = []
+    monkeypatch.setattr(zipf_cli, "PROBE_BYTES", 2 ** 22)  # 4 MiB: one seed at d = 512 (~20 MiB) too large
+    monkeypatch.setattr(zipf_cli, "zipf_row", lambda sweep, alpha, scheme, d, device: timed.append(d))
+    code, text, _ = _cli(["zipf", "--alpha", "2", "--tokens", "2000", "--samples", "10,100,1000", "--d", "16,64,512",
+                          "--schemes", "counts", "--seeds", "0,1", "--device", "cpu", "--plan",
+                          "--out", str(tmp_path / "p")], capsys)
+    assert code == 0 and timed and max(timed) < 512 and "one seed of alpha2_counts_d64" in text
+    assert "memory: at most an estimated " in text and not (tmp_path / "p").exists()
+
+
+def test_one_size_per_axis_is_no_fit_yet_writes_its_tables(tmp_path, capsys):
+    """The population at one d: no exponent to fit (said), the tables and summary written."""
+    out = tmp_path / "pop"
+    code, text, _ = _cli(["zipf", "--alpha", "2", "--tokens", "40", "--population", "--d", "16", "--seeds", "0,1",
+                          "--device", "cpu", "--quiet", "--out", str(out)], capsys)
+    assert code == 0 and text.startswith("no exponent: each needs 3 sizes or more along its axis")
+    assert pd.read_csv(out / "errors.csv")["n"].eq(float("inf")).all() and len(pd.read_csv(out / "errors.csv")) == 6
+    assert json.loads((out / "summary.json").read_text())["fits"] == []
+
+
+def test_a_law_with_no_error_left_draws_no_line_and_samples_are_recorded_increasing(tmp_path, capsys):
+    """At α = 2000 p(z) underflows beyond the first token: every error and the infinite-memory
+    curve are 0, the figure is drawn without a law line; --samples given out of order are
+    recorded increasing, so the same sizes in order resume the sweep."""
+    out = tmp_path / "steep"
+    argv = ["zipf", "--alpha", "2000", "--tokens", "40", "--d", "16", "--seeds", "0,1", "--schemes", "seen",
+            "--device", "cpu", "--quiet", "--out", str(out)]
+    code, text, _ = _cli([*argv, "--samples", "100,10,1000"], capsys)
+    assert code == 0 and (out / "error_vs_n.png").is_file() and "α=2000 seen" in text
+    assert (pd.read_csv(out / "errors.csv")["error"] == 0).all()
+    assert json.loads((out / "settings.json").read_text())["samples"] == [10, 100, 1000]
+    code, text, _ = _cli([*argv, "--samples", "10,100,1000"], capsys)
+    assert code == 0 and "(0 new cells)" in text
+
+
+@pytest.mark.parametrize("command, words", [("zipf", "Hutter's n^-(α-1)/α"), ("oscillation", "oscillates"),
+                                            ("overoptimisation", "under-parameterised")])
+def test_each_study_describes_what_it_measures(command, words, capsys):
+    code, text, _ = _cli([command, "--help"], capsys)
+    description = " ".join(text.split("options:")[0].split("\n\n", 1)[1].split())
+    assert code == 0 and words in description and len(description.split()) > 30
+
+
+def test_counts_and_exponents_are_written_for_people():
+    """'loss rose 1 time', never '1 times'; γ of a flat q is '0.00', never '-0.00'."""
+    from analyses.capacity.zipf.fits import Exponent
+    from analyses.capacity.zipf.steps import steps_text
+
+    table = pd.DataFrame([{"correlation": 0.75, "step_size": s, "first_perfect": 2, "perfect_from": 2,
+                           "loss_rises": rises, "final_loss": 0.1} for s, rises in ((10.0, 1), (1.0, 0))])
+    assert steps_text("oscillation", table).splitlines() == [
+        "  c=0.75  η=10    first perfect at step 2, perfect from 2, loss rose 1 time",
+        "  c=0.75  η=1     first perfect at step 2, perfect from 2, loss rose 0 times"]
+    flat = {"alpha": 2.0, "scheme": "seen", "d": 64, "exponent": -1e-17, "note": ""}
+    text = zipf_text(ZipfResult(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {"q_exponents": [flat]}))
+    assert text == "  q(z) ∝ z^γ held by seen (α=2, d=64): γ = 0.00"
+    assert Exponent(-0.001, 0.02, 3).text() == "0.00 ± 0.02"
+
+
+def test_the_recorded_overoptimisation_table_has_every_row_it_printed():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "results" / "capacity" / "zipf"
+    readme = (root / "README.md").read_text()
+    for r in pd.read_csv(root / "overoptimisation" / "overoptimisation.csv").itertuples():
+        assert f"| {r.tokens} | {r.step_size:g} | {r.final_error:.3f} | {r.best_over_training:.3f} |" in readme

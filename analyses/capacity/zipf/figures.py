@@ -39,15 +39,20 @@ def error_figure(errors, fits, axis: str, tokens: int, path=None):
             if alpha > 1:
                 _law_line(ax, x, ideal, -(alpha - 1) / alpha, "k", f"theory n^{-(alpha - 1) / alpha:.2f}")
         title = f"α = {alpha:g}, {other} = {'∞' if at == np.inf else f'{at:g}'}"
-        ax.set(xscale="log", yscale="log", xlabel=axis, title=title + ("" if alpha > 1 else "\n(α ≤ 1: no law drawn)"))
+        ax.set(xscale="log", yscale="log" if (shown["error"] > 0).any() else "linear", xlabel=axis,
+               title=title + ("" if alpha > 1 else "\n(α ≤ 1: no law drawn)"))
         ax.legend(fontsize=6)
     axes[0, 0].set_ylabel("error L (exact)")
     return save_figure(fig, path)
 
 
 def _law_line(ax, x, y, slope: float, color: str, label: str) -> None:
-    """A dashed line of `slope` through the middle point of the curve y(x) where it is > 0."""
-    i = int(np.flatnonzero(y > 0)[len(np.flatnonzero(y > 0)) // 2])
+    """A dashed line of `slope` through the middle point of the curve y(x) where it is > 0 (none
+    where it is 0 throughout: a single token, or p(z) underflowing beyond the first)."""
+    positive = np.flatnonzero(y > 0)
+    if not len(positive):
+        return
+    i = int(positive[len(positive) // 2])
     ax.plot(x, y[i] * (x / x[i]) ** slope, "--", color=color, lw=1, label=label)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyses.least_squares import fit_log_log, t_quantile
+from models.text import number
 
 MIN_POINTS = 3  # a slope needs three points with a non-zero error: two always lie on a line
 LEVEL = 0.95
@@ -28,7 +29,7 @@ class Exponent:
         if self.value is None:
             return self.note
         interval = f" ± {self.half_width:.2f}" if self.half_width is not None else f" ({self.note})"
-        return f"{self.value:.2f}{interval}"
+        return number(self.value, ".2f") + interval
 
 
 def seed_slope(x, errors) -> float | None:
@@ -84,7 +85,8 @@ def theory(scheme: str, axis: str, alpha: float, auto_threshold: bool = True) ->
 def infinite_memory_error(p: np.ndarray, n) -> np.ndarray:
     """Σ_z p(z) (1 - p(z))^n for each n: the expected error of a memory that recalls every token
     seen once and nothing else (Hutter's estimator), whose slope is the n-law at this N."""
-    return np.array([float((p * np.exp(k * np.log1p(-p))).sum()) for k in np.atleast_1d(n)])
+    with np.errstate(divide="ignore"):  # p(z) = 1 (one token, or the rest underflowed): (1 - p)^n = 0
+        return np.array([float((p * np.exp(k * np.log1p(-p))).sum()) for k in np.atleast_1d(n)])
 
 
 def top_tokens_error(p: np.ndarray, stored) -> np.ndarray:

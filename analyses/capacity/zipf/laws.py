@@ -20,6 +20,7 @@ from models.cli import setting
 KINDS = mem.SCHEMES + opt.OPTIMISERS
 CHUNK_BYTES = 2 ** 28  # the seeds of a cell are computed in chunks holding about this much
 STEP_COST = 50_000  # multiply-adds that a sequential optimiser step's Python and dispatch cost (this CPU)
+AUTOGRAD = 2 ** 27  # the resident memory autograd and Adam's first step add whatever the sizes (this CPU)
 HELD = 1e-6  # q(z) / max q below this is read as not held: float32 memories read back ~1e-8 there
 
 
@@ -53,8 +54,8 @@ class ZipfSweep:
     adam_betas: tuple[float, ...] = setting((0.0, 0.0), "adam: β1,β2 (the authors: 0,0)", repeats=True)
 
     def __post_init__(self):
-        cli.at_least(self, tokens=1, outputs=2, samples=1, d=1, threshold=1, sgd_batch=1, adam_batch=1)
-        cli.require(self, "alpha", all(a >= 0 for a in self.alpha), ">= 0")
+        cli.at_least(self, tokens=2, outputs=2, samples=1, d=1, threshold=1, sgd_batch=1, adam_batch=1)
+        cli.require(self, "alpha", all(0 <= a < math.inf for a in self.alpha), "finite and >= 0")
         cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
         cli.require(self, "samples", max(self.samples) <= 2 ** 24, "at most 2^24 (counts kept exact in float32)")
         cli.require(self, "schemes", set(self.schemes) <= set(KINDS), "among " + ", ".join(KINDS))
@@ -66,6 +67,7 @@ class ZipfSweep:
         if self.population and (self.threshold is not None or {"sgd", "adam"} & set(self.schemes)):
             raise ValueError("--population builds memories from p: it takes neither --threshold (no counts to "
                              "threshold) nor sgd or adam (no samples to train on).")
+        object.__setattr__(self, "samples", tuple(sorted(self.samples)))  # recorded increasing, as they are used
 
     def sizes(self) -> list[int]:
         """The sample sizes, increasing ([0]: the population)."""
@@ -174,3 +176,48 @@ def cell_cost(sweep: ZipfSweep, scheme: str, d: int) -> int:
     if d >= N:
         cost += K * N ** 3
     return int(cost)
+
+
+def cell_bytes(sweep: ZipfSweep, scheme: str, d: int, device: torch.device) -> dict[torch.device, dict[str, int]]:
+    """A cell's estimated peak memory (bytes) by where it lies and by part, from the settings
+    alone, for its largest chunk of K seeds (seed_chunks): the embeddings E [K, N, d] (drawn on
+    the host, one seed built there 3 times over, the last chunk's kept while the next is drawn),
+    the samples and counts, the scores [K, S, N, M], Adam's W [K, S, d, d] with its state and
+    snapshots (and autograd's own), and where d >= N the float64 read-back ((E E^T)^+ [K, N, N]). Measured on this
+    CPU, the estimate is 1-1.6 times the peak resident memory above the imports."""
+    K, S, N, M, n = (max(map(len, sweep.seed_chunks(d))), len(sweep.sizes()), sweep.tokens, sweep.outputs,
+                     sweep.sizes()[-1])
+    host = torch.device("cpu")
+    computed = {"samples": 8 * K * (n + N * (2 * S + 1)), "scores": 16 * K * S * N * M}
+    if scheme == "adam":
+        computed["adam"] = 4 * K * d * d * (2 * S + 12) + AUTOGRAD
+    if d >= N:
+        computed["read-back"] = 8 * K * (N * d + 4 * N * N + 3 * S * N * M)
+    if device.type == "cpu":
+        return {host: {"embeddings": 4 * N * d * (2 * K + 3), **computed,
+                       "samples": computed["samples"] + 16 * K * n}}
+    return {host: {"embeddings": 4 * N * d * (2 * K + 2), "samples": 24 * K * n},
+            device: {"embeddings": 4 * N * d * K * (1 + S), **computed}}
+
+
+HINTS = {"embeddings": "--tokens, --d", "samples": "--samples, --tokens", "scores": "--tokens, --samples, --outputs",
+         "adam": "--d, or adam left out of --schemes", "read-back": "--d below --tokens, or --tokens"}
+
+
+def check_fits(sweep: ZipfSweep, device: torch.device, available: int | None = None) -> None:
+    """Refuse (ValueError, one line) a sweep whose largest cell needs more memory than is
+    available now (models.recall.fits.available_bytes; `available` bytes in its place), naming
+    the largest part and the flags that shrink it, before anything is drawn or written."""
+    from models.recall.fits import GIB, available_bytes
+
+    free = {}
+    for cell in sweep.cells():
+        for where, parts in cell_bytes(sweep, cell[1], cell[2], device).items():
+            if where not in free:
+                free[where] = available_bytes(where) if available is None else available
+            need = sum(parts.values())
+            if free[where] is not None and need > free[where]:
+                largest = max(parts, key=parts.get)
+                raise ValueError(f"the cell {cell_key(*cell)} needs an estimated {need / GIB:.1f} GiB of memory on "
+                                 f"{where.type} ({largest} {parts[largest] / GIB:.1f} GiB), more than the "
+                                 f"{free[where] / GIB:.1f} GiB available; make it smaller ({HINTS[largest]}).")

@@ -23,6 +23,7 @@ from analyses.capacity.zipf.fits import (
 from analyses.capacity.zipf.laws import ZipfSweep
 from analyses.capacity.zipf.memory import zipf_law
 from analyses.sweeps.output import write_csv, write_summary
+from models.text import number
 
 
 @dataclass
@@ -44,6 +45,10 @@ def error_table(rows: list[dict]) -> pd.DataFrame:
                             "stored": row["stored"][k][i] if row["stored"] else None,
                             "s": row["s"][k][i] if row["s"] else None})
     return pd.DataFrame(out, columns=["alpha", "scheme", "d", "seed", "n", "error", "stored", "s"])
+
+
+FIT_COLUMNS = ["alpha", "scheme", "axis", "at", "exponent", "half_width", "seeds_fitted", "note", "theory", "law",
+               "infinite_memory", "top_tokens", "local_exponents", "zero_error_seeds", "text"]
 
 
 def fit_table(errors: pd.DataFrame, sweep: ZipfSweep) -> pd.DataFrame:
@@ -72,7 +77,7 @@ def fit_table(errors: pd.DataFrame, sweep: ZipfSweep) -> pd.DataFrame:
                              "local_exponents": json.dumps(local_exponents(x, table.to_numpy())),
                              "zero_error_seeds": json.dumps((table.to_numpy() == 0).sum(0).tolist()),
                              "text": measured.text()})
-    return pd.DataFrame(fits)
+    return pd.DataFrame(fits, columns=FIT_COLUMNS)  # the columns also where no axis has two sizes
 
 
 def profile_table(rows: list[dict]) -> pd.DataFrame:
@@ -125,14 +130,14 @@ def zipf_text(result: ZipfResult) -> str:
         lines.append(f"error against {axis} (at {other} = {largest:g}): measured exponent ± 95% interval over seeds "
                      f"[theory]")
         for f in fits[fits["at"] == f"{other}={largest:g}"].itertuples():
-            law = f"{f.theory:.2f}" if _number(f.theory) else f.law
-            ideal = (f", infinite memory {f.infinite_memory:.2f}" if _number(f.infinite_memory) else
-                     f", top d/8 tokens {f.top_tokens:.2f}" if _number(f.top_tokens) else "")
+            law = number(f.theory, ".2f") if _number(f.theory) else f.law
+            ideal = (f", infinite memory {number(f.infinite_memory, '.2f')}" if _number(f.infinite_memory) else
+                     f", top d/8 tokens {number(f.top_tokens, '.2f')}" if _number(f.top_tokens) else "")
             lines.append(f"  α={f.alpha:g} {f.scheme:<9} {f.text:<24} [{law}{ideal}]")
     for q in result.summary["q_exponents"]:
         lines.append(f"  q(z) ∝ z^γ held by {q['scheme']} (α={q['alpha']:g}, d={q['d']}): γ = "
-                     + (f"{q['exponent']:.2f}" if q["exponent"] is not None else q["note"]))
-    return "\n".join(lines)
+                     + (number(q["exponent"], ".2f") if q["exponent"] is not None else q["note"]))
+    return "\n".join(lines or [f"no exponent: each needs {MIN_POINTS} sizes or more along its axis"])
 
 
 def _number(value) -> bool:

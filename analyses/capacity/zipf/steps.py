@@ -3,6 +3,7 @@
 step size and seed at once), its tables, figure and report."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models.bridge import resolve_device
 from models.cli import setting
+from models.text import count
 
 SHOWN = 6  # seeds whose error rose, kept as curves for the figure
 
@@ -37,7 +39,7 @@ class OscillationStudy:
         cli.at_least(self, steps=1, curve_steps=1)
         cli.require(self, "correlations", all(-1 < c < 1 for c in self.correlations), "in (-1, 1)")
         cli.require(self, "first_frequency", 0 < self.first_frequency < 1, "in (0, 1)")
-        cli.require(self, "step_sizes", all(lr > 0 for lr in self.step_sizes), "> 0")
+        cli.require(self, "step_sizes", all(0 < lr < math.inf for lr in self.step_sizes), "finite and > 0")
 
     def cells(self) -> list[float]:
         return list(dict.fromkeys(self.correlations))
@@ -60,8 +62,8 @@ class OveroptimisationStudy:
 
     def __post_init__(self):
         cli.at_least(self, tokens=2, steps=1, curve_points=2)
-        cli.require(self, "alpha", self.alpha >= 0, ">= 0")
-        cli.require(self, "step_sizes", all(lr > 0 for lr in self.step_sizes), "> 0")
+        cli.require(self, "alpha", 0 <= self.alpha < math.inf, "finite and >= 0")
+        cli.require(self, "step_sizes", all(0 < lr < math.inf for lr in self.step_sizes), "finite and > 0")
         cli.require(self, "seeds", len(self.seeds) > 0, "at least one seed")
 
     def cells(self) -> list[int]:
@@ -162,7 +164,7 @@ def write_steps(name: str, table: pd.DataFrame, rows: list[dict], by: str, out: 
 def steps_text(name: str, table: pd.DataFrame) -> str:
     if name == "oscillation":
         return "\n".join(f"  c={r.correlation:<5g} η={r.step_size:<5g} first perfect at step {r.first_perfect}, "
-                         f"perfect from {r.perfect_from}, loss rose {r.loss_rises} times"
+                         f"perfect from {r.perfect_from}, loss rose {count(r.loss_rises, 'time')}"
                          for r in table.itertuples())
     return "\n".join(f"  N={r.tokens:<3} η={r.step_size:<5g} error final {r.final_error:.3f}, best over training "
                      f"{r.best_over_training:.3f} (rose in {r.rose_share:.0%} of seeds), best possible "
