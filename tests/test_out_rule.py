@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from models.out_folder import claim, is_checkpoint
+from models.out_folder import is_checkpoint
 from tests.conftest import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +173,8 @@ def test_every_command_refuses_an_out_that_is_not_its_own(name, places, capsys, 
 def test_an_analysis_may_write_in_its_checkpoints_analysis_folder_only(places):
     """claim: in the checkpoint's own analysis/ an analysis of it writes; elsewhere in that
     checkpoint, in another one, and in any checkpoint for a command analysing none, it is refused."""
+    from models.out_folder import claim
+
     root, _ = places
     ckpt, other = root / "ckpt", root / "other"
     assert claim(ckpt / "analysis" / "locate_facts", ckpt=ckpt) == ckpt / "analysis" / "locate_facts"
@@ -193,10 +195,10 @@ def test_a_foreign_config_json_is_no_checkpoint(tmp_path, capsys):
     files = {"config.json": json.dumps({"model_type": "gpt2", "n_layer": 2}).encode(), "model.safetensors": b"\0" * 8}
     for file, data in files.items():
         (folder / file).write_bytes(data)
-    assert not is_checkpoint(folder)
     code, _, err = run_main(main, ["--steps", "1", "--quiet", "--device", "cpu", "--out", folder, "--force"], capsys)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == files
     assert code == 2 and "not a checkpoint's (config.json, model.safetensors)" in err, err
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    assert not is_checkpoint(folder)
 
 
 def test_a_refused_induction_run_leaves_nothing_behind(tmp_path, capsys):
