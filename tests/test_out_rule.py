@@ -210,3 +210,22 @@ def test_a_refused_induction_run_leaves_nothing_behind(tmp_path, capsys):
     code, _, err = run_main(main, ["--frozen", "blocks.0.attn.W_X", "--out", out, "--quiet"], capsys)
     assert code == 2 and "cannot freeze 'blocks.0.attn.W_X'" in err, err
     assert not out.exists()
+
+
+def test_a_refusal_says_what_the_folder_holds(places, capsys, monkeypatch):
+    """The induction analyses' refusals name what is there: a user's notes (not this command's
+    results), another analysis' results (the circuit's, for location), the working directory."""
+    from analyses.induction.cli import main
+
+    root, work = places
+    monkeypatch.chdir(work)
+    circuit = root / "circuit"
+    circuit.mkdir()
+    (circuit / "circuit.html").write_text("<html></html>\n")
+    (circuit / "summary.json").write_text(json.dumps({"step": None, "settings": {}}))
+    for out, says in ((root / "notes", f"{root / 'notes'} holds files that are not induction_location results "
+                                       "(notes.txt)"),
+                      (circuit, f"{circuit} holds induction_circuit results, which the induction location"),
+                      (".", "--out . is the working directory")):
+        code, _, err = run_main(main, ["location", root / "ckpt", "--out", out], capsys)
+        assert code == 2 and err.startswith(f"error: {says}"), err
