@@ -34,7 +34,7 @@ from analyses.induction.report import circuit_page
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models import load
-from models.checkpoint import write_json, write_text
+from models.checkpoint import read_envelope, write_json, write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
 from models.out_folder import claim
@@ -257,6 +257,7 @@ def checkpoint_analysis(args) -> tuple[Path, dict]:
     summary). The summary records its source (checkpoint, step, weights_sha256) and settings; a
     folder holding other results, or inside another checkpoint, is refused (analyses.recorded)."""
     name = f"induction_{args.command}"
+    read_envelope(args.ckpt)  # a checkpoint of this toolkit; its kind is checked as it loads, once --out is
     out = cli.out_dir(args, f"CKPT/analysis/{name}")
     origin = recorded.source(args.ckpt, args.step)
     settings = {"ranks": list(args.ranks)} if args.command == "location" else {}
