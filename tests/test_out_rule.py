@@ -229,3 +229,18 @@ def test_a_refusal_says_what_the_folder_holds(places, capsys, monkeypatch):
                       (".", "--out . is the working directory")):
         code, _, err = run_main(main, ["location", root / "ckpt", "--out", out], capsys)
         assert code == 2 and err.startswith(f"error: {says}"), err
+
+
+def test_a_study_never_writes_over_a_checkpoints_analysis(places, capsys):
+    """`capacity oscillation --out CKPT/analysis/locate_facts` is refused: locate_facts' summary.json
+    stays, and locate_facts goes on taking its own folder."""
+    from analyses.capacity.cli import main
+
+    root, _ = places
+    own = root / "ckpt" / "analysis" / "locate_facts"
+    own.mkdir(parents=True)
+    (own / "summary.json").write_text('{"step": null}\n')
+    code, _, err = run_main(main, ["oscillation", "--out", own, "--quiet"], capsys)
+    assert code == 2 and err.startswith(f"error: --out {own} is inside a checkpoint"), err
+    assert sorted(p.name for p in own.iterdir()) == ["summary.json"]
+    assert (own / "summary.json").read_text() == '{"step": null}\n'
