@@ -12,8 +12,7 @@ models.train put there) and may hold other things: the analyses' results (`analy
 default), a user's notes. --force replaces the model's files and nothing else:
 
 - a folder that is not a checkpoint (no config.json of this format, no models.train run.json)
-  and holds anything but a checkpoint's own files is refused;
-- `.`, `..`, `~`, the working directory, a parent of it, the home folder are refused;
+  and holds anything is refused (another program's config.json and model.safetensors too);
 - in a checkpoint, the model's files are deleted one by one (never a folder wholesale: a
   user's file inside snapshots/ stays); `analysis/` is moved aside to
   `analysis.replaced-<UTC time>/` (its results are the replaced model's, recorded with its
@@ -125,11 +124,11 @@ def refuse_unsafe(out: Path, what: str = "a checkpoint") -> None:
     where = out.expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if where == cwd or where in cwd.parents or where == home or str(out).strip() in (".", "..", "~"):
-        where = ("the working directory" if where == cwd else "the home folder" if where == home
-                else "a parent of the working directory")
-        where_to = "ckpt/NAME" if what == "a checkpoint" else "results/NAME"
-        raise ValueError(f"--out {out} is {where}; {what} {'goes' if what == 'a checkpoint' else 'go'} in a folder of "
-                         f"its own (e.g. --out {where_to}).")
+        place = ("the working directory" if where == cwd else "the home folder" if where == home
+                 else "a parent of the working directory")
+        one = what == "a checkpoint"
+        raise ValueError(f"--out {out} is {place}; {what} {'goes' if one else 'go'} in a folder of its own "
+                         f"(e.g. --out {'ckpt' if one else 'results'}/NAME).")
 
 
 def prepare_out(out: Path, force: bool, say=print) -> Path:
