@@ -14,6 +14,7 @@ from pathlib import Path
 
 from analyses.sweeps.cells import setting_changes
 from models.checkpoint import weights_sha256
+from models.out_folder import TEMPORARY, claim, shown
 
 HASH = "weights_sha256"
 
@@ -83,19 +84,48 @@ def own_analysis(ckpt: str | Path, folder: Path) -> bool:
     return (Path(ckpt) / "analysis").resolve() in (folder.resolve(), *folder.resolve().parents)
 
 
+# what each analysis of a checkpoint writes beside its summary.json, by which its results are known
+RESULT_FILES = {"locate_facts": "facts.csv", "hallucination": "metrics.csv", "induction_circuit": "circuit.html",
+                "induction_location": "location.csv"}
+
+
+def holding(folder: Path) -> str | None:
+    """What `folder` holds, for a refusal: a sweep, a checkpoint, an induction study's or an
+    analysis' results (RESULT_FILES); None where none of these."""
+    if (folder / "settings.json").is_file():
+        return "a sweep (settings.json)"
+    if (folder / "config.json").is_file():
+        return "a checkpoint (config.json)"
+    names = [name for name, file in RESULT_FILES.items() if (folder / file).is_file()]
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        summary = None
+    if isinstance(summary, dict) and "studies" in summary:
+        return "an induction study's results (summary.json)"
+    return f"{names[0]} results" if len(names) == 1 else None
+
+
 def refuse_other_results(name: str, into: Path, wanted: dict, ckpt: str | Path, by: str) -> None:
-    """Refuse (ValueError, one line) to write `name` results into `into` when it holds files
-    other than `name` results of `wanted` (subfolders aside): a sweep, a checkpoint, results
-    of other settings or, outside the checkpoint's own analysis/ folder, of other weights.
-    `by` names the writer in the message."""
-    files = [p for p in into.iterdir() if p.is_file()] if into.is_dir() else []
+    """Refuse (ValueError, one line) to write `name` results into `into` unless
+    models.out_folder.claim allows it (not `.`, not in another checkpoint) and it holds no
+    files (subfolders aside) or `name` results of `wanted` (a user's other files beside them
+    stay): refused where it holds a sweep, a checkpoint, another analysis' results, results of
+    other settings or, outside the checkpoint's own analysis/ folder, of other weights, or files
+    that are not `name` results. `by` names the writer in the message."""
+    claim(into, lambda folder: _own_results(name, folder, wanted, ckpt, by), ckpt=ckpt)
+
+
+def _own_results(name: str, into: Path, wanted: dict, ckpt: str | Path, by: str) -> None:
+    files = sorted(p.name for p in into.iterdir() if p.is_file() and not TEMPORARY.match(p.name))
     if not files:
         return
     tail = f"which {by} does not write over; move them, or choose another --out."
-    if (into / "settings.json").is_file():
-        raise ValueError(f"{into} holds a sweep (settings.json), {tail}")
-    if (into / "config.json").is_file():
-        raise ValueError(f"{into} holds a checkpoint (config.json), {tail}")
+    held = holding(into)
+    if held is not None and held != f"{name} results":
+        raise ValueError(f"{into} holds {held}, {tail}")
+    if held is None:
+        raise ValueError(f"{into} holds files that are not {name} results ({shown(files)}), {tail}")
     # in the checkpoint's own folder, results of its earlier weights (trained again) are stale: replaced
     stale = tuple(k for k in wanted if k.endswith("sha256")) if own_analysis(ckpt, into) else ()
     differing = differences(into, wanted, stale) if (into / "summary.json").is_file() else ["no summary.json"]

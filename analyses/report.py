@@ -37,6 +37,7 @@ from analyses.sweeps import cli
 from analyses.visualize import neurons_section, page, parse_facts, unit_view, views_section, visualize
 from models import load
 from models.checkpoint import read_config, snapshot_steps, snapshots_sha256, weights_sha256, write_text
+from models.out_folder import claim, only
 from models.section import ModelSection
 from probe import columns
 from probe.phases import PhaseRule
@@ -238,7 +239,8 @@ def parser():
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    out = cli.out_dir(args, "CKPT/analysis/report")
+    out = claim(cli.out_dir(args, "CKPT/analysis/report"), only("index.html", "locate_facts", "hallucination"),
+                ckpt=args.ckpt)
     text = build(args.ckpt, args.device, args.facts, args.fresh, args.seed, progress=not args.quiet, analyses=out)
     write_text(out / "index.html", text)
     print(f"wrote {out}/index.html ({len(text) / 1e6:.1f} MB, opens offline)")

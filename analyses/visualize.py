@@ -31,6 +31,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_summary
 from models import load
 from models.checkpoint import write_text
+from models.out_folder import claim, only
 from models.text import count
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
@@ -309,7 +310,7 @@ def main(argv=None) -> int:
     settings = cli.settings(args, ViewSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     facts = None if args.facts is None else parse_facts(args.facts, task)
-    out = cli.out_dir(args, "CKPT/analysis/visualize")
+    out = claim(cli.out_dir(args, "CKPT/analysis/visualize"), only("views.json", "index.html"), ckpt=args.ckpt)
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)
     units = unit_view(model, prompts)
     body = (f'<p class="note">{html.escape(repr(task))}; checkpoint <code>{html.escape(str(args.ckpt))}</code>'

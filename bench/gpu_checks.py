@@ -31,6 +31,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from models.cli import override  # noqa: E402
+from models.out_folder import claim, only  # noqa: E402
 from models.recall.config import RunConfig  # noqa: E402
 from models.recall.presets import preset  # noqa: E402
 from models.recall.trainer import train  # noqa: E402
@@ -130,6 +131,11 @@ def main() -> None:
         p.error(f"--only: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(checks)}.")
     if not torch.cuda.is_available():
         sys.exit("bench/gpu_checks.py: this machine has no CUDA device.")
+    try:  # the one --out rule: a folder of its own (its checkpoints are replaced with --force)
+        claim(args.out, only("gpu_checks.json", *(f"{kind}-{device}" for kind in ("tiny", "locate")
+                                                    for device in ("cuda", "cpu"))))
+    except ValueError as e:
+        p.exit(2, f"error: {e}\n")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     for name in args.only.split(","):

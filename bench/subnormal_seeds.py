@@ -29,6 +29,7 @@ import torch
 from analyses.sweeps.output import write_csv
 from models.checkpoint import write_json
 from models.cli import override
+from models.out_folder import claim, only
 from models.recall.config import RunConfig
 from models.recall.presets import preset
 from models.recall.trainer import train
@@ -147,6 +148,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/trainer_subnormals"), help="output folder")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    try:  # the one --out rule: a folder of its own, shared by this script's processes
+        claim(args.out, only("runs", "runs.csv", "summary.csv", "curves.png"))
+    except ValueError as e:
+        parser.exit(2, f"error: {e}\n")
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
     from models.training.progress import progress_bar
 

@@ -1,12 +1,18 @@
-"""The folder a command writes a checkpoint into (--out), and what --force may replace there.
+"""The one rule of every command that writes into a folder (--out), `claim`; the folder a
+command writes a checkpoint into, and what --force may replace there (`prepare_out`).
+
+`claim` refuses, in one line and before anything is written: `.`, `..`, `~`, the working
+directory, a parent of it, the home folder; a path that is a file; a checkpoint's own folder
+(but for a command writing a checkpoint); a folder inside a checkpoint, but in the checkpoint's
+own analysis/ for an analysis of that checkpoint; a folder holding anything that is not the
+command's own (what `holds` accepts: its earlier results of the same settings, a sweep's record).
 
 A checkpoint folder holds the model's own files (MODEL_FILES: what write_checkpoint and
 models.train put there) and may hold other things: the analyses' results (`analysis/`, by
 default), a user's notes. --force replaces the model's files and nothing else:
 
 - a folder that is not a checkpoint (no config.json of this format, no models.train run.json)
-  and holds anything but a checkpoint's own files is refused;
-- `.`, `..`, `~`, the working directory, a parent of it, the home folder are refused;
+  and holds anything is refused (another program's config.json and model.safetensors too);
 - in a checkpoint, the model's files are deleted one by one (never a folder wholesale: a
   user's file inside snapshots/ stays); `analysis/` is moved aside to
   `analysis.replaced-<UTC time>/` (its results are the replaced model's, recorded with its
@@ -64,30 +70,87 @@ def others(folder: Path) -> list[str]:
     return sorted(top + inner)
 
 
-def refuse_unsafe(out: Path) -> None:
+def claim(out: Path, holds=None, *, ckpt: Path | str | None = None, checkpoint: bool = False) -> Path:
+    """`out`, if a command may write there (not created); else ValueError, one line, nothing
+    written. `holds(out)` is called where `out` holds anything: it raises ValueError naming what
+    is there unless it is the command's own (None: nothing is). `ckpt`: the checkpoint the command
+    analyses (its analysis/ may hold `out`); `checkpoint`: the command writes a checkpoint."""
+    out = Path(out)
+    refuse_unsafe(out, "a checkpoint" if checkpoint else "results")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory.")
+    if not checkpoint and is_checkpoint(out):
+        raise ValueError(f"--out {out} is a checkpoint's own folder: results go to a folder of their own"
+                         + (f", by default {Path(ckpt) / ANALYSIS}/NAME." if ckpt else "."))
+    refuse_inside_checkpoint(out, ckpt)
+    if out.is_dir() and any(out.iterdir()):
+        (holds or only())(out)
+    return out
+
+
+def refuse_inside_checkpoint(out: Path, ckpt: Path | str | None = None) -> None:
+    """Refuse (ValueError) an `out` inside a checkpoint's folder, but inside `ckpt`'s own
+    analysis/ (an analysis of `ckpt` writes there): results there would pass for that
+    checkpoint's own."""
+    inside = next((p for p in Path(out).resolve().parents if is_checkpoint(p)), None)
+    if inside is None or (ckpt is not None and (Path(ckpt) / ANALYSIS).resolve() in
+                          (Path(out).resolve(), *Path(out).resolve().parents)):
+        return
+    if ckpt is not None and inside == Path(ckpt).resolve():
+        raise ValueError(f"--out {out} is inside the checkpoint {ckpt} but not in its {ANALYSIS}/, where its "
+                         f"results go; choose {Path(ckpt) / ANALYSIS}/NAME or a folder outside it.")
+    if ckpt is not None:
+        raise ValueError(f"--out {out} is inside another checkpoint ({inside}), whose results it would pass for; "
+                         f"choose a folder outside it (default {Path(ckpt) / ANALYSIS}/NAME).")
+    raise ValueError(f"--out {out} is inside a checkpoint ({inside}), whose results it would pass for; "
+                     "choose a folder outside it.")
+
+
+def only(*names: str):
+    """A `holds` for `claim`: the folder may hold these names (the command's own files) and
+    atomic writes' temporary files, nothing else."""
+    def holds(out: Path) -> None:
+        other = sorted(p.name + "/" * p.is_dir() for p in out.iterdir()
+                       if p.name not in names and not TEMPORARY.match(p.name))
+        if other:
+            raise ValueError(f"--out {out} holds files that are not this command's results ({shown(other)}), "
+                             "which it does not write over; choose another --out.")
+    return holds
+
+
+def refuse_unsafe(out: Path, what: str = "a checkpoint") -> None:
     """Refuse (ValueError) an --out that is the working directory, a parent of it, or the
-    home folder (`.`, `..`, `~`): a checkpoint goes in a folder of its own."""
+    home folder (`.`, `..`, `~`): `what` goes in a folder of its own."""
     where = out.expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if where == cwd or where in cwd.parents or where == home or str(out).strip() in (".", "..", "~"):
-        what = ("the working directory" if where == cwd else "the home folder" if where == home
-                else "a parent of the working directory")
-        raise ValueError(f"--out {out} is {what}; a checkpoint goes in a folder of its own (e.g. --out ckpt/NAME).")
+        place = ("the working directory" if where == cwd else "the home folder" if where == home
+                 else "a parent of the working directory")
+        one = what == "a checkpoint"
+        raise ValueError(f"--out {out} is {place}; {what} {'goes' if one else 'go'} in a folder of its own "
+                         f"(e.g. --out {'ckpt' if one else 'results'}/NAME).")
 
 
 def prepare_out(out: Path, force: bool, say=print) -> Path:
     """A folder to write a checkpoint into: `out`, created, when it is empty or new; a
     checkpoint's folder with its model's files removed when `force` (the rules above); else
-    refused (ValueError), nothing touched."""
-    refuse_unsafe(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory.")
+    refused (ValueError), nothing touched (`claim`: also inside another checkpoint)."""
+    claim(out, lambda folder: _replaceable(folder, force), checkpoint=True)
     if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
         replace_model(out, say)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _replaceable(out: Path, force: bool) -> None:
+    """Refuse a non-empty `out` without --force, and with it one that is not a checkpoint (whatever
+    it holds: another program's config.json and model.safetensors are not this model's files)."""
+    if not force:
+        raise ValueError(f"--out {out} already holds files; pass --force to replace it, or choose another --out.")
+    if not is_checkpoint(out):  # another program's config.json and model.safetensors among them
+        held = sorted(p.name + "/" * p.is_dir() for p in out.iterdir())
+        raise ValueError(f"--out {out} holds files that are not a checkpoint's ({shown(held)}); --force replaces a "
+                         "checkpoint's files only: choose another --out.")
 
 
 def replace_model(out: Path, say=print) -> None:
@@ -96,7 +159,7 @@ def replace_model(out: Path, say=print) -> None:
     checkpoint and holds other things."""
     kept = others(out)
     if kept and not is_checkpoint(out):
-        raise ValueError(f"--out {out} holds files that are not a checkpoint's ({_shown(kept)}); --force replaces a "
+        raise ValueError(f"--out {out} holds files that are not a checkpoint's ({shown(kept)}); --force replaces a "
                          "checkpoint's files only: choose another --out.")
     for path in model_files(out):
         path.unlink()
@@ -112,10 +175,10 @@ def replace_model(out: Path, say=print) -> None:
         notes.append(f"moved {ANALYSIS}/ (the replaced model's results) to {aside}/")
         kept = [k for k in kept if k != ANALYSIS + "/"]
     if kept:
-        notes.append(f"kept {_shown(kept)}")
+        notes.append(f"kept {shown(kept)}")
     say(f"--force: replaced the model in {out}" + ("; " + "; ".join(notes) if notes else "") + ".")
 
 
-def _shown(names: list[str], most: int = 4) -> str:
+def shown(names: list[str], most: int = 4) -> str:
     """Names for one line: the first `most`, then how many in all."""
     return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")

@@ -22,6 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analyses.capacity import TransformerSweep, transformer_row  # noqa: E402
+from models.out_folder import claim, only  # noqa: E402
 
 AUTHORS_SEED = 64  # run.run's own RNG(64)
 
@@ -63,6 +64,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("results/capacity/authors_code"))
     args = p.parse_args()
     shape = tuple(float(x) for x in args.shape.split(","))
+    try:  # the one --out rule: a folder of its own, resumable
+        claim(args.out, only("runs.jsonl", "side_by_side.csv"))
+    except ValueError as e:
+        p.exit(2, f"error: {e}\n")
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "runs.jsonl"
     done = {(r["code"], r["shape"], r["d"], r["S"], r["seed"]) for r in map(json.loads, log.read_text().splitlines())} \

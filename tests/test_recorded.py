@@ -77,9 +77,13 @@ def test_a_folder_of_other_results_is_refused_and_one_of_the_same_taken(tmp_path
     recorded.refuse_other_results("locate_facts", into, wanted, ckpt, "the report")  # the same, on another device
     (into / "summary.json").write_text(json.dumps({**summary, "settings": {"contexts": 4}}))
     with pytest.raises(ValueError) as refused:
-        recorded.refuse_other_results("hallucination", into, wanted, ckpt, "locate_facts")
-    assert str(refused.value) == (f"{into} holds other hallucination results (settings.contexts: recorded 4, now 8), "
+        recorded.refuse_other_results("locate_facts", into, wanted, ckpt, "locate_facts")
+    assert str(refused.value) == (f"{into} holds other locate_facts results (settings.contexts: recorded 4, now 8), "
                                   "which locate_facts does not write over; move them, or choose another --out.")
+    with pytest.raises(ValueError) as refused:  # named by what it holds, not by the analysis refused
+        recorded.refuse_other_results("hallucination", into, wanted, ckpt, "the hallucination analysis")
+    assert str(refused.value) == (f"{into} holds locate_facts results, which the hallucination analysis does not "
+                                  "write over; move them, or choose another --out.")
     (into / "summary.json").write_text(json.dumps({**summary, "weights_sha256": "b" * 64}))
     with pytest.raises(ValueError, match=r"holds other locate_facts results \(weights_sha256: recorded "
                                          r"\"bbbbbbbbbbbb...\", now \"aaaaaaaaaaaa...\"\)"):

@@ -26,6 +26,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.cells import Cells
 from analyses.sweeps.output import write_csv
 from models.bridge import resolve_device
+from models.out_folder import claim, only
 from models.recall.config import TrainConfig
 
 
@@ -149,6 +150,8 @@ def _recorded_analysis(folder: Path) -> str | None:
 def plan(args) -> int:
     """The milestone rule's validation, then the sweep's plan under today's rules and the new ones
     (--done: the GPU's science so far and the next call, analyses.capacity.progress)."""
+    if args.out is not None:
+        claim(args.out, only("plan.csv"))  # the one --out rule: a folder of its own, refused before the plan runs
     if args.done:
         from analyses.capacity.progress import progress_text
         from analyses.capacity.protocol import results_root

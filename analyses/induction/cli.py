@@ -34,10 +34,10 @@ from analyses.induction.report import circuit_page
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models import load
-from models.checkpoint import write_json, write_text
+from models.checkpoint import read_envelope, write_json, write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset
 from models.induction.trainer import train
-from models.out_folder import is_checkpoint
+from models.out_folder import claim
 from probe.induction import knowledge_location, memory_recall
 from tasks.induction import TRIGGERS
 
@@ -203,11 +203,7 @@ def main(argv=None) -> int:
     if args.command in ("circuit", "location"):
         out, summary = checkpoint_analysis(args)
     else:
-        out = args.out or Path(f"induction_{args.command}")
-        inside = next((p for p in out.resolve().parents if is_checkpoint(p)), None)
-        if inside is not None:
-            raise ValueError(f"--out {out} is inside a checkpoint ({inside}), whose results it would pass for; "
-                             "choose a folder outside it.")
+        out = claim(args.out or Path(f"induction_{args.command}"), study_folder)
         out.mkdir(parents=True, exist_ok=True)
         summary = {"preset": args.preset, "seed": args.seed, "settings": study_settings(args), "studies": []}
         if args.command == "reproduce":
@@ -231,6 +227,19 @@ def study_settings(args) -> dict:
             if hasattr(args, k)}
 
 
+def study_folder(out: Path) -> None:
+    """What a training study's --out may hold (models.out_folder.claim): an induction study's
+    results (summary.json naming its studies, a user's files beside them stay), or the training
+    state of an interrupted first study; else refused."""
+    if (out / "summary.json").is_file() and recorded.holding(out) == "an induction study's results (summary.json)":
+        return
+    other = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in ("train_state", "probes_model"))
+    if other:
+        held = recorded.holding(out) or f"files that are not an induction study's results ({', '.join(other[:4])})"
+        raise ValueError(f"--out {out} holds {held}, which an induction study does not write over; choose another "
+                         "--out.")
+
+
 def kept_studies(path: Path, summary: dict) -> dict:
     """The summary to go on from: the one at `path` where an earlier reproduce of the same settings
     wrote it (its finished studies are kept, their files beside it), else `summary` (all run again)."""
@@ -248,12 +257,13 @@ def checkpoint_analysis(args) -> tuple[Path, dict]:
     summary). The summary records its source (checkpoint, step, weights_sha256) and settings; a
     folder holding other results, or inside another checkpoint, is refused (analyses.recorded)."""
     name = f"induction_{args.command}"
-    model, task = load(args.ckpt, args.device, args.step, kind="induction")
+    read_envelope(args.ckpt)  # a checkpoint of this toolkit; its kind is checked as it loads, once --out is
     out = cli.out_dir(args, f"CKPT/analysis/{name}")
     origin = recorded.source(args.ckpt, args.step)
     settings = {"ranks": list(args.ranks)} if args.command == "location" else {}
     wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH], "settings": settings}
     recorded.refuse_other_results(name, out, wanted, args.ckpt, f"the induction {args.command} analysis")
+    model, task = load(args.ckpt, args.device, args.step, kind="induction")  # --out is refused before it loads
     out.mkdir(parents=True, exist_ok=True)
     what = f"{args.ckpt}" + (f" at step {args.step}" if args.step is not None else "")
     found = (run_circuit(model, task, out, f"The induction circuit of {what}") if args.command == "circuit"

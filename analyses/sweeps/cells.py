@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.checkpoint import write_json
+from models.out_folder import TEMPORARY, claim, shown
 from models.text import count
 from models.training.progress import progress_bar
 
@@ -50,6 +51,21 @@ def one(cell: Cell) -> Job:
 
 
 # ------------------------------------------------------------------ recorded cells
+SWEEP_FOLDERS = ("cells", "state", "checkpoints", "model")  # a sweep's before settings.json (model: shrink's)
+
+
+def claim_sweep(out: Path) -> Path:
+    """models.out_folder.claim for a sweep's --out: new, empty, or a sweep's record (its
+    settings.json, compared by Cells; a user's other files there stay); else refused."""
+    def holds(folder: Path) -> None:
+        other = sorted(p.name + "/" * p.is_dir() for p in folder.iterdir()
+                       if p.name not in SWEEP_FOLDERS and not TEMPORARY.match(p.name))
+        if other and not (folder / "settings.json").is_file():
+            raise ValueError(f"--out {folder} holds files that are not a sweep's record ({shown(other)}; no "
+                             "settings.json), which a sweep does not write over; choose another --out.")
+    return claim(Path(out), holds)
+
+
 class Cells:
     """One JSON file per finished cell in DIR/cells/, written atomically; DIR/settings.json
     holds the settings shared by every cell, and `torch_threads`, the torch threads each cell
@@ -68,7 +84,7 @@ class Cells:
 
     def __init__(self, out: Path, settings: dict, torch_threads: int = 1, earlier: tuple[dict, ...] = (),
                  keep_checkpoints: bool = False, growing: tuple[str, ...] = ()):
-        self.out, self.dir = Path(out), Path(out) / "cells"
+        self.out, self.dir = claim_sweep(out), Path(out) / "cells"
         self.keep_checkpoints = keep_checkpoints
         threads = {} if torch_threads == 1 else {"torch_threads": torch_threads}
         self.settings = json.loads(json.dumps({**settings, **threads}))

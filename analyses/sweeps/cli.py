@@ -14,7 +14,7 @@ from pathlib import Path
 from analyses.sweeps.executors import ExecutorSettings
 from models.bridge import resolve_device
 from models.cli import Parser, add_config_flags, comma_list, given, list_items, parser, run_cli, seed, whole_number
-from models.out_folder import is_checkpoint
+from models.out_folder import claim, is_checkpoint
 
 __all__ = ["Parser", "parser", "directory", "device", "seed", "step", "comma_list", "list_items", "run_cli",
            "add_checkpoint", "add_out", "out_dir", "add_device", "add_seed", "add_step", "add_quiet", "add_sweep",
@@ -91,11 +91,10 @@ def add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
 def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
     """--out, or `default` (a path; 'CKPT/analysis/NAME' is under the checkpoint, and with
     --step N under CKPT/analysis/step_N/NAME: a snapshot's analysis never takes the place of
-    the final weights')."""
+    the final weights'). A given --out is placed by models.out_folder.claim (not `.`, not in
+    another checkpoint); what it holds, the command checks (analyses.recorded, Cells)."""
     if args.out is not None:
-        if getattr(args, "ckpt", None):
-            refuse_other_checkpoint(args.out, Path(args.ckpt))
-        return args.out
+        return claim(args.out, lambda folder: None, ckpt=getattr(args, "ckpt", None))
     default = str(default)
     if not default.startswith("CKPT/"):
         return Path(default)
@@ -103,15 +102,6 @@ def out_dir(args: argparse.Namespace, default: str | Path) -> Path:
     if step is not None:
         default = default.replace("CKPT/analysis/", f"CKPT/analysis/step_{step}/")
     return Path(args.ckpt) / default.removeprefix("CKPT/")
-
-
-def refuse_other_checkpoint(out: Path, ckpt: Path) -> None:
-    """Refuse (ValueError, one line) an --out inside another checkpoint's folder (its
-    analysis/, say), where `ckpt`'s results would pass for that checkpoint's own."""
-    inside = next((p for p in out.resolve().parents if is_checkpoint(p)), None)
-    if inside is not None and inside != ckpt.resolve():
-        raise ValueError(f"--out {out} is inside another checkpoint ({inside}), whose results it would pass for; "
-                         f"choose a folder outside it (default {ckpt / 'analysis'}/NAME).")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:

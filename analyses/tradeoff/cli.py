@@ -6,7 +6,7 @@ from pathlib import Path
 from analyses import tradeoff
 from analyses.locate_facts import LocateSettings
 from analyses.sweeps import cli
-from analyses.sweeps.cells import Cells
+from analyses.sweeps.cells import Cells, claim_sweep
 from analyses.tradeoff.common import BASE, base_run, sweep_settings
 from analyses.tradeoff.compare import compare_grids, compare_text, read_grid, write_compare
 from analyses.tradeoff.grid import Grid, grid_rows, grid_tables, grid_text, write_grid
@@ -14,6 +14,7 @@ from analyses.tradeoff.shrink import Shrink, shrink_rows, shrink_tables, shrink_
 from analyses.tradeoff.swap import VARIANTS, swap_rows, swap_tables, swap_text, write_swap
 from models.checkpoint import weights_sha256
 from models.cli import add_config_flags, given
+from models.out_folder import claim
 from models.recall.config import ModelConfig, TaskConfig, TrainConfig
 from models.recall.presets import preset
 
@@ -50,7 +51,22 @@ def parser():
     return p
 
 
+COMPARE_FILES = ("compare.csv", "frontier.csv", "summary.json", "compare.png")
+
+
+def compare_folder(out: Path) -> None:
+    """What compare's --out may hold (models.out_folder.claim): its own files, its summary.json naming two grids."""
+    other = sorted(p.name for p in out.iterdir() if p.name not in COMPARE_FILES and not p.name.startswith("."))
+    summary = out / "summary.json"
+    if summary.is_file() and '"cells_compared"' not in summary.read_text(errors="replace"):
+        other.append("summary.json")
+    if other:
+        raise ValueError(f"--out {out} holds files that are not a comparison's ({', '.join(other)}), which compare "
+                         "does not write over; choose another --out.")
+
+
 def compare_main(args) -> int:
+    claim(args.out, compare_folder)
     labels = args.labels or [p.name if p.name != args.grids[1 - i].name else str(p) for i, p in enumerate(args.grids)]
     if len(labels) != 2 or labels[0] == labels[1]:
         raise ValueError(f"--labels needs two different names, got {','.join(labels)!r}.")
@@ -84,6 +100,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return compare_main(args)
+    claim_sweep(args.out)  # before shrink trains its model into it
     refuse_unused(args)
     locating = cli.settings(args, LocateSettings, seed=args.seed_locate)
     run = base_run(args)  # --device is the training's

@@ -25,6 +25,7 @@ from models.induction.config import (
     preset,
 )
 from models.induction.trainer import train
+from models.induction.weights import trainable_keys
 from models.out_folder import FORCE_HELP, prepare_out
 from models.training.result import TrainResult
 
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
         model = override(base[1], cli.given(args, InductionModelConfig))
         cfg = override(base[2], cli.given(args, InductionTrainConfig))
         task = task_cfg.build()  # bad settings are refused before --out is touched
-        model.section(task)
+        trainable_keys(model.section(task), cfg.frozen)  # an unknown --frozen weight too
         cfg.validate()
         out = prepare_out(args.out or Path("ckpt") / f"induction_{args.preset}", args.force)
         (out / RUN_FILE).write_text(json.dumps({"preset": args.preset, "task": asdict(task_cfg),
