@@ -55,6 +55,8 @@ def check_stackable(runs: list[RunConfig]) -> None:
     """Refuse runs that cannot share a stack (stack_differences), in one line."""
     if not runs:
         raise ValueError("train_shapes needs at least one run.")
+    if runs[0].model.n_layers != 1:  # padding and the stack's forward know one block
+        raise ValueError(f"a stack of shapes trains one-layer models; got n_layers {runs[0].model.n_layers}.")
     for i, run in enumerate(runs[1:], 1):
         differ = stack_differences(run, runs[0])
         if differ:
