@@ -13,7 +13,7 @@ from models.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
 from models.cores.forward import last_position_logits
 from models.recall import train as train_cli
 from models.recall.config import ModelConfig, RunConfig, TrainConfig, resolved_record, run_record
-from models.recall.shape_stack import check_stackable
+from models.recall.shape_stack import check_stackable, stack_parts
 from models.recall.weights import init_weights, stack, trainable_keys
 from models.section import ModelSection, shapes
 from tasks.factual_recall import FactualRecallTask
@@ -209,3 +209,11 @@ def test_stacks_of_shapes_and_the_fused_core_refuse_deeper_models():
         last_position_logits(w, tokens, attention_core="fused")
     with pytest.raises(ValueError, match="one-layer models only"):
         last_position_logits(w, tokens, query_scale=torch.ones(1))
+
+
+def test_the_memory_estimate_counts_every_block():
+    """models.recall.fits refuses a run that cannot fit: a deeper model's weights and every-position
+    activations are counted."""
+    one, two = stack_parts([RunConfig()]), stack_parts([RunConfig(model=ModelConfig(n_layers=2))])
+    assert one["weights"] < two["weights"] < 2 * one["weights"]  # a second block; the embeddings are shared
+    assert two["training step"] > 5 * one["training step"]  # the first block at every position

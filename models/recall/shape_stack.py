@@ -164,12 +164,15 @@ def _activation_bytes(section: ModelSection, K: int, B: int, backward: bool) -> 
     the [K, H, B, V] attention buffer; scores, pattern and their gradients [K, H, B, T]; the
     key and value tables [K, H, d_h, V] and their gradients; queries, head outputs, residual
     stream, MLP and logits [K, B, .] and their gradients; the counter values and tokens
-    [K, B, T + 3] (int64, four at once while sampling)."""
+    [K, B, T + 3] (int64, four at once while sampling). Each layer before the last of an L-layer
+    model (models.cores.deep) adds its every-position residual stream, queries, keys, values,
+    head outputs, scores and MLP [K, B, T, .] and their gradients."""
     H, e, V, T = section.n_heads, section.d_head, section.d_vocab, section.n_ctx
     d, m, O = section.d_model, section.mlp_width, section.d_vocab_out
     passes = 2 if backward else 1
     floats = (H * B * V + 2 * passes * H * B * T + 2 * passes * H * e * V
               + passes * B * (4 * d + 2 * m + 2 * O + 2 * H * e))
+    floats += (section.n_layers - 1) * passes * B * T * (4 * d + 4 * H * e + H * T + 2 * m)
     sampling = 4 * B * (T + 3) * INDEX_BYTES if backward else 0
     return K * (BYTES * floats + sampling)
 
