@@ -22,7 +22,7 @@ torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With 
 ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
-        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed] [--n-heads H] [--d-mlp M] \
+        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed] [--n-heads H] [--d-mlp M] [--n-layers L] \
         [--attention-core auto|vocab|fused] [--compare-core vocab|fused] [--peak-flops F] [--peak-bandwidth B]
 
 It also prints the step's FLOPs and bytes moved by tensor (bench/step_cost.py) and the rates
