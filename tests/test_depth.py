@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analyses import hallucination, locate_facts
+from analyses import hallucination, locate_facts, report, visualize
 from models.bridge import build_bridge, load
 from models.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
 from models.cores.forward import last_position_logits
@@ -191,12 +191,21 @@ def test_the_checkpoint_reader_wants_every_block(tmp_path):
         load_checkpoint(ckpt)
 
 
-@pytest.mark.parametrize("tool", [locate_facts, hallucination], ids=["locate_facts", "hallucination"])
+@pytest.mark.parametrize("tool", [locate_facts, hallucination, visualize, report],
+                         ids=["locate_facts", "hallucination", "visualize", "report"])
 def test_one_layer_tools_refuse_a_deeper_model_in_one_line(tool, deep_ckpt, capsys):
     code, _, err = run_main(tool.main, [deep_ckpt, "--quiet", "--device", str(TEST_DEVICE)], capsys)
     assert code == 2 and err.strip().splitlines() == [
         f"error: {deep_ckpt}: a model of 2 layers; {tool.__name__.split('.')[-1]} reads one-layer models only."]
     assert not (deep_ckpt / "analysis").exists()
+
+
+def test_the_pruning_study_refuses_a_deeper_model(deep_ckpt, tmp_path, capsys):
+    from analyses.tradeoff.cli import main as tradeoff
+
+    code, _, err = run_main(tradeoff, ["shrink", "--ckpt", deep_ckpt, "--out", tmp_path / "shrink", "--quiet"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: {deep_ckpt}: a model of 2 layers; tradeoff shrink reads one-layer models only."]
 
 
 def test_stacks_of_shapes_and_the_fused_core_refuse_deeper_models():
