@@ -34,6 +34,7 @@ from models.checkpoint import (
     snapshot_steps,
     snapshots_sha256,
 )
+from models.section import one_layer
 from models.training.progress import progress_bar
 from probe import columns
 from probe.ablation import ablation_hooks
@@ -115,6 +116,7 @@ def measure(ckpt: str | Path, device: str = "auto", eval_size: int = 2048, seed:
     """One row of metrics per snapshot of `ckpt` (the storage shares on a log-spaced subset)."""
     steps = snapshots_to_follow(ckpt)
     first = load_checkpoint(ckpt, steps[0], kind="factual_recall")
+    one_layer(first.section.n_layers, ckpt, "hallucination")
     # every snapshot read and checked before any is measured: a damaged one is refused at once
     snapshots = {step: read_weights(snapshot_path(ckpt, step), first.section) for step in steps}
     task = first.task

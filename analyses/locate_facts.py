@@ -33,6 +33,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from analyses.visualize import parse_facts
 from models import load
+from models.section import one_layer
 from models.text import count, number
 from models.training.progress import progress_bar
 from probe import columns
@@ -219,6 +220,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, LocateSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
+    one_layer(model.cfg.n_layers, args.ckpt, "locate_facts")
     facts = None if args.facts is None else parse_facts(args.facts, task)
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
     if args.out is None:  # beside the default settings' run over every fact, never over it

@@ -38,7 +38,7 @@ from analyses.visualize import neurons_section, page, parse_facts, unit_view, vi
 from models import load
 from models.checkpoint import read_config, snapshot_steps, snapshots_sha256, weights_sha256, write_text
 from models.out_folder import claim, only
-from models.section import ModelSection
+from models.section import ModelSection, one_layer
 from probe import columns
 from probe.phases import PhaseRule
 from probe.storage import LABELS
@@ -203,6 +203,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
     ckpt = Path(ckpt)
     analyses = ckpt / "analysis" / "report" if analyses is None else Path(analyses)
     model, task = load(ckpt, device, kind="factual_recall")
+    one_layer(model.cfg.n_layers, ckpt, "report")
     config, _ = read_config(ckpt)
     given = None if facts is None else parse_facts(facts, task)  # refused before anything is written
     located = located_results(ckpt, model, task, analyses / "locate_facts", fresh, progress, say)

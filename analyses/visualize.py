@@ -32,6 +32,7 @@ from analyses.sweeps.output import write_summary
 from models import load
 from models.checkpoint import write_text
 from models.out_folder import claim, only
+from models.section import one_layer
 from models.text import count
 from probe.denoising import head_token_table
 from probe.hooks import HOOK_PATTERN
@@ -309,6 +310,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, ViewSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
+    one_layer(model.cfg.n_layers, args.ckpt, "visualize")
     facts = None if args.facts is None else parse_facts(args.facts, task)
     out = claim(cli.out_dir(args, "CKPT/analysis/visualize"), only("views.json", "index.html"), ckpt=args.ckpt)
     prompts, table = visualize(model, task, facts, settings.seed, settings.contexts)

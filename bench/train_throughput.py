@@ -22,7 +22,7 @@ torch.cuda.max_memory_allocated, or the peak RSS growth from model set-up. With 
 ours is also timed with the counter sampler (`ours-counter`). See bench/README.md.
 
     .venv/bin/python bench/train_throughput.py [--preset config-a] [--batch 1024] [--k 1] \
-        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed] [--n-heads H] [--d-mlp M] \
+        [--trained-steps 8192] [--trained-state DIR] [--counter] [--graphed] [--n-heads H] [--d-mlp M] [--n-layers L] \
         [--attention-core auto|vocab|fused] [--compare-core vocab|fused] [--peak-flops F] [--peak-bandwidth B]
 
 It also prints the step's FLOPs and bytes moved by tensor (bench/step_cost.py) and the rates
@@ -255,6 +255,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1, help="models stacked in our trainer")
     parser.add_argument("--n-heads", type=int, default=None, help="replace the preset model's head count")
     parser.add_argument("--d-mlp", type=int, default=None, help="replace the preset model's MLP width")
+    parser.add_argument("--n-layers", type=int, default=None,
+                        help="replace the preset model's depth L (1 to 4; L >= 2 runs models/cores/deep.py)")
     parser.add_argument("--attention-core", choices=CORES, default="auto",
                         help="our attention core (models.cores.forward.CORES; auto: fused on a GPU with Triton)")
     parser.add_argument("--compare-core", choices=CORES[1:], default=None,
@@ -294,9 +296,17 @@ def main() -> None:
     args.counter = args.counter or args.graphed
     if args.trained_steps and 2 ** round(math.log2(args.trained_steps)) != args.trained_steps:
         parser.error(f"--trained-steps must be 0 or a power of two, got {args.trained_steps}")
-    model = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp)) if value is not None}
+    model = {key: value for key, value in (("n_heads", args.n_heads), ("d_mlp", args.d_mlp),
+                                           ("n_layers", args.n_layers)) if value is not None}
     if model and args.trained_steps:
-        parser.error("--n-heads and --d-mlp time fresh weights only: add --trained-steps 0")
+        parser.error("--n-heads, --d-mlp and --n-layers time fresh weights only: add --trained-steps 0")
+    deep = model.get("n_layers", 1) != 1  # no attention core, no cost model: models/cores/deep.py
+    if deep and (args.attention_core == "fused" or args.compare_core or args.record):
+        parser.error("--attention-core fused, --compare-core and --record time one-layer models only")
+    try:
+        bench_run(args.preset, model=model).model.validate()
+    except ValueError as error:
+        parser.error(str(error))
     core = core_name(args.attention_core, device, StepShape.of(bench_run(args.preset, model=model), args.batch, args.k))
     if args.compare_core is not None:
         FLUSHED[f"ours-{args.compare_core}"] = True
@@ -350,7 +360,7 @@ def main() -> None:
           f"N={task.n_noise} T={task.seq_len} d={shape.d_model} H={shape.n_heads} d_h={shape.d_head} "
           f"m={shape.d_mlp} | batch {args.batch} | K={args.k} | {args.repeats} rounds of >= {args.steps} steps "
           f"and >= {args.round_seconds:g} s | device {device} | torch threads {torch.get_num_threads()} "
-          f"| attention core {core}")
+          f"| attention core {'none (L > 1: models/cores/deep.py)' if deep else core} | L={shape.n_layers}")
     memory_kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS growth from setup"
     print(f"{'variant':<18}{'models':>7}{'steps/s min':>13}{'median':>9}{'max':>9}{'peak MiB':>10}{'CPU-time':>12}"
           f"   (peak: {memory_kind}; CPU-time: median steps/s of process CPU time)")
@@ -359,6 +369,12 @@ def main() -> None:
         models = 1 if name.startswith("tl") else args.k
         print(f"{name:<18}{models:>7}{min(r):>13.2f}{statistics.median(r):>9.2f}{max(r):>9.2f}{peak}"
               f"{statistics.median(cpu_rates[name]):>12.2f}")
+    if deep:  # bench/step_cost.py counts one layer's step
+        print("flops_per_step not counted for L > 1 (bench/step_cost.py models one layer)")
+        per_round, median = median_ratio(rates["ours"], rates["tl"], args.k, digits=1)
+        print("speedup per round (model-steps/s of ours / steps/s of tl): " + per_round)
+        print(f"speedup_vs_transformerlens {median:.1f}")
+        return
     sizes = StepShape.of(run, args.batch, args.k)
     flops = step_flops(sizes, core)
     ours_rate, matmul = statistics.median(rates["ours"]), statistics.median(matmul_rates)

@@ -44,7 +44,7 @@ def bridge_config(section: ModelSection):
     from transformer_lens.config import TransformerBridgeConfig
 
     return TransformerBridgeConfig(
-        n_layers=1, d_model=section.d_model, n_heads=section.n_heads, d_head=section.d_head,
+        n_layers=section.n_layers, d_model=section.d_model, n_heads=section.n_heads, d_head=section.d_head,
         d_mlp=None if section.attn_only else section.d_mlp, d_vocab=section.d_vocab,
         d_vocab_out=section.d_vocab_out, n_ctx=section.n_ctx, act_fn=section.act_fn,
         normalization_type=None, attn_only=section.attn_only,
@@ -90,24 +90,25 @@ def load_weights(bridge, weights: dict[str, torch.Tensor]) -> None:
 
 
 def _make_attention_linear(bridge) -> None:
-    """Permanent hooks: hook_pattern returns the scaled scores q.k/sqrt(d_head), zero above
-    the diagonal (the checkpoint format's linear attention), in place of the softmax."""
-    stash = {}
+    """Permanent hooks: every layer's hook_pattern returns the scaled scores q.k/sqrt(d_head),
+    zero above the diagonal (the checkpoint format's linear attention), in place of the softmax."""
     scale = bridge.cfg.d_head ** -0.5
+    for layer in range(bridge.cfg.n_layers):
+        stash = {}
 
-    def keep(name):
-        def hook(x, hook):
-            stash[name] = x  # [batch, pos, head, d_head]
-        return hook
+        def keep(name, stash=stash):
+            def hook(x, hook):
+                stash[name] = x  # [batch, pos, head, d_head]
+            return hook
 
-    def linear_pattern(pattern, hook):
-        scores = torch.einsum("bqhe,bkhe->bhqk", stash["q"], stash["k"]) * scale  # [batch, head, q, k]
-        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-        return scores.masked_fill(~causal, 0.0)
+        def linear_pattern(pattern, hook, stash=stash):
+            scores = torch.einsum("bqhe,bkhe->bhqk", stash["q"], stash["k"]) * scale  # [batch, head, q, k]
+            causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+            return scores.masked_fill(~causal, 0.0)
 
-    bridge.add_hook("blocks.0.attn.hook_q", keep("q"), is_permanent=True)
-    bridge.add_hook("blocks.0.attn.hook_k", keep("k"), is_permanent=True)
-    bridge.add_hook("blocks.0.attn.hook_pattern", linear_pattern, is_permanent=True)
+        bridge.add_hook(f"blocks.{layer}.attn.hook_q", keep("q"), is_permanent=True)
+        bridge.add_hook(f"blocks.{layer}.attn.hook_k", keep("k"), is_permanent=True)
+        bridge.add_hook(f"blocks.{layer}.attn.hook_pattern", linear_pattern, is_permanent=True)
 
 
 def load(ckpt: str | Path, device: str = "auto", step: int | None = None, kind: str | None = None):

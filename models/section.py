@@ -4,8 +4,9 @@ as one frozen dataclass, ModelSection, for every model family.
 It is what the configs write (`checkpoint_section`), what a checkpoint reader checks
 (`from_json`), and what the weights' shapes (`shapes`: the HookedTransformer state-dict keys
 every family's checkpoint holds, ATTN and MLP their prefixes), the parameter counts and the
-TransformerBridge are derived from. The induction family's models, of one or two layers with
-layer norm, are described by InductionSection (below).
+TransformerBridge are derived from. A factual-recall model has L = n_layers blocks (1 to
+MAX_LAYERS), each an attention layer and an MLP; the induction family's models, of one or two
+layers with layer norm, are described by InductionSection (below).
 """
 from __future__ import annotations
 
@@ -15,9 +16,30 @@ REQUIRED = ("n_layers", "d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_v
             "act_fn", "normalization_type")
 ATTENTIONS = ("softmax", "linear")
 HEAD_LAYOUTS = ("standard", "dana")
+MAX_LAYERS = 4  # the deepest factual-recall model (n_layers 1 .. MAX_LAYERS)
 ATTN = "blocks.0.attn."  # the weights' key prefixes (HookedTransformer state-dict keys): the attention layer
-MLP = "blocks.0.mlp."  # and the MLP
+MLP = "blocks.0.mlp."  # and the MLP (of the first block; attn(l) and mlp(l) name block l's)
 BIASES = (ATTN + "b_Q", ATTN + "b_K", ATTN + "b_V", ATTN + "b_O", MLP + "b_in", MLP + "b_out")
+
+
+def attn(layer: int) -> str:
+    """Block `layer`'s attention key prefix: 'blocks.1.attn.'."""
+    return f"blocks.{layer}.attn."
+
+
+def mlp(layer: int) -> str:
+    """Block `layer`'s MLP key prefix: 'blocks.1.mlp.'."""
+    return f"blocks.{layer}.mlp."
+
+
+def in_layer(key: str, layer: int) -> str:
+    """A first-block key (ATTN + 'W_Q') moved to block `layer` ('blocks.2.attn.W_Q'); others as they are."""
+    return key.replace("blocks.0.", f"blocks.{layer}.", 1) if key.startswith("blocks.0.") else key
+
+
+def n_layers_of(weights: dict) -> int:
+    """How many blocks a weights dict (or a stack) holds: 1 + the highest `blocks.l.` index."""
+    return 1 + max(int(key.split(".")[1]) for key in weights if key.startswith("blocks."))
 
 
 def _positive(value) -> bool:
@@ -26,9 +48,10 @@ def _positive(value) -> bool:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """A one-layer model without layer norm, in TransformerLens field names. `attention` is
-    always written; `parameterisation` only when not "standard", `positional_embedding` only for
-    the attention-only family ("trainable"), `head_layout` and `d_embed` only for its dana layout."""
+    """A model of `n_layers` blocks (attention, then an MLP unless attn_only) without layer norm,
+    in TransformerLens field names. `attention` is always written; `parameterisation` only when
+    not "standard", `positional_embedding` only for the attention-only family ("trainable"),
+    `head_layout` and `d_embed` only for its dana layout."""
 
     d_model: int
     n_heads: int
@@ -44,6 +67,7 @@ class ModelSection:
     positional_embedding: str | None = None
     head_layout: str = "standard"
     d_embed: int | None = None  # the dana layout's d (d_model = d_embed + d_head)
+    n_layers: int = 1  # L, the blocks (attention, MLP) one after the other
 
     @property
     def dana(self) -> bool:
@@ -56,13 +80,14 @@ class ModelSection:
 
     @property
     def shape(self) -> str:
-        """The model's size as text: 'd=32 H=4 d_h=8 m=64', or '... d_h=8, attention only'."""
-        return f"d={self.d_model} H={self.n_heads} d_h={self.d_head}" + (
+        """The model's size as text: 'd=32 H=4 d_h=8 m=64', '... d_h=8, attention only', and
+        'L=2 d=32 ...' for more than one layer."""
+        return f"L={self.n_layers} " * (self.n_layers > 1) + f"d={self.d_model} H={self.n_heads} d_h={self.d_head}" + (
             ", attention only" if self.attn_only else f" m={self.d_mlp}")
 
     def to_json(self) -> dict:
         """The config.json `model` section, keys in the order the format page shows."""
-        data = {"n_layers": 1, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
+        data = {"n_layers": self.n_layers, "d_model": self.d_model, "n_heads": self.n_heads, "d_head": self.d_head,
                 "d_mlp": self.d_mlp, "attn_only": self.attn_only, "act_fn": self.act_fn,
                 "normalization_type": None, "n_ctx": self.n_ctx, "d_vocab": self.d_vocab,
                 "d_vocab_out": self.d_vocab_out, "attention": self.attention}
@@ -85,8 +110,12 @@ class ModelSection:
         for k in ("d_model", "n_heads", "d_head", "n_ctx", "d_vocab", "d_vocab_out"):
             if not _positive(data[k]):
                 raise ValueError(f"model.{k} must be a positive integer, got {data[k]!r}.")
-        if data["n_layers"] != 1:
-            raise ValueError(f"model.n_layers is {data['n_layers']!r}; only one-layer models are supported.")
+        if not _positive(data["n_layers"]) or data["n_layers"] > MAX_LAYERS:
+            raise ValueError(f"model.n_layers must be an integer from 1 to {MAX_LAYERS}, got {data['n_layers']!r}.")
+        if data["n_layers"] > 1 and (data.get("positional_embedding") is not None
+                                     or data.get("head_layout", "standard") != "standard"):
+            raise ValueError(f"model.n_layers is {data['n_layers']}; the attention-only family's models have "
+                             "one layer.")
         if data["normalization_type"] is not None:
             raise ValueError(f"model.normalization_type must be null (no layer norm), "
                              f"got {data['normalization_type']!r}.")
@@ -114,23 +143,32 @@ class ModelSection:
                    n_ctx=data["n_ctx"], d_vocab=data["d_vocab"], d_vocab_out=data["d_vocab_out"],
                    attention=attention, parameterisation=data.get("parameterisation", "standard"),
                    positional_embedding=data.get("positional_embedding"), head_layout=layout,
-                   d_embed=data["d_embed"] if layout == "dana" else None)
+                   d_embed=data["d_embed"] if layout == "dana" else None, n_layers=data["n_layers"])
+
+
+def one_layer(n_layers: int, where, tool: str) -> None:
+    """Refuse (one-line ValueError) a model of more than one layer in a tool that reads one layer only."""
+    if n_layers != 1:
+        raise ValueError(f"{where}: a model of {n_layers} layers; {tool} reads one-layer models only.")
 
 
 def shapes(section: ModelSection) -> dict[str, tuple[int, ...]]:
-    """Checkpoint key -> shape for a model section."""
+    """Checkpoint key -> shape for a model section: the embeddings, block 0's weights (the
+    one-layer model's keys, in the same order), the unembedding, then blocks 1 .. L-1's."""
     d, H, dh = section.d_model, section.n_heads, section.d_head
     V, O, T = section.d_vocab, section.d_vocab_out, section.n_ctx
-    out = {
-        "embed.W_E": (V, d), "pos_embed.W_pos": (T, d),
+    block = {
         ATTN + "W_Q": (H, d, dh), ATTN + "W_K": (H, d, dh), ATTN + "W_V": (H, d, dh),
         ATTN + "b_Q": (H, dh), ATTN + "b_K": (H, dh), ATTN + "b_V": (H, dh),
         ATTN + "W_O": (H, dh, d), ATTN + "b_O": (d,),
-        "unembed.W_U": (d, O), "unembed.b_U": (O,),
     }
     if not section.attn_only:
         m = section.d_mlp
-        out.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
+        block.update({MLP + "W_in": (d, m), MLP + "b_in": (m,), MLP + "W_out": (m, d), MLP + "b_out": (d,)})
+    out = {"embed.W_E": (V, d), "pos_embed.W_pos": (T, d), **{k: s for k, s in block.items() if k.startswith(ATTN)},
+           "unembed.W_U": (d, O), "unembed.b_U": (O,), **{k: s for k, s in block.items() if k.startswith(MLP)}}
+    for layer in range(1, section.n_layers):
+        out.update({in_layer(k, layer): s for k, s in block.items()})
     return out
 
 

@@ -189,6 +189,11 @@ FACTUAL_RECALL = {
     "sgd, frozen OV": _tiny(optimizer="sgd", freeze_ov=True),
     "authors": preset("paper-tradeoff"),
     "linear, one-hot": preset("fig5-linear"),
+    "two layers": replace(_tiny(), model=replace(preset("tiny").model, n_layers=2)),
+    "authors, three layers": replace(preset("paper-tradeoff"), model=replace(preset("paper-tradeoff").model,
+                                                                              n_layers=3)),
+    "linear, one-hot, two layers": replace(preset("fig5-linear"), model=replace(preset("fig5-linear").model,
+                                                                                 n_layers=2)),
 }
 
 

@@ -39,7 +39,7 @@ def parser():
         q.add_argument("--seed-locate", type=cli.seed, default=0, help="seed of locate_facts' prompts (default 0)")
         base = preset(BASE)
         add_config_flags(q, TaskConfig, f"task ({BASE} preset)", base=base.task)
-        add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model)
+        add_config_flags(q, ModelConfig, f"model ({BASE} preset)", base=base.model, exclude=("n_layers",))
         add_config_flags(q, TrainConfig, f"training ({BASE} preset; snapshots off)", exclude=("device",),
                          base=base.train)
     compare = sub.add_parser("compare", help="two recorded grids side by side: frontiers, floors, storage shares")

@@ -18,6 +18,7 @@ from models.checkpoint import load_checkpoint
 from models.recall.config import RunConfig
 from models.recall.pruning import head_norms, neuron_norms, prune, prune_order
 from models.recall.trainer import train
+from models.section import one_layer
 from probe import columns
 from probe.storage import LABELS
 
@@ -41,6 +42,7 @@ def trained_model(ckpt: str | None, out: Path, run: RunConfig, progress: bool = 
     if not ckpt and not (path / "config.json").is_file():
         train(run, progress=progress).save(path)
     checkpoint = load_checkpoint(path, kind="factual_recall")
+    one_layer(checkpoint.section.n_layers, path, "tradeoff shrink")
     if checkpoint.section.attn_only:
         raise ValueError(f"{path}: an attention-only model has no MLP neurons to prune.")
     return checkpoint.section, checkpoint.weights, checkpoint.task

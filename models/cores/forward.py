@@ -1,4 +1,5 @@
-"""The trainer's fast forward: last-position logits of K stacked one-layer models.
+"""The trainer's fast forward: last-position logits of K stacked one-layer models (deeper ones:
+models/cores/deep.py).
 
 The loss reads only the last position, and a one-layer model's keys and values depend on a
 position only through its token and its positional embedding. So instead of projecting
@@ -40,7 +41,8 @@ from pathlib import Path
 import torch
 
 from models.cores import fused_attention
-from models.section import ATTN, MLP
+from models.cores.deep import deep_last_position_logits
+from models.section import ATTN, MLP, attn
 
 CORES = ("auto", "vocab", "fused")  # the attention core: chosen by rule, per vocabulary entry, per token
 
@@ -161,7 +163,12 @@ def last_position_logits(w: dict[str, torch.Tensor], tokens: torch.Tensor, atten
     tensors) on tokens [K, batch, T]. `positional` says whether W_pos is non-zero (None:
     look, which costs a host sync). `query_scale` [K] is each model's 1/sqrt(d_head) when
     the stack zero-pads heads of different sizes (models.recall.shape_stack); None: the stack's
-    own d_head. `attention_core`: one of CORES (choose_core)."""
+    own d_head. `attention_core`: one of CORES (choose_core). A stack of L-layer models (L >= 2,
+    no padded heads) runs models.cores.deep, with no attention core of its own."""
+    if attn(1) + "W_Q" in w:
+        if query_scale is not None or attention_core == "fused":
+            raise ValueError("a stack of padded head sizes, and the fused attention core, take one-layer models only.")
+        return deep_last_position_logits(w, tokens, attention, has_positions(w) if positional is None else positional)
     E = w["embed.W_E"]  # [K, V, d]
     K, B, T = tokens.shape
     H, d_head = w[ATTN + "W_Q"].shape[1], w[ATTN + "W_Q"].shape[-1]

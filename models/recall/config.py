@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 from models.cli import setting
 from models.recall import parameterisation as param
-from models.section import ModelSection
+from models.section import MAX_LAYERS, ModelSection
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.factual_recall import FactualRecallTask
 
@@ -61,6 +61,7 @@ class ModelConfig:
     n_heads: int = setting(4, "H, number of attention heads")
     d_head: int = setting(8, "d_h, head dimension")
     d_mlp: int = setting(64, "m, MLP width")
+    n_layers: int = setting(1, f"L, number of layers (each attention, then the MLP), 1 to {MAX_LAYERS}")
     attn_only: bool = setting(False, "no MLP: facts can only be stored in the attention OV circuit")
     attention: str = setting("softmax", "softmax | linear (pattern = scaled scores)", choices=("softmax", "linear"))
     parameterisation: str = setting("standard", param.HELP + " (docs/training.md)")
@@ -101,6 +102,8 @@ class ModelConfig:
         fields_ = asdict(self.resolved())
         if self.parameterisation == "standard":
             fields_.pop("parameterisation")
+        if self.n_layers == 1:  # likewise for one layer, the only depth before depth was a setting
+            fields_.pop("n_layers")
         return fields_
 
     def validate(self) -> None:
@@ -112,6 +115,9 @@ class ModelConfig:
                 if getattr(self, name) not in allowed:
                     raise ValueError(f"the parameterisation {self.parameterisation!r} takes {name} "
                                      f"{' or '.join(allowed)}, got {getattr(self, name)!r}.")
+        if isinstance(self.n_layers, bool) or not isinstance(self.n_layers, int) or \
+                not 1 <= self.n_layers <= MAX_LAYERS:
+            raise ValueError(f"n_layers must be an integer from 1 to {MAX_LAYERS}, got {self.n_layers!r}.")
         for name in ("d_model", "n_heads", "d_head") + (() if self.attn_only else ("d_mlp",)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -138,7 +144,7 @@ class ModelConfig:
         cfg.validate()
         return ModelSection(cfg.d_model, cfg.n_heads, cfg.d_head, None if cfg.attn_only else cfg.d_mlp,
                             cfg.attn_only, "relu", task.seq_len, task.d_vocab, task.d_vocab_out,
-                            cfg.attention, cfg.parameterisation)
+                            cfg.attention, cfg.parameterisation, n_layers=cfg.n_layers)
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,24 @@ class RunConfig:
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+
+
+def resolved_record(model: ModelConfig) -> dict:
+    """The resolved model config as config.json's training.model_config records it (n_layers left
+    out at one layer, as in run_record)."""
+    record = asdict(model.resolved())
+    if model.n_layers == 1:
+        record.pop("n_layers")
+    return record
+
+
+def run_record(run: RunConfig) -> dict:
+    """`run` as a dict (run.json, a stack's fingerprint): asdict, with the model's n_layers left
+    out at one layer, so a one-layer run is recorded as it was before depth was a setting."""
+    record = asdict(run)
+    if run.model.n_layers == 1:
+        record["model"].pop("n_layers")
+    return record
 
 
 def shape_model(alpha: float, beta: float, n_heads: float, d_model: float,

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the frozen random embeddings (default 0)")
     add_config_flags(p, TaskConfig, "task", default_label="default", base=CONSTRUCTION_TASK)
-    add_config_flags(p, ModelConfig, "model", default_label="default", base=CONSTRUCTION_MODEL)
+    add_config_flags(p, ModelConfig, "model", default_label="default", base=CONSTRUCTION_MODEL, exclude=("n_layers",))
     args = p.parse_args(argv)
     task = override(CONSTRUCTION_TASK, given(args, TaskConfig)).build()
     cfg = override(CONSTRUCTION_MODEL, {"attn_only": args.kind == "attention", **given(args, ModelConfig)})

@@ -55,6 +55,8 @@ def check_stackable(runs: list[RunConfig]) -> None:
     """Refuse runs that cannot share a stack (stack_differences), in one line."""
     if not runs:
         raise ValueError("train_shapes needs at least one run.")
+    if runs[0].model.n_layers != 1:  # padding and the stack's forward know one block
+        raise ValueError(f"a stack of shapes trains one-layer models; got n_layers {runs[0].model.n_layers}.")
     for i, run in enumerate(runs[1:], 1):
         differ = stack_differences(run, runs[0])
         if differ:
@@ -162,12 +164,15 @@ def _activation_bytes(section: ModelSection, K: int, B: int, backward: bool) -> 
     the [K, H, B, V] attention buffer; scores, pattern and their gradients [K, H, B, T]; the
     key and value tables [K, H, d_h, V] and their gradients; queries, head outputs, residual
     stream, MLP and logits [K, B, .] and their gradients; the counter values and tokens
-    [K, B, T + 3] (int64, four at once while sampling)."""
+    [K, B, T + 3] (int64, four at once while sampling). Each layer before the last of an L-layer
+    model (models.cores.deep) adds its every-position residual stream, queries, keys, values,
+    head outputs, scores and MLP [K, B, T, .] and their gradients."""
     H, e, V, T = section.n_heads, section.d_head, section.d_vocab, section.n_ctx
     d, m, O = section.d_model, section.mlp_width, section.d_vocab_out
     passes = 2 if backward else 1
     floats = (H * B * V + 2 * passes * H * B * T + 2 * passes * H * e * V
               + passes * B * (4 * d + 2 * m + 2 * O + 2 * H * e))
+    floats += (section.n_layers - 1) * passes * B * T * (4 * d + 4 * H * e + H * T + 2 * m)
     sampling = 4 * B * (T + 3) * INDEX_BYTES if backward else 0
     return K * (BYTES * floats + sampling)
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-from models.recall.config import RunConfig
+from models.recall.config import RunConfig, run_record
 from models.training.train_state import complete_steps, keep_latest, load_state, remove_partial, restore, save_state
 
 
@@ -27,7 +26,7 @@ def fingerprint(runs: list[RunConfig]) -> str:
     device and whether the step is graphed change no number)."""
     described = []
     for run in runs:
-        d = asdict(run)
+        d = run_record(run)
         d["train"].pop("device")
         d["train"].pop("cuda_graph")
         described.append(d)

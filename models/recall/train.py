@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from models import cli
@@ -19,7 +19,7 @@ from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.cli import override
 from models.out_folder import FORCE_HELP, prepare_out
-from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, run_record
 from models.recall.fits import check_fits
 from models.recall.presets import PRESETS, preset
 from models.recall.trainer import best_so_far, train
@@ -123,7 +123,7 @@ def same_settings(out: Path, run: RunConfig) -> bool:
 
     def what(settings: dict) -> dict:
         return {**settings, "train": {k: v for k, v in settings["train"].items() if k not in MOVABLE}}
-    wanted = what(json.loads(json.dumps(asdict(run))))
+    wanted = what(json.loads(json.dumps(run_record(run))))
     return isinstance(saved, dict) and isinstance(saved.get("train"), dict) and \
         what({k: saved.get(k) for k in wanted}) == wanted
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             print(f"{out} holds an interrupted run of these settings; resuming it.")
         else:
             out = prepare_out(out, args.force)
-            write_json(out / "run.json", {"preset": preset_name, **asdict(run)})
+            write_json(out / "run.json", {"preset": preset_name, **run_record(run)})
         warning = run.train.milestones_warning(section.d_model)
         if warning:  # the rule outside the runs it was validated on: said before the run it may stop
             print(warning, file=sys.stderr)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from models.bridge import resolve_device
 from models.cores.forward import has_positions, last_position_logits
-from models.recall.config import RunConfig
+from models.recall.config import RunConfig, resolved_record
 from models.recall.fits import check_fits
 from models.recall.training_data import TrainingData
 from models.recall.weights import init_weights, model_weights, stack, trainable_keys
@@ -253,7 +253,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
         "kept_model": kept, "runs": final, "dropped": list(dropped), "device": device,
         "seconds": round(seconds, 2), "batch_seeds": f"seed + {DATA_SEED_OFFSET}",
         "trainer": "models.recall.trainer", "trainable": trainable, "subnormals": subnormals, "graphed": graphed,
-        "task_config": asdict(run.task), "model_config": asdict(run.model.resolved()),
+        "task_config": asdict(run.task), "model_config": resolved_record(run.model),
     }
     snapshots = {s: {**kept_weights, **model_weights(snap, kept)} for s, snap in snapshots.items()}
     return TrainResult(task, run.model.checkpoint_section(task), kept_weights, training, metrics, snapshots, stacked)

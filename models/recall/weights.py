@@ -13,7 +13,7 @@ import torch
 
 from models.recall import parameterisation as param
 from models.recall.config import ModelConfig
-from models.section import ATTN, BIASES, MLP, ModelSection, shapes
+from models.section import ATTN, BIASES, MLP, ModelSection, in_layer, shapes
 from tasks.factual_recall import FactualRecallTask
 
 # Written to the residual stream at random and never trained (paper section 2).
@@ -39,10 +39,11 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     one-hot, or random tokens with answers on their own axes), zero positional embedding and biases,
     trainable matrices N(0, init_scale^2/fan_in) or constant init_scale; merged attention weights
     fix W_Q and W_V. The parameterisation's departures (models/recall/parameterisation.py) change
-    the scales, the MLP's distribution and b_O."""
+    the scales, the MLP's distribution and the first block's b_O. Blocks are drawn in order, block
+    0 first: a one-layer model's weights are those of every L-layer model's block 0."""
     cfg = cfg.for_task(task)
     g = torch.Generator().manual_seed(seed)
-    d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+    d = cfg.d_model
     w = {key: torch.zeros(shape) for key, shape in shapes(cfg.checkpoint_section(task)).items()}
     if cfg.embedding == "onehot":
         V, O = task.d_vocab, task.d_vocab_out
@@ -55,6 +56,19 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     else:
         w["embed.W_E"] = random_directions(task.d_vocab, d, cfg.embedding, g)
         w["unembed.W_U"] = random_directions(task.d_vocab_out, d, cfg.embedding, g).T.contiguous()
+    for layer in range(cfg.n_layers):  # block 0 draws first, as the one-layer model always did
+        _init_block(w, cfg, layer, g)
+    if "residual" in cfg.departures:
+        # the last position's residual after attention is then the attention output alone, so
+        # the MLP and the unembedding read `attn @ O` as in the official code
+        w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
+    return w
+
+
+def _init_block(w: dict[str, torch.Tensor], cfg: ModelConfig, layer: int, g: torch.Generator) -> None:
+    """Block `layer`'s trainable matrices drawn into `w` in DRAW_ORDER (merged attention's
+    fixed W_Q and W_V set)."""
+    d, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
     departures = cfg.departures
     qkv_fan_in = dh if "qkv_init" in departures else d
     fan_in = {ATTN + "W_Q": qkv_fan_in, ATTN + "W_K": qkv_fan_in, ATTN + "W_V": qkv_fan_in,
@@ -62,26 +76,22 @@ def init_weights(cfg: ModelConfig, task: FactualRecallTask, seed: int) -> dict[s
     if cfg.attention_weights == "merged":
         # q = sqrt(d_head) x_t cancels the scores' 1/sqrt(d_head): score_j = x_j W_K x_t, so W_K
         # is the paper's key-query matrix (transposed); v = x, so W_O is its output-value matrix.
-        w[ATTN + "W_Q"] = math.sqrt(dh) * torch.eye(d).expand(H, d, d).clone()
-        w[ATTN + "W_V"] = torch.eye(d).expand(H, d, d).clone()
+        w[in_layer(ATTN + "W_Q", layer)] = math.sqrt(dh) * torch.eye(d).expand(H, d, d).clone()
+        w[in_layer(ATTN + "W_V", layer)] = torch.eye(d).expand(H, d, d).clone()
         del fan_in[ATTN + "W_Q"], fan_in[ATTN + "W_V"]
     if not cfg.attn_only:
         fan_in.update({MLP + "W_in": d, MLP + "W_out": cfg.d_mlp})
     for key in DRAW_ORDER[param.base(cfg.parameterisation)]:
         if key not in fan_in:
             continue
+        at = in_layer(key, layer)
         if key.startswith(MLP) and "mlp_init" in departures:
             std = 1 / math.sqrt(fan_in[key]) / TRUNCATED_STD  # flax's lecun_normal, init_scale not applied
-            torch.nn.init.trunc_normal_(w[key], std=std, a=-2 * std, b=2 * std, generator=g)
+            torch.nn.init.trunc_normal_(w[at], std=std, a=-2 * std, b=2 * std, generator=g)
         elif cfg.init == "constant":
-            w[key] = torch.full(w[key].shape, cfg.init_scale)
+            w[at] = torch.full(w[at].shape, cfg.init_scale)
         else:
-            w[key] = torch.randn(w[key].shape, generator=g) * (cfg.init_scale / math.sqrt(fan_in[key]))
-    if "residual" in departures:
-        # the last position's residual after attention is then the attention output alone, so
-        # the MLP and the unembedding read `attn @ O` as in the official code
-        w[ATTN + "b_O"] = -(w["embed.W_E"][task.eos] + w["pos_embed.W_pos"][-1])
-    return w
+            w[at] = torch.randn(w[at].shape, generator=g) * (cfg.init_scale / math.sqrt(fan_in[key]))
 
 
 # The order in which each base draws its trainable matrices: fixed, so that a seed gives the
@@ -103,7 +113,13 @@ def trainable_keys(weights: dict, cfg: ModelConfig | None = None, freeze_ov: boo
         frozen.discard(MLP + "b_in")
     if cfg is not None and cfg.attention_weights == "merged":
         frozen |= {ATTN + "W_Q", ATTN + "W_V"}
-    return [key for key in weights if key not in frozen]
+    return [key for key in weights if first_block(key) not in frozen]
+
+
+def first_block(key: str) -> str:
+    """Block l's key named as block 0's ('blocks.2.mlp.W_in' -> 'blocks.0.mlp.W_in'): what a rule for
+    every block matches."""
+    return "blocks.0." + key.split(".", 2)[2] if key.startswith("blocks.") else key
 
 
 def stack(models: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -117,7 +133,7 @@ def model_weights(weights: dict[str, torch.Tensor], k: int) -> dict[str, torch.T
 
 
 def parameter_count(section: ModelSection) -> dict[str, int]:
-    """The paper's counts: attention 4*H*d_h*d, MLP 2*m*d (0 when attention-only)."""
-    attention = 4 * section.n_heads * section.d_head * section.d_model
-    mlp = 2 * section.mlp_width * section.d_model
+    """The paper's counts: attention 4*H*d_h*d, MLP 2*m*d (0 when attention-only), per layer."""
+    attention = 4 * section.n_heads * section.d_head * section.d_model * section.n_layers
+    mlp = 2 * section.mlp_width * section.d_model * section.n_layers
     return {"attention": attention, "mlp": mlp, "total": attention + mlp}
