@@ -73,18 +73,17 @@ def test_with_alone_init_the_other_memories_join_training_after_until(monkeypatc
     from models.induction.construction import TARGETS
     from models.induction.weights import init_weights
 
-    alone = []
+    runs = []
 
     def keep(*args, **kwargs):
         results = train(*args, **kwargs)
-        alone.append(results[0])
+        runs.append(results[0])
         return results
     monkeypatch.setattr(studies, "train", keep)
     studies.joint_against_alone(TASK, MODEL, replace(TRAIN, steps=4), progress=False, alone="init", until=2)
     start = init_weights(MODEL.section(TASK.build()), TRAIN.seed[0])
-    assert [run.training["frozen"] for run in alone[1:]] == [TARGETS[1:], TARGETS[::2],
-                                                             TARGETS[:2]]
-    for run in alone[1:]:
+    assert [run.training["frozen"] for run in runs[1:]] == [TARGETS[1:], TARGETS[::2], TARGETS[:2]]
+    for run in runs[1:]:  # runs[0]: the joint run
         assert sorted(run.snapshots) == [0, 2, 4]
         for key in run.training["frozen"]:
             moved = [(run.snapshots[step][key] - start[key]).abs().max().item() for step in (0, 2, 4)]
