@@ -242,23 +242,3 @@ def test_code_is_named_by_its_files_without_git(tmp_path):
     path.write_text(path.read_text() + "\n# changed\n")
     assert code_hash(CODE["bench"], tree) != before and code_hash(CODE["tests"], tree) != code_hash(CODE["tests"], ROOT)
 
-
-def test_recording_an_entry_keeps_the_others(tmp_path, monkeypatch, capsys):
-    """`set` replaces one entry of a record file whole (its date and commit added) and leaves every other
-    entry as it was, so a call does not rerun what passed before; `get` reads a field back, '' when absent."""
-    from analyses.sweeps.gpu_records import read, run
-
-    monkeypatch.setenv("GPU_RUN_COMMIT", "abc1234")
-    path = tmp_path / "gpu" / "passed.json"
-    record(path, "tests", {"code": "t1"})
-    assert run(["set", str(path), "checks", "code=c1", "note=a=b"]) == 0
-    record(path, "tests", {"code": "t2"})
-    entries = read(path)
-    assert sorted(entries) == ["checks", "tests"]
-    assert {k: v for k, v in entries["checks"].items() if k != "date"} == {"code": "c1", "note": "a=b",
-                                                                            "commit": "abc1234"}
-    assert entries["tests"]["code"] == "t2" and sorted(entries["tests"]) == ["code", "commit", "date"]
-    capsys.readouterr()
-    assert [run(["get", str(path), entry, "code"]) for entry in ("checks", "tests", "bench")] == [0, 0, 0]
-    assert capsys.readouterr().out == "c1\nt2\n\n"
-    assert [p.name for p in path.parent.iterdir()] == ["passed.json"]  # written whole, no temporary left
