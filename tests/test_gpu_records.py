@@ -5,6 +5,7 @@ import datetime
 import hashlib
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -14,11 +15,22 @@ USAGE = ("usage: python -m analyses.sweeps.gpu_records hash tests|bench | get FI
          "set FILE ENTRY FIELD=VALUE...\n")
 
 
-def test_recording_an_entry_keeps_the_others(tmp_path, monkeypatch, capsys):
-    """`set` replaces one entry of a record file whole (its date and commit added) and leaves every other
-    entry as it was, so a call does not rerun what passed before; `get` reads a field back, '' when absent."""
+@pytest.fixture
+def east_of_utc(monkeypatch):
+    """The process's local time 9 hours ahead of UTC (a POSIX TZ rule: no time-zone database needed)."""
+    monkeypatch.setenv("TZ", "JST-9")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_recording_an_entry_keeps_the_others(tmp_path, monkeypatch, capsys, east_of_utc):
+    """`set` replaces one entry of a record file whole (its date, in UTC, and commit added) and leaves every
+    other entry as it was, so a call does not rerun what passed before; `get` reads a field back, '' when
+    absent."""
     monkeypatch.setenv("GPU_RUN_COMMIT", "abc1234")
-    path = tmp_path / "gpu" / "passed.json"
+    path = tmp_path / "results" / "gpu" / "passed.json"  # folders made as needed
     record(path, "tests", {"code": "t1", "old": "x"})
     assert run(["set", str(path), "checks", "code=c1", "note=a=b"]) == 0
     record(path, "tests", {"code": "t2"})
@@ -78,6 +90,7 @@ def test_the_commit_is_gits_with_changes_marked_else_told_else_unknown(tmp_path,
     monkeypatch.delenv("GPU_RUN_COMMIT", raising=False)
     assert commit(tmp_path) == "unknown"  # no git here
     _git(tmp_path, "init", "-q")
+    assert commit(tmp_path) == "unknown"  # nor a commit
     (tmp_path / "a.py").write_text("x = 1\n")
     _git(tmp_path, "add", "a.py")
     _git(tmp_path, "commit", "-q", "-m", "one")
