@@ -241,4 +241,3 @@ def test_code_is_named_by_its_files_without_git(tmp_path):
     path = tree / "models" / "training" / "optimizer.py"
     path.write_text(path.read_text() + "\n# changed\n")
     assert code_hash(CODE["bench"], tree) != before and code_hash(CODE["tests"], tree) != code_hash(CODE["tests"], ROOT)
-

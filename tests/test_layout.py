@@ -193,8 +193,8 @@ def test_imports_under_type_checking_are_left_out(tmp_path, monkeypatch):
 
 
 def test_a_circle_through_a_type_checking_import_or_one_inside_a_function_is_found(tmp_path, monkeypatch):
-    """Two modules that import each other, one of the two imports only for its types or only inside a
-    function: a circle of the circle test, not of the directions test."""
+    """Two modules that import each other, one of them only for the other's types or only inside a
+    function: the circle test finds both (the directions test leaves the first out)."""
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "__init__.py").write_text("")
