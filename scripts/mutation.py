@@ -54,6 +54,9 @@ MODULES = {
     "models/cores/fused_attention.py": ["tests/test_fused_attention.py",
                                         "tests/test_capture_check.py::test_the_fused_core_s_token_order_is_capturable"],
     "analyses/sweeps/executors.py": ["tests/test_sweep.py"],
+    "analyses/sweeps/gpu_records.py": ["tests/test_gpu_records.py", "tests/test_gpu_run.py",
+                                       "tests/test_capacity_progress.py", "-m", "not slow", "-k",
+                                       "not refuses_a_missing_archive"],
     "analyses/capacity/zipf/memory.py": ["tests/test_capacity_zipf.py"],
     "analyses/capacity/zipf/optimisers.py": ["tests/test_capacity_zipf.py", "-k", "step or sgd or adam or read_back"],
     "analyses/capacity/zipf/fits.py": ["tests/test_capacity_zipf_fits.py", "tests/test_capacity_zipf_cli.py::test_fits_"

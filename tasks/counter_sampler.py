@@ -5,23 +5,34 @@ CUDA one Triton kernel (tasks/counter_kernel.py) draws the same bits.
 
 `CounterTables` holds what it reads on a device (one task, or one task per seed),
 `counter_prompts` draws, `TaskStack` draws K tasks' batches as one
-(FactualRecallTask.sample_counter is one task's).
+(FactualRecallTask.sample_counter is one task's). It reads a task through `CounterTask` (what
+every FactualRecallTask has), so it needs no import of tasks/factual_recall.py, which imports it.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from tasks import counter, triton_kernels
 from tasks.batch import Batch
 
-if TYPE_CHECKING:
-    from tasks.factual_recall import FactualRecallTask
-
 COUNTER_BLOCK_B, COUNTER_BLOCK_TICKS = 32, 64  # the counter sampler's kernel: prompts per program, thresholds per pass
+
+
+class CounterTask(Protocol):
+    """What the counter sampler reads of a factual-recall task (tasks.factual_recall.FactualRecallTask)."""
+
+    seq_len: int  # T
+    n_subjects: int  # S
+    n_relations: int  # R
+    n_noise: int  # N
+    eos: int  # the EOS token, S + R + N
+    subject_ticks: torch.Tensor  # [S] inverse CDF of the subjects, units of 2^-32
+    relation_ticks: torch.Tensor  # [R]
+    facts: torch.Tensor  # [S, R] answer ids
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,7 @@ class CounterTables:
     n_relations_max: int  # R_max
 
     @classmethod
-    def of(cls, tasks: Sequence[FactualRecallTask], device: torch.device) -> CounterTables:
+    def of(cls, tasks: Sequence[CounterTask], device: torch.device) -> CounterTables:
         """The tables of one task (a single row) or of one task per seed, on `device`."""
         if len({t.seq_len for t in tasks}) > 1:
             raise ValueError(f"tasks drawn as one batch need one seq_len, got {sorted({t.seq_len for t in tasks})}.")
@@ -118,7 +129,7 @@ class TaskStack:
     row k of a batch is seed k's prompts at task k's S, R, N, Zipf frequencies and fact
     table, in task k's own token layout, bit-identical to task k's own sample_counter."""
 
-    def __init__(self, tasks: Sequence[FactualRecallTask]):
+    def __init__(self, tasks: Sequence[CounterTask]):
         self.tasks = list(tasks)
         self._counter_tables: dict[torch.device, CounterTables] = {}
 

@@ -121,3 +121,31 @@ def test_the_kernel_is_the_default_on_cuda_only(monkeypatch):
     assert not optim.uses_kernel(torch.device("cpu"))  # on the CPU the torch form: nothing changes there
     monkeypatch.setattr(optim.triton_kernels, "runs_on", lambda device: True)
     assert optim.uses_kernel(torch.device("cuda")) and not optim.uses_kernel(torch.device("cpu"))
+
+
+def test_adamw_asked_for_the_kernel_equals_torch_s_adamw():
+    """The Adam kernel has no weight decay: AdamW must keep the torch form even where the kernel is asked
+    for. Each model (its own learning rate) against torch.optim.AdamW on its slice, five steps, weight
+    decay 0.5: the same to an ulp or two (5e-7; the Adam kernel, no decay, would be 0.13 off). No Triton
+    needed: the torch form runs anywhere (a kernel taking AdamW would fail without Triton, or differ)."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"W_in": (3, 40), "W_out": (3, 7, 5)}
+    weights = {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
+    lr = [1e-2, 3e-3, 2e-2]
+    params = {k: w.clone().to(TEST_DEVICE).requires_grad_() for k, w in weights.items()}
+    opt = Optimizer(params, torch.tensor(lr, device=TEST_DEVICE), "adam", weight_decay=0.5, kernel=True)
+    reference = [{k: w[i].clone().requires_grad_() for k, w in weights.items()} for i in range(3)]
+    torch_opts = [torch.optim.AdamW(list(r.values()), lr=lr[i], betas=optim.ADAM_BETAS, eps=optim.ADAM_EPS,
+                                    weight_decay=0.5) for i, r in enumerate(reference)]
+    for _ in range(5):
+        grads = {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
+        for k, p in params.items():
+            p.grad = grads[k].to(TEST_DEVICE)
+        opt.step()
+        for i, (r, torch_opt) in enumerate(zip(reference, torch_opts)):
+            for k, p in r.items():
+                p.grad = grads[k][i].clone()
+            torch_opt.step()
+    for k in shapes:
+        torch.testing.assert_close(params[k].detach().cpu(), torch.stack([r[k].detach() for r in reference]),
+                                   rtol=1e-5, atol=1e-6)

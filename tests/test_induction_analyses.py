@@ -67,6 +67,29 @@ def test_joint_against_alone_holds_the_other_two_memories_as_asked(alone):
     assert set(studies.accuracy_to_learn(curves)) == {"joint", "alone_wk0", "alone_wk1", "alone_wo1"}
 
 
+def test_with_alone_init_the_other_memories_join_training_after_until(monkeypatch):
+    """The authors' freeze_until: in each run that trains one memory alone, the other two stay exactly at
+    their initial values up to step `until` and move after it (by 0.03 and more at step 4, lr 0.2)."""
+    from models.induction.construction import TARGETS
+    from models.induction.weights import init_weights
+
+    runs = []
+
+    def keep(*args, **kwargs):
+        results = train(*args, **kwargs)
+        runs.append(results[0])
+        return results
+    monkeypatch.setattr(studies, "train", keep)
+    studies.joint_against_alone(TASK, MODEL, replace(TRAIN, steps=4), progress=False, alone="init", until=2)
+    start = init_weights(MODEL.section(TASK.build()), TRAIN.seed[0])
+    assert [run.training["frozen"] for run in runs[1:]] == [TARGETS[1:], TARGETS[::2], TARGETS[:2]]
+    for run in runs[1:]:  # runs[0]: the joint run
+        assert sorted(run.snapshots) == [0, 2, 4]
+        for key in run.training["frozen"]:
+            moved = [(run.snapshots[step][key] - start[key]).abs().max().item() for step in (0, 2, 4)]
+            assert moved[:2] == [0.0, 0.0] and moved[2] > 0.01, (key, moved)
+
+
 def test_the_authors_freeze_until_is_refused_outside_the_run():
     with pytest.raises(ValueError, match="--until must be a step in 1..3"):
         studies.joint_against_alone(TASK, MODEL, TRAIN, progress=False, alone="init", until=4)

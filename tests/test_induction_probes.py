@@ -195,3 +195,25 @@ def test_the_constructions_refuse_models_they_cannot_build():
     exact = InductionModelConfig(d_model=128, d_mlp=65).section(TASK)
     w = bigram_mlp(exact, init_weights(exact, 0), TASK)  # m = N: one unit per token
     assert torch.equal(w["blocks.1.mlp.b_in"], torch.full((65,), -2.0))  # -strength / 2, strength 4 by default
+
+
+def test_the_output_probe_reads_the_training_outputs_of_a_task_that_holds_outputs_out():
+    """With held-out outputs (the last quarter of the vocabulary is never an output in training), wo1 is the
+    recall over the training outputs: a W_OV^2 storing exactly those reads 1 (over every token it would read
+    48/65 = 0.74, under the 0.9 "learned" mark), one storing only the held-out quarter about 0."""
+    split = InductionTaskConfig(n_triggers=3, seq_len=32, held_out_outputs=True).build()
+    assert split.n_train_outputs == 48 and split.n_tokens == 65
+    E, U = INITIAL["embed.W_E"], INITIAL["unembed.W_U"].T  # [N, d], [N, d]
+
+    def unit(rows):  # a / |a|^2, as the construction's
+        return rows / rows.pow(2).sum(-1, keepdim=True)
+
+    def copying(tokens):  # W_O^2 with W_V^2 W_O^2 = sum_k u_k e_k^T over `tokens` only
+        copy = 10.0 * unit(E[tokens]).T @ unit(U[tokens])  # [d, d]
+        return {**INITIAL, "blocks.1.attn.W_O": torch.linalg.solve(INITIAL["blocks.1.attn.W_V"][0], copy)[None]}
+
+    def wo1(w):
+        table = memory_recall(build_bridge(SECTION, w, "cpu", split), split)
+        return table.set_index("probe").value["wo1"]
+    assert wo1(copying(slice(0, 48))) == 1.0
+    assert wo1(copying(slice(48, 65))) < 0.1

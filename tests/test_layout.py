@@ -1,5 +1,6 @@
 """The layout's rules (docs/architecture.md), read from the import statements (those inside
-functions included; those under `if TYPE_CHECKING:` left out, they never run):
+functions included; those under `if TYPE_CHECKING:` left out of the directions, they never run,
+and counted for the circles: two modules that name each other's types are still tied):
 
 - dependencies point one way between the packages: analyses -> models, probe, tasks;
   models -> tasks; probe -> tasks; tasks -> nothing of the toolkit;
@@ -36,13 +37,14 @@ def _type_checking(node: ast.AST) -> bool:
                                          isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, type_checking: bool = False) -> set[str]:
     """The toolkit's modules `path` imports when it runs (a name imported from a package counts
-    as its module where one by that name exists)."""
+    as its module where one by that name exists); `type_checking`: those under `if
+    TYPE_CHECKING:` too."""
     found = set()
 
     def visit(node):
-        if _type_checking(node):
+        if _type_checking(node) and not type_checking:
             return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -60,19 +62,21 @@ def sources() -> dict[str, Path]:
     return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     modules = sources()
-    return {name: {m for m in imports(path) if m in modules and m != name} for name, path in modules.items()}
+    return {name: {m for m in imports(path, type_checking) if m in modules and m != name}
+            for name, path in modules.items()}
 
 
 def is_package(name: str) -> bool:
     return (ROOT / name.replace(".", "/")).is_dir()
 
 
-def cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
-    """Import circles among the modules of the package `within`, each as a path back to its start
-    (package __init__ files left out: importing a submodule runs them, by design)."""
-    nodes = {n for n in graph if n.startswith(within + ".") and not is_package(n)}
+def cycles(graph: dict[str, set[str]], within: str = "") -> list[list[str]]:
+    """Import circles among the modules of the package `within` (default: every package), each as
+    a path back to its start (package __init__ files left out: importing a submodule runs them, by
+    design)."""
+    nodes = {n for n in graph if n.startswith(within + "." if within else "") and not is_package(n)}
     found, done = [], set()
 
     def visit(node, path):
@@ -147,7 +151,12 @@ def test_the_sweep_engine_imports_no_study():
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_circle_of_imports(package):
-    assert cycles(import_graph(), package) == []
+    """Imports inside functions and under TYPE_CHECKING count: each still ties the two modules."""
+    assert cycles(import_graph(type_checking=True), package) == []
+
+
+def test_no_circle_of_imports_across_the_packages():
+    assert cycles(import_graph(type_checking=True)) == []
 
 
 def test_no_module_is_over_350_lines():
@@ -179,6 +188,23 @@ def test_imports_under_type_checking_are_left_out(tmp_path, monkeypatch):
                       "if TYPE_CHECKING:\n    from tasks.factual_recall import FactualRecallTask\n"
                       "def f():\n    from probe import stats\n")
     assert imports(source) == {"tasks", "tasks.counter", "probe", "probe.stats"}
+    assert imports(source, type_checking=True) == {"tasks", "tasks.counter", "probe", "probe.stats",
+                                                   "tasks.factual_recall", "tasks.factual_recall.FactualRecallTask"}
+
+
+def test_a_circle_through_a_type_checking_import_or_one_inside_a_function_is_found(tmp_path, monkeypatch):
+    """Two modules that import each other, one of them only for the other's types or only inside a
+    function: the circle test finds both (the directions test leaves the first out)."""
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "__init__.py").write_text("")
+    (tmp_path / "tasks" / "a.py").write_text("from tasks.b import B\n")
+    for b in ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tasks.a import A\nB = 1\n",
+              "def f():\n    from tasks import a\nB = 1\n"):
+        (tmp_path / "tasks" / "b.py").write_text(b)
+        assert cycles(import_graph(type_checking=True)) == [["tasks.a", "tasks.b", "tasks.a"]]
+    (tmp_path / "tasks" / "b.py").write_text("B = 1\n")
+    assert cycles(import_graph(type_checking=True)) == []
 
 
 def test_every_module_that_names_the_checkout_finds_it():
