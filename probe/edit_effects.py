@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pandas as pd
-import torch
 
 from probe.contexts import per_fact
 from probe.hooks import hooked_last_logits, model_device
