@@ -4,8 +4,8 @@ Edit facts where they live: a rank-one write (ROME) to the MLP's W_out or to one
 W_O that gives fact SUBJECT:RELATION a new answer (by its name, R1:a2, or its id); several
 --fact/--to pairs are written at once (MEMIT's batched write). --at auto writes each fact
 where locate_facts says it lives (both stores where it lives in both, or is spread over
-them), an ov write to the head with the largest part of the fact's margin unless --head
-says which. Writes edits.csv (per edit: store, head, efficacy with its interval, the old
+them), an ov write to the head that carries the subject (patching the subject restores most
+through it) unless --head says which. Writes edits.csv (per edit: store, head, efficacy with its interval, the old
 answer's rank, the new answer's margin, the leak onto the subject's other facts) and
 summary.json (specificity: the share of every other fact's answers unchanged, by group, with
 intervals; the weight change's norm) to DIR (default CKPT/analysis/edit_facts/<edits>),
@@ -84,8 +84,8 @@ def plan(model, task: FactualRecallTask, facts, answers, at: str, head: int | No
     edits = []
     for (s, r), a in zip(facts, answers):
         row = located.loc[(s, r)]
-        margins = [row[columns.head_margin(h)] for h in range(model.cfg.n_heads)]
-        chosen = head if head is not None else max(range(len(margins)), key=margins.__getitem__)
+        restored = [row[columns.patch("subject", columns.head(h))] for h in range(model.cfg.n_heads)]
+        chosen = head if head is not None else max(range(len(restored)), key=restored.__getitem__)
         edits.append(FactEdit(s, r, a, WHERE[row[columns.LABEL]], chosen))
     return edits
 

@@ -113,12 +113,12 @@ def edit_facts(model, task: FactualRecallTask, edits: Sequence[FactEdit], contex
     held(model, task, edits, contexts, seed)
     old = tuple(int(task.facts[e.subject, e.relation]) for e in edits)
     boosts = torch.ones(len(edits))
-    for _ in range(tries):
+    for attempt in range(tries):
         edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge)
         logits = _fact_logits(edited, task, edits, contexts, seed)  # [n, contexts, O]
         new = torch.tensor([e.answer for e in edits], device=logits.device)
         wins = (logits.argmax(-1) == new[:, None]).all(1).cpu()  # [n]
-        if wins.all():
+        if wins.all() or attempt == tries - 1:
             break
         boosts = torch.where(wins, boosts, 2 * boosts)
     return Edited(edited, edits, old, deltas, tuple(boosts.tolist()))
