@@ -9,6 +9,7 @@ from probe import edit_keys
 from probe.edit_effects import edit_effects, fact_groups
 from probe.editing import W_O, W_OUT, FactEdit, add_to, edit_facts
 from probe.hooks import HOOK_MLP_POST, HOOK_Z
+from probe.stats import wilson_interval
 
 TASK = CONSTRUCTION_TASK.build()
 
@@ -38,6 +39,9 @@ def test_an_mlp_edit_on_theorem_4_is_exact():
     edited = edit_facts(model, TASK, [FactEdit(3, 1, other_answer(3, 1))])
     table, specificity = effects(model, edited, edited.edits)
     assert table["efficacy"].tolist() == [1.0] and table["old_rank"].tolist() == [2.0]
+    low, _ = wilson_interval(torch.tensor(1.0), 8)  # 8 held-out contexts, all won
+    assert abs(table["efficacy_low"][0] - low.item()) < 1e-6
+    assert abs(table["new_margin"][0] - 2.0) < 0.05  # the margin asked for, on held-out contexts too
     assert {g: s["share"] for g, s in specificity.items()} == dict.fromkeys(specificity, 1.0)
     assert specificity["same_subject"]["facts"] == TASK.n_relations - 1
     assert abs(table["leak"][0]) < 0.01  # the fact's own unit: the subject's other facts' prompts see nothing
@@ -131,3 +135,29 @@ def test_the_other_facts_are_grouped_by_what_they_share_with_the_edits():
     R = TASK.n_relations
     assert groups[3 * R + 1] is None and groups[3 * R + 2] == "same_subject" and groups[5 * R + 1] == "same_relation"
     assert groups.count("other") == (TASK.n_subjects - 1) * (R - 1)
+
+
+def test_the_old_answer_s_bound_and_each_fact_s_own_change():
+    logits = torch.tensor([[[1.0, 5.0, 0.0]], [[4.0, 1.0, 0.0]]])  # [F=2, contexts=1, O=3]
+    change = edit_keys.logit_change(logits, old=torch.tensor([1, 1]), new=torch.tensor([0, 0]), margin=2.0)
+    # fact 0: t = (5 - 1 + 2) / 2 = 3 binds; fact 1 already wins by 3 > 2: no change
+    assert change.tolist() == [[3.0, -3.0, 0.0], [0.0, 0.0, 0.0]]
+    try:
+        edit_keys.write(torch.eye(2), torch.ones(1, 2), torch.ones(1, 3), "rome")
+    except ValueError as e:
+        assert "form must be 'exact' or 'memit'" in str(e)
+    else:
+        raise AssertionError("an unknown form was taken")
+
+
+def test_the_keys_and_their_second_moment():
+    model = construction("mlp")
+    tokens = TASK.eval_set(300, seed=2).tokens  # more prompts than one run takes
+    _, cache = model.run_with_cache(tokens)
+    keys = edit_keys.store_keys(model, tokens, "mlp")
+    assert torch.allclose(keys, cache[HOOK_MLP_POST][:, -1])
+    assert torch.allclose(edit_keys.store_keys(model, tokens, "ov", 2), cache[HOOK_Z][:, -1, 2])
+    small = 0.1 * keys[:, :4]  # mean eigenvalue below 1
+    C = edit_keys.second_moment(small, ridge=0.5)
+    mean = small.T @ small / len(small)
+    assert torch.allclose(C, mean + 0.5 * mean.diagonal().mean() * torch.eye(4), atol=1e-7)
