@@ -5,9 +5,11 @@ fact's answer unchanged), grouped: the same subject's other relations, the same 
 other subjects, the rest. Shares with Wilson 95% intervals (probe/stats.py)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
+import torch
 
 from probe.contexts import per_fact
 from probe.hooks import hooked_last_logits, model_device
@@ -47,10 +49,10 @@ def edit_effects(original, edited, task: FactualRecallTask, edits: Sequence[tupl
     for s, r, old, new in edits:
         logits = after[s * R + r]  # [contexts, O]
         others = logits.clone()
-        others[:, new] = float("-inf")
+        others[:, new] = -torch.inf
         gain = after[:, :, new] - before[:, :, new]  # [F, contexts] the new answer's logit change
         siblings = [s * R + q for q in range(R) if q != r]
-        leak = (gain[siblings].mean() / gain[s * R + r].mean()).item() if siblings else float("nan")
+        leak = (gain[siblings].mean() / gain[s * R + r].mean()).item() if siblings else math.nan
         rows.append({"subject": s, "relation": r, "old_answer": old, "new_answer": new,
                      **{k: v.item() for k, v in share_with_interval(
                          "efficacy", (logits.argmax(-1) == new).float()).items()},

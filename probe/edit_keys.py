@@ -33,7 +33,8 @@ def second_moment(keys: torch.Tensor, ridge: float = RIDGE) -> torch.Tensor:
     """C = E[k k^T] over the prompts [d_key, d_key], plus a ridge of `ridge` times its mean eigenvalue."""
     C = keys.T @ keys / len(keys)  # [d_key, d_key]
     scale = C.diagonal().mean().clamp(min=1e-12)
-    return C + ridge * scale * torch.eye(len(C), device=C.device)
+    C.diagonal().add_(ridge * scale)
+    return C
 
 
 def fact_keys(keys: torch.Tensor, contexts: int) -> torch.Tensor:
@@ -47,17 +48,17 @@ def logit_change(logits: torch.Tensor, old: torch.Tensor, new: torch.Tensor, mar
     least that puts the new answer `margin` above every other answer in every context of
     its prompts (logits [F, contexts, O]): t >= (l_old - l_new + margin) / 2 and
     t >= l_b - l_new + margin for every other answer b."""
-    F, _, O = logits.shape
+    F = len(logits)
     rows = torch.arange(F, device=logits.device)
     l_new, l_old = logits[rows, :, new], logits[rows, :, old]  # [F, contexts]
     others = logits.clone()
-    others[rows, :, new] = float("-inf")
-    others[rows, :, old] = float("-inf")
+    others[rows, :, new] = -torch.inf
+    others[rows, :, old] = -torch.inf
     t = torch.maximum((l_old - l_new + margin) / 2, others.amax(-1) - l_new + margin)  # [F, contexts]
     t = t.amax(1).clamp(min=0.0)  # [F]
-    change = torch.zeros(F, O, device=logits.device)
-    change[rows, new] += t
-    change[rows, old] -= t
+    change = torch.zeros_like(logits[:, 0])  # [F, O]
+    change[rows, new] = t
+    change[rows, old] = -t
     return change
 
 
@@ -82,4 +83,4 @@ def write(C: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, form: str =
     if form != "exact":
         raise ValueError(f"form must be 'exact' or 'memit', got {form!r}.")
     A = torch.linalg.solve(C, keys.T)  # [d_key, n] C^-1 K^T
-    return A @ torch.linalg.pinv(keys @ A, hermitian=True) @ values
+    return A @ torch.linalg.pinv(keys @ A) @ values
