@@ -123,12 +123,10 @@ def main(argv=None) -> int:
                                   or Path(args.ckpt).resolve() in args.save.resolve().parents):
         raise ValueError(f"--save {args.save} is the checkpoint read (or inside it): the edited model goes to a "
                          "folder of its own.")
+    out = cli.out_dir(args, "CKPT/analysis/edit_facts")  # the --out rule, before anything is loaded
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
     facts = [one_fact(text, task) for text in args.fact]
     answers = [answer_id(text, task, r) for text, (_, r) in zip(args.to, facts)]
-    if args.at != "auto":
-        checked_edits(model, task, [FactEdit(s, r, a, args.at, args.head) for (s, r), a in zip(facts, answers)])
-    out = cli.out_dir(args, "CKPT/analysis/edit_facts")
     if args.out is None:
         chosen = [FactEdit(s, r, a) for (s, r), a in zip(facts, answers)]
         out = out / edits_folder(chosen, args.at) / recorded.settings_folder(settings)
@@ -137,6 +135,8 @@ def main(argv=None) -> int:
               "settings": {**asdict(settings), "seed": args.seed, "at": args.at, "head": args.head,
                            "edits": [[s, r, a] for (s, r), a in zip(facts, answers)]}}
     recorded.refuse_other_results("edit_facts", out, wanted, args.ckpt, "edit_facts")
+    if args.at != "auto":
+        checked_edits(model, task, [FactEdit(s, r, a, args.at, args.head) for (s, r), a in zip(facts, answers)])
     start = time.perf_counter()
     edits = plan(model, task, facts, answers, args.at, args.head, settings, args.seed)
     edited = edit_facts(model, task, edits, settings.contexts, args.seed, settings.margin, settings.form)

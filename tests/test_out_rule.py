@@ -90,16 +90,21 @@ def test_the_commands_are_found():
         assert expected in names, sorted(names)
 
 
+# a required option whose value is neither a choice nor a path: an example every checkpoint here takes
+EXAMPLES = {"--fact": "0:0", "--to": "R0:a1"}
+
+
 def _arguments(parser: argparse.ArgumentParser, ckpt: Path, grids: list[Path]) -> list[str]:
     """The least a command needs besides --out: its positionals and required options, the first
-    choice where there are choices, a checkpoint where it takes one."""
+    choice where there are choices, an example (EXAMPLES) or a checkpoint where it takes one."""
     argv = []
     for action in parser._actions:
         if action.option_strings and (not action.required or "--out" in action.option_strings):
             continue
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
-        value = [str(next(iter(action.choices)))] if action.choices else \
+        example = next((EXAMPLES[o] for o in action.option_strings if o in EXAMPLES), None)
+        value = [str(next(iter(action.choices)))] if action.choices else [example] if example else \
             [str(g) for g in grids] if action.nargs == 2 else [str(ckpt)]
         argv += [action.option_strings[0], *value] if action.option_strings else value
     return argv
