@@ -102,7 +102,8 @@ def _read_config(ckpt: Path, kind: str | None) -> tuple[dict, Task]:
     path = ckpt / "config.json"
     found = task_kind(config["task"])
     if kind is not None and found != kind:
-        raise CheckpointError(f"{path}: task kind {found!r} is not a {kind.replace('_', '-')} task; "
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise CheckpointError(f"{path}: task kind {found!r} is not {article} {kind.replace('_', '-')} task; "
                               f"this tool reads {kind} checkpoints only.")
     if found not in TASKS:
         raise CheckpointError(f"{path}: task kind {found!r} is not one of {', '.join(TASKS)}.")
@@ -228,8 +229,9 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
     file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
     if step is not None and not file.is_file():
         steps = snapshot_steps(ckpt)
+        flag = "--snapshot-every" if task.kind == "induction" else "--snapshots-per-octave"  # each family's
         there = (f"its snapshots are at steps {', '.join(map(str, steps))}" if steps else
-                 "it has no snapshots (train with --snapshots-per-octave N to write them)")
+                 f"it has no snapshots (train with {flag} N to write them)")
         raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
     section = model_section(config)  # checked by read_config
     return Checkpoint(ckpt, config, section, task, read_weights(file, section))
