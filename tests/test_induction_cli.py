@@ -420,7 +420,7 @@ def test_a_checkpoint_of_another_task_is_refused_with_its_article(tmp_path, caps
     (["reproduce", "--threads", "-2"], "error: --threads must be > 0, got -2.\n"),
 ])
 def test_the_cli_refuses_a_learning_rate_or_threads_not_above_zero(argv, message, tmp_path, capsys):
-    code, _, err = run([*argv, "--out", str(tmp_path / "o")], capsys)
+    code, _, err = run([*argv, *TINY[:10], "--device", "cpu", "--quiet", "--out", str(tmp_path / "o")], capsys)
     assert (code, err) == (2, message) and not (tmp_path / "o").exists()
 
 
