@@ -1,13 +1,8 @@
-"""Read and write checkpoints in the format of docs/checkpoint_format.md (version 1), for
-every task kind: the reader checks the envelope every checkpoint shares, then the model and
-task sections of the kind that `task.kind` names (factual recall, or the association and
-distribution tasks of the attention-only family).
-
-safetensors and JSON only, nothing is unpickled. Every write goes to a temporary name in
-the same directory and is renamed into place, so an interrupted run never leaves a
-half-written file. Readers refuse bad input with a CheckpointError whose message is one
-line naming the file and the problem.
-"""
+"""Read and write checkpoints (docs/checkpoint_format.md, version 1) of every task kind: the
+reader checks the envelope every checkpoint shares, then the model and task sections of the kind
+`task.kind` names. safetensors and JSON only, nothing unpickled; every write goes to a temporary
+name in the same directory, then is renamed into place (an interrupted run leaves no half-written
+file). Readers refuse bad input with a CheckpointError: one line naming the file and the problem."""
 from __future__ import annotations
 
 import hashlib
@@ -102,7 +97,8 @@ def _read_config(ckpt: Path, kind: str | None) -> tuple[dict, Task]:
     path = ckpt / "config.json"
     found = task_kind(config["task"])
     if kind is not None and found != kind:
-        raise CheckpointError(f"{path}: task kind {found!r} is not a {kind.replace('_', '-')} task; "
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise CheckpointError(f"{path}: task kind {found!r} is not {article} {kind.replace('_', '-')} task; "
                               f"this tool reads {kind} checkpoints only.")
     if found not in TASKS:
         raise CheckpointError(f"{path}: task kind {found!r} is not one of {', '.join(TASKS)}.")
@@ -224,13 +220,7 @@ def load_checkpoint(ckpt: str | Path, step: int | None = None, kind: str | None 
     """A validated checkpoint of any task kind (or only `kind`): the final weights, or those
     of snapshot `step` (a step without a snapshot is refused, naming the steps there are)."""
     config, task = read_config(ckpt, kind)
-    ckpt = Path(ckpt)
-    file = ckpt / "model.safetensors" if step is None else snapshot_path(ckpt, step)
-    if step is not None and not file.is_file():
-        steps = snapshot_steps(ckpt)
-        there = (f"its snapshots are at steps {', '.join(map(str, steps))}" if steps else
-                 "it has no snapshots (train with --snapshots-per-octave N to write them)")
-        raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
+    ckpt, file = Path(ckpt), weights_file(ckpt, step)
     section = model_section(config)  # checked by read_config
     return Checkpoint(ckpt, config, section, task, read_weights(file, section))
 
@@ -260,10 +250,23 @@ def snapshot_steps(ckpt: str | Path) -> list[int]:
 
 
 def weights_sha256(ckpt: str | Path, step: int | None = None) -> str:
-    """The content hash (sha256, hex) of the weights an analysis reads: model.safetensors, or
-    the snapshot of `step`. Results recorded with it belong to these very weights: a copy of
-    the checkpoint has the same, a retrained or another checkpoint another."""
-    return _sha256([Path(ckpt) / "model.safetensors" if step is None else snapshot_path(ckpt, step)])
+    """The content hash (sha256, hex) of the weights an analysis reads (weights_file). Results recorded
+    with it belong to these very weights: a copy of the checkpoint has the same, another another."""
+    return _sha256([weights_file(ckpt, step)])
+
+
+def weights_file(ckpt: str | Path, step: int | None = None) -> Path:
+    """model.safetensors, or the snapshot of `step` (a step without one refused, naming the steps
+    there are and the flag of the checkpoint's family that writes them)."""
+    file = Path(ckpt) / "model.safetensors" if step is None else snapshot_path(ckpt, step)
+    if step is not None and not file.is_file():
+        steps = snapshot_steps(ckpt)
+        induction = task_kind(read_envelope(ckpt)["task"]) == "induction"
+        flag = "--snapshot-every" if induction else "--snapshots-per-octave"  # each family's
+        there = (f"its snapshots are at steps {', '.join(map(str, steps))}" if steps else
+                 f"it has no snapshots (train with {flag} N to write them)")
+        raise CheckpointError(f"{file}: missing: no snapshot of step {step}; {there}.")
+    return file
 
 
 def snapshots_sha256(ckpt: str | Path) -> str:

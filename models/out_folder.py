@@ -39,7 +39,7 @@ FORCE_HELP = ("replace the checkpoint at --out: its model's files only (a user's
 
 def is_checkpoint(folder: Path) -> bool:
     """Whether `folder` is a checkpoint of this toolkit: a config.json of this format, or a
-    run.json that models.train started (an interrupted run)."""
+    run.json that models.train or models.induction.train started (an interrupted run)."""
     def read(name):
         try:
             data = json.loads((folder / name).read_text())
@@ -47,7 +47,8 @@ def is_checkpoint(folder: Path) -> bool:
             return None
         return data if isinstance(data, dict) else None
     config, run = read("config.json"), read("run.json")
-    return (config is not None and config.get("format") == FORMAT) or (run is not None and "train" in run)
+    started = run is not None and ("train" in run or {"task", "model", "training"} <= run.keys())  # either trainer's
+    return (config is not None and config.get("format") == FORMAT) or started
 
 
 def model_files(folder: Path) -> list[Path]:

@@ -11,6 +11,7 @@ from analyses.induction import cli, studies
 from analyses.induction.cli import main, parser, recipes
 from analyses.sweeps.cli import run_cli
 from models.induction.config import InductionModelConfig, preset
+from tests.conftest import run_main
 
 TINY = ["--steps", "4", "--n-triggers", "2", "--seq-len", "16", "--d-model", "16", "--batch-size", "8",
         "--probe-every", "2", "--device", "cpu", "--quiet"]
@@ -19,7 +20,7 @@ SHARED = {"--preset": "sizes (default cpu)", "--steps": "training steps (default
           "--triggers": "fixed (the K most frequent characters, the authors' fixed_special_toks) or random (drawn "
                         "per sequence from the marginals); default: the preset's (fixed)",
           "--d-model": "d (default: the preset's)", "--batch-size": "sequences per step (default: the preset's)",
-          "--lr": "the simplified model's SGD learning rate (default: the preset's; layers: AdamW 1e-3)",
+          "--lr": "the simplified model's SGD learning rate (default: the preset's; the layers study: AdamW 1e-3)",
           "--seed": "seed of the weights and data (default 0)", "--threads": "torch threads (default torch's)"}
 PROBES = {"--probe-every": "probes: steps between snapshots and evaluations (default: the preset's eval_every; "
                            "the authors probe every 5)",
@@ -56,6 +57,8 @@ def test_the_cli_help_states_each_default_the_parser_takes(command, what, capsys
     expected = {**SHARED, **(PROBES if command != "layers" else {}),
                 "--out": f"output directory (default induction_{command})", "--quiet": "no progress bars",
                 "--device": "auto (CUDA when present) | cpu | cuda | cuda:N", "-h": "show this help message and exit"}
+    if command == "layers":
+        expected["--lr"] = "the generic models' AdamW learning rate (default 1e-3)"
     assert options(text) == expected
     assert ("[--alone {target,init,none}]" in text) == (command != "layers")
     args = parser().parse_args([command])
@@ -79,10 +82,11 @@ def test_the_cli_help_of_the_checkpoint_commands_and_the_ranks_default(capsys):
                        ("location", "where global and in-context knowledge live")):
         assert f"\n\n{what}\n\n" in shown([name], capsys)
     location = options(shown(["location"], capsys))
-    assert location["--ranks"] == "ranks the last MLP's output matrix is truncated to (default 1,4,16)"
+    assert location["--ranks"] == ("ranks the last MLP's output matrix is truncated to, each in 1..min(d_mlp, "
+                                   "d_model) (default 1,4,16: those in that range; none without an MLP)")
     assert location["--out"] == "output directory (default CKPT/analysis/induction_location)"
     assert "--ranks" not in options(shown(["circuit"], capsys))
-    assert parser().parse_args(["location", "ck"]).ranks == (1, 4, 16)
+    assert parser().parse_args(["location", "ck"]).ranks is None and cli.DEFAULT_RANKS == (1, 4, 16)
     assert parser().parse_args(["location", "ck", "--ranks", "2,8"]).ranks == (2, 8)
 
 
@@ -94,15 +98,16 @@ def test_the_cli_recipes_take_each_flag_over_the_preset():
     assert generic == InductionModelConfig("generic", 2, 64, 1, 256, True)
     assert adam == replace(cfg0, device="auto", optimizer="adam", lr=(1e-3,), loss="all")
     assert recipes(parser().parse_args(["layers", "--preset", "paper"]))[:2] == preset("paper")[:2]
-    args = parser().parse_args(["layers", "--steps", "7", "--n-triggers", "2", "--seq-len", "16", "--triggers",
-                                "random", "--d-model", "8", "--batch-size", "4", "--lr", "0.5", "--seed", "3",
-                                "--device", "cpu"])
-    task, model, cfg, generic, adam = recipes(args)
+    flags = ["--steps", "7", "--n-triggers", "2", "--seq-len", "16", "--triggers", "random", "--d-model", "8",
+             "--batch-size", "4", "--lr", "0.5", "--seed", "3", "--device", "cpu"]
+    task, model, cfg, generic, adam = recipes(parser().parse_args(["probes", *flags]))
     assert task == replace(task0, n_triggers=2, seq_len=16, triggers="random") and model == replace(model0, d_model=8)
     assert cfg == replace(cfg0, seed=(3,), device="cpu", steps=7, batch_size=4, lr=(0.5,), snapshot_every=25)
     assert generic == InductionModelConfig("generic", 2, 8, 1, 32, True)
     assert adam == replace(cfg0, seed=(3,), device="cpu", steps=7, batch_size=4, optimizer="adam", lr=(1e-3,),
                            loss="all")
+    layers = recipes(parser().parse_args(["layers", *flags]))  # --lr: the generic models' AdamW learning rate
+    assert layers[4] == replace(adam, lr=(0.5,)) and layers[2] == replace(cfg, lr=cfg0.lr)
 
 
 def recording(monkeypatch, name, returns=None):
@@ -181,9 +186,9 @@ def test_the_cli_probes_writes_order_joint_against_alone_and_the_joint_model(tmp
     assert not (tmp_path / "probes_model" / "snapshots").exists() and (tmp_path / "probes.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert out.startswith("learning order (first step with recall >= 0.9, joint training):\n" +
-                          order.to_string(index=False) + "\n")
+                          cli.steps_text(order) + "\n")
     assert ("steps to recall >= 0.9, joint against alone (others frozen at their random initial values until "
-            f"step 2, then trained):\n{learned.to_string(index=False)}\n") in out
+            f"step 2, then trained):\n{cli.steps_text(learned)}\n") in out
     asked = recording(monkeypatch, "joint_against_alone", returns=found)
     assert main(["probes", *TINY, "--alone", "target", "--until", "3", "--out", str(tmp_path / "t")]) == 0
     assert asked[0][1]["until"] == 3
@@ -280,11 +285,11 @@ def test_the_cli_refuses_a_size_below_one_in_one_line(flag, tmp_path, capsys):
 def test_the_cli_takes_sizes_of_one(tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(cli, "run_probes", lambda args, out: asked.append(args) or {})
-    sizes = ["--steps", "1", "--n-triggers", "1", "--seq-len", "1", "--d-model", "1", "--batch-size", "1",
-             "--probe-every", "1"]
+    sizes = ["--steps", "1", "--n-triggers", "1", "--seq-len", "2", "--d-model", "1", "--batch-size", "1",
+             "--probe-every", "1"]  # T >= 2: the task's own rule, checked (with the memory) before --out is made
     assert main(["probes", *sizes, "--out", str(tmp_path)]) == 0
     assert [getattr(asked[0], k) for k in ("steps", "n_triggers", "seq_len", "d_model", "batch_size",
-                                           "probe_every")] == [1] * 6
+                                           "probe_every")] == [1, 1, 2, 1, 1, 1]
 
 
 @pytest.fixture(scope="module")
@@ -352,3 +357,111 @@ def test_the_cli_refuses_a_missing_command_and_unknown_choices_in_one_line(argv,
     with pytest.raises(SystemExit) as stop:
         run_cli(lambda: main([*argv, *tiny]))  # tiny sizes: a choice not refused trains briefly
     assert stop.value.code == 2 and capsys.readouterr().err == message + "\n"
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    """The command in this process as `python -m analyses.induction` runs it: (exit code, stdout, stderr)."""
+    return run_main(main, argv, capsys)
+
+
+@pytest.fixture(scope="module")
+def no_mlp(tmp_path_factory):
+    """A simplified model without an MLP, trained without snapshots."""
+    from models.induction.config import InductionTaskConfig, InductionTrainConfig
+    from models.induction.trainer import train
+
+    cfg = InductionTrainConfig(lr=(0.2,), batch_size=8, steps=2, eval_every=2, eval_size=8, device="cpu")
+    result = train(InductionTaskConfig(n_triggers=2, seq_len=16), InductionModelConfig(d_model=16), cfg,
+                   progress=False)[0]
+    return result.save(tmp_path_factory.mktemp("induction") / "no_mlp")
+
+
+@pytest.mark.parametrize("ranks", ["-2", "0", "17", "1000", "2,17"])
+def test_location_refuses_a_rank_the_mlps_output_matrix_does_not_have(ranks, ckpt, tmp_path, capsys):
+    """The MLP is 32 wide on d = 16: W_out [32, 16] has rank at most 16; nothing is written."""
+    out = tmp_path / "loc"
+    code, _, err = run(["location", str(ckpt), f"--ranks={ranks}", "--device", "cpu", "--out", str(out)], capsys)
+    wrong = [r for r in ranks.split(",") if not 1 <= int(r) <= 16][0]
+    assert (code, err) == (2, f"error: --ranks must each be in 1..16 (the last MLP's W_out is 32 x 16), got "
+                              f"{wrong}.\n")
+    assert not out.exists()
+
+
+def test_location_takes_the_ranks_the_mlp_has_and_none_without_an_mlp(ckpt, no_mlp, tmp_path, capsys):
+    """--ranks 16 (the most) is taken; a model without an MLP refuses --ranks and records none by default."""
+    assert main(["location", str(ckpt), "--ranks", "1,16", "--device", "cpu", "--quiet", "--out",
+                 str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["settings"] == {"ranks": [1, 16]}
+    code, _, err = run(["location", str(no_mlp), "--ranks", "2", "--device", "cpu", "--out", str(tmp_path / "b")],
+                       capsys)
+    assert (code, err) == (2, f"error: --ranks: {no_mlp} has no MLP to truncate; leave --ranks out.\n")
+    assert not (tmp_path / "b").exists()
+    assert main(["location", str(no_mlp), "--device", "cpu", "--quiet", "--out", str(tmp_path / "c")]) == 0
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["settings"] == {"ranks": []}
+    assert not [v for v in pd.DataFrame(summary["location"]).variant if v.startswith("mlp")]
+    assert cli.default_ranks(8) == (1, 4) and cli.default_ranks(0) == ()
+
+
+def test_a_step_without_a_snapshot_names_this_familys_flag(no_mlp, tmp_path, capsys):
+    code, _, err = run(["circuit", str(no_mlp), "--step", "50", "--device", "cpu", "--out", str(tmp_path)], capsys)
+    assert code == 2 and err.endswith("it has no snapshots (train with --snapshot-every N to write them).\n"), err
+
+
+def test_a_checkpoint_of_another_task_is_refused_with_its_article(tmp_path, capsys):
+    code, _, err = run(["location", "tests/data/pre_aot_package/factual_recall", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "task kind 'factual_recall' is not an induction task; " in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["layers", "--lr", "-1"], "error: --lr must be > 0, got -1.0.\n"),
+    (["layers", "--lr", "0"], "error: --lr must be > 0, got 0.0.\n"),
+    (["probes", "--threads", "0"], "error: --threads must be > 0, got 0.\n"),
+    (["reproduce", "--threads", "-2"], "error: --threads must be > 0, got -2.\n"),
+])
+def test_the_cli_refuses_a_learning_rate_or_threads_not_above_zero(argv, message, tmp_path, capsys):
+    code, _, err = run([*argv, *TINY[:10], "--device", "cpu", "--quiet", "--out", str(tmp_path / "o")], capsys)
+    assert (code, err) == (2, message) and not (tmp_path / "o").exists()
+
+
+def test_the_layers_study_trains_at_the_given_learning_rate(tmp_path, monkeypatch):
+    asked = recording(monkeypatch, "one_against_two_layers", returns=(CURVES, {}))
+    assert main(["layers", *TINY[:10], "--lr", "0.01", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    adam = asked[0][0][2]
+    assert (adam.optimizer, adam.lr) == ("adam", (0.01,))
+    assert json.loads((tmp_path / "summary.json").read_text())["settings"]["lr"] == 0.01
+
+
+@pytest.mark.parametrize("command", ["layers", "probes", "reproduce"])
+def test_a_study_that_cannot_fit_in_memory_is_refused_before_out_is_made(command, tmp_path, capsys):
+    """d = 100000: the generic models' weights (layers) or the simplified model's W_K, W_Q (probes) need
+    hundreds of GiB; one line says how much, and nothing is written."""
+    code, _, err = run([command, "--d-model", "100000", "--device", "cpu", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and re.fullmatch(r"error: this run needs an estimated \d+\.\d GiB of memory on cpu \(weights "
+                                      r"\d+\.\d GiB\), more than the \d+\.\d GiB available; make it smaller "
+                                      r"\(--d-model, --d-mlp, or fewer --lr/--seed values\)\.\n", err), err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command, says", [
+    ("probes", "interrupted in the probes study; the same command continues: the joint run goes on from its last "
+               "evaluation (its state in {out}/train_state), the runs of one memory alone train again"),
+    ("layers", "interrupted in the layers study; the same command continues: the layers study trains again from "
+               "its start"),
+    ("reproduce", "interrupted in the layers study; the same command continues (the studies finished before it are "
+                  "kept): the layers study trains again from its start")])
+def test_an_interrupted_study_says_what_a_rerun_does(command, says, tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    for name in ("joint_against_alone", "one_against_two_layers"):
+        monkeypatch.setattr(studies, name, interrupted)
+    code, _, err = run([command, *TINY[:10], "--device", "cpu", "--quiet", "--out", str(tmp_path)], capsys)
+    assert (code, err) == (130, says.format(out=tmp_path) + "\n")
+
+
+def test_the_first_steps_print_as_whole_numbers_or_never():
+    table = pd.DataFrame({"probe": ["wk0", "wk1"], "memory": ["a", "b"], "first_step": [40.0, float("nan")]})
+    assert cli.steps_text(table).splitlines() == ["probe memory first_step", "  wk0      a         40",
+                                                  "  wk1      b      never"]
+    learned = pd.DataFrame({"probe": ["wo1"], "joint": [5.0], "alone": [float("nan")]})
+    assert cli.steps_text(learned).splitlines()[1].split() == ["wo1", "5", "never"]

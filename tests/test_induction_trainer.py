@@ -2,6 +2,7 @@
 model of a stack trains as it would alone, frozen weights stay, a run resumes bit-identically, the
 CPU preset learns the induction head, and the CLI refuses bad input in one line."""
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from models.induction import train as train_cli
 from models.induction.config import InductionModelConfig, InductionTaskConfig, InductionTrainConfig
 from models.induction.forward import sequence_logits
 from models.induction.trainer import EVAL_SEED, Training, scores, train
-from models.induction.weights import init_weights
+from models.induction.weights import init_weights, trainable_keys
 from models.training.optimizer import Optimizer
 from models.training.progress import ENV
 from models.training.result import DATA_SEED_OFFSET
+from models.training.train_state import complete_steps
+from tests.conftest import run_main
 
 TASK = InductionTaskConfig(n_triggers=2, seq_len=16)
 MODEL = InductionModelConfig(d_model=16)
@@ -172,11 +175,14 @@ def test_the_cli_trains_writes_and_resumes(tmp_path, capsys, monkeypatch):
     flags = ["--n-triggers", "2", "--seq-len", "8", "--d-model", "8", "--batch-size", "4", "--steps", "4",
              "--eval-every", "2", "--eval-size", "4", "--device", "cpu", "--quiet", "--out", str(out)]
     assert train_cli.main(flags) == 0
-    assert (out / "config.json").is_file() and (out / "train_state").is_dir()
+    assert (out / "config.json").is_file() and not (out / "train_state").exists()  # finished: no state kept
     shown = capsys.readouterr()
     assert shown.out.startswith("task      InductionTask(shakespeare, N=65, K=2 fixed triggers, T=8")
     assert "in-context accuracy" in shown.out and shown.err == ""  # --quiet: no progress
-    assert train_cli.main(["--resume", str(out), "--quiet"]) == 0  # already finished: written again, same
+    written = (out / "model.safetensors").read_bytes()
+    assert train_cli.main(["--resume", str(out), "--quiet"]) == 0  # already finished: kept as it is
+    assert capsys.readouterr().out == f"{out} holds the finished run's checkpoints; nothing to resume.\n"
+    assert (out / "model.safetensors").read_bytes() == written
     with pytest.raises(ValueError, match="no run.json there"):
         train_cli.main(["--resume", str(tmp_path)])
     assert train_cli.main([*flags, "--force"]) == 0  # the checkpoint written over, as asked
@@ -355,12 +361,12 @@ def test_the_cli_writes_a_folder_per_model_at_its_default_out_with_a_bar(tmp_pat
     assert train_cli.main([*SMALL, "--lr", "0.1,0.05"]) == 0
     assert "training 2 models" in capsys.readouterr().err
     out = tmp_path / "ckpt" / "induction_cpu"
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lr0.05_seed0", "lr0.1_seed0", "train_state"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lr0.05_seed0", "lr0.1_seed0"]
     run = json.loads((out / "run.json").read_text())
     assert (run["preset"], run["training"]["lr"], run["training"]["steps"]) == ("cpu", [0.1, 0.05], 2)
     config = json.loads((out / "lr0.05_seed0" / "config.json").read_text())
     assert (config["training"]["lr"], config["training"]["steps_run"]) == (0.05, 2)
-    assert train_cli.main(["--resume", str(out), "--quiet"]) == 0
+    assert train_cli.main(["--resume", str(out), "--quiet"]) == 0  # finished: nothing to resume
     assert json.loads((out / "lr0.1_seed0" / "config.json").read_text())["training"]["lr"] == 0.1
 
 
@@ -398,3 +404,132 @@ def test_the_cli_help_names_the_command_each_option_and_the_setting_groups():
         assert shown in text, shown
     assert "--force " + " ".join(train_cli.FORCE_HELP.split()) in text
     assert train_cli.parser().parse_args(["--force"]).force is True
+
+
+def test_a_run_keeps_only_the_states_resume_needs_and_a_finished_one_none(tmp_path):
+    """Evaluations at 0, 2, 4, 6, snapshots at 0 and 4: killed after step 4 the folder holds the states of 0 and 4
+    (the snapshots' weights) only; after 6, those and 6's. Resumed from there, the run is the whole run's."""
+    cfg = replace(TRAIN, steps=6, eval_every=2, snapshot_every=4)
+    whole = train(TASK, MODEL, cfg, progress=False)[0]
+    train(TASK, MODEL, replace(cfg, steps=4), progress=False, state_folder=tmp_path)  # killed after step 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step_0000000{s}.{x}" for s in (0, 4)
+                                                          for x in ("json", "safetensors")]
+    resumed = train(TASK, MODEL, cfg, progress=False, state_folder=tmp_path)[0]
+    assert complete_steps(tmp_path) == [0, 4, 6] and sorted(resumed.snapshots) == [0, 4, 6]
+    for key, value in whole.weights.items():
+        assert torch.equal(resumed.weights[key], value), key
+    for step, snapshot in whole.snapshots.items():
+        assert all(torch.equal(resumed.snapshots[step][k], v) for k, v in snapshot.items()), step
+    assert train(TASK, MODEL, replace(cfg, snapshot_every=0), progress=False, state_folder=tmp_path / "b")
+    assert complete_steps(tmp_path / "b") == [6]
+
+
+def test_a_run_killed_while_writing_its_models_resumes_and_then_keeps_no_state(tmp_path, monkeypatch, capsys):
+    from models.training.result import TrainResult
+
+    out, save, saved = tmp_path / "run", TrainResult.save, []
+
+    def killed_on_the_second(self, path):
+        if saved:
+            raise KeyboardInterrupt
+        saved.append(path)
+        return save(self, path)
+    monkeypatch.setattr(TrainResult, "save", killed_on_the_second)
+    code, _, err = run_main(train_cli.main, [*SMALL, "--lr", "0.1,0.05", "--quiet", "--out", out], capsys)
+    assert code == 130 and f"--resume {out}" in err and complete_steps(out / "train_state") == [2]
+    monkeypatch.setattr(TrainResult, "save", save)
+    code, said, _ = run_main(train_cli.main, ["--resume", out, "--quiet"], capsys)
+    assert code == 0 and "lr 0.05 seed 0: in-context accuracy" in said
+    assert (out / "lr0.05_seed0" / "config.json").is_file() and not (out / "train_state").exists()
+
+
+def test_rerunning_an_interrupted_command_names_resume_not_force(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    out, real = tmp_path / "run", train_cli.train
+    monkeypatch.setattr(train_cli, "train", interrupted)
+    assert run_main(train_cli.main, [*SMALL, "--quiet", "--out", out], capsys)[0] == 130
+    monkeypatch.setattr(train_cli, "train", real)
+    code, _, err = run_main(train_cli.main, [*SMALL, "--quiet", "--out", out], capsys)
+    assert (code, err) == (2, f"error: --out {out} holds an interrupted run; continue it with `python -m "
+                              f"models.induction.train --resume {out}`, or pass --force to start again.\n")
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+    assert run_main(train_cli.main, [*SMALL, "--quiet", "--out", out, "--force"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"preset": "tiny", "task": {"n_subjects": 64}, "model": {"d_model": 64}, "train": {"lr": [0.01]}},
+     "error: --resume {out}: a run of the factual-recall family, not an induction one; resume it with `python -m "
+     "models.train --resume {out}`.\n"),
+    ({"preset": "cpu", "task": {"n_subjects": 64}, "model": {}, "training": {}},
+     "error: {out}/run.json: not a valid induction run description.\n"),
+    ([1, 2], "error: {out}/run.json: not a valid induction run description.\n")])
+def test_resume_refuses_another_familys_run_or_a_damaged_record_in_one_line(record, message, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps(record))
+    code, _, err = run_main(train_cli.main, ["--resume", out], capsys)
+    assert (code, err) == (2, message.format(out=out)) and sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+def test_the_factual_recall_trainer_refuses_to_resume_an_induction_run(tmp_path, capsys):
+    """A finished induction checkpoint, and an interrupted run of several models (run.json only), name the
+    induction family's command instead of calling the run complete."""
+    from models.recall import train as recall_cli
+
+    out = tmp_path / "run"
+    assert train_cli.main([*SMALL, "--quiet", "--out", str(out)]) == 0
+    capsys.readouterr()
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "run.json").write_text((out / "run.json").read_text())
+    for ckpt in (out, interrupted):
+        code, said, err = run_main(recall_cli.main, ["--resume", ckpt], capsys)
+        assert (code, said, err) == (2, "", f"error: --resume {ckpt}: a run of the induction family, not a "
+                                            f"factual-recall one; resume it with `python -m models.induction.train "
+                                            f"--resume {ckpt}`.\n")
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_out_is_touched(tmp_path, capsys):
+    """d = 100000: W_Q, W_K, W_V, W_O of two layers, 8 d^2 numbers, 298 GiB before training; one line."""
+    out = tmp_path / "big"
+    code, _, err = run_main(train_cli.main, ["--d-model", "100000", "--device", "cpu", "--out", out], capsys)
+    assert code == 2 and re.fullmatch(r"error: this run needs an estimated \d+\.\d GiB of memory on cpu \(weights "
+                                      r"\d+\.\d GiB\), more than the \d+\.\d GiB available; make it smaller "
+                                      r"\(--d-model, --d-mlp, or fewer --lr/--seed values\)\.\n", err), err
+    assert not out.exists()
+
+
+def test_the_memory_estimate_is_refused_just_above_what_is_available():
+    from models.induction.fits import check_fits, needed_bytes
+
+    task, model, cfg = TASK.build(), replace(MODEL, d_mlp=32), replace(TRAIN, optimizer="adam", lr=(0.1, 0.2))
+    parts = needed_bytes(task, model, cfg)
+    need = parts["weights"] + parts["batches"] + max(parts["training step"], parts["evaluation"])
+    check_fits(task, model, cfg, torch.device("cpu"), available=need)
+    with pytest.raises(ValueError, match=r"needs an estimated 0\.0 GiB of memory on cpu \(training step 0\.0 GiB\)"):
+        check_fits(task, model, cfg, torch.device("cpu"), available=need - 1)
+    doubled = needed_bytes(task, model, replace(cfg, lr=(0.1, 0.2, 0.3, 0.4)))  # K = 4 models: twice each part
+    assert {k: doubled[k] for k in ("weights", "training step", "evaluation")} == {
+        k: 2 * parts[k] for k in ("weights", "training step", "evaluation")}
+    sgd = needed_bytes(task, model, replace(cfg, optimizer="sgd"))  # one optimizer state fewer than Adam's
+    trained = sum(math.prod(s) for k, s in model.section(task).weight_shapes().items() if k in
+                  trainable_keys(model.section(task)))
+    assert parts["weights"] - sgd["weights"] == 4 * 2 * trained
+
+
+def test_the_cli_help_shows_the_values_a_run_without_flags_takes():
+    """The default preset is cpu: its K 3, T 64, d 64, batch 64, 600 steps, lr 0.2 (not the paper's 5, 256, 256,
+    512, 1000, 0.03, the configs' own defaults)."""
+    text = " ".join(train_cli.parser().format_help().split())
+    for shown in ("--n-triggers N_TRIGGERS K, trigger tokens (default, cpu preset: 3)",
+                  "--seq-len SEQ_LEN T, inputs per sequence (= n_ctx) (default, cpu preset: 64)",
+                  "--d-model D_MODEL d, embedding dimension (default, cpu preset: 64)",
+                  "--batch-size BATCH_SIZE fresh sequences per step (default, cpu preset: 64)",
+                  "--steps STEPS training steps (default, cpu preset: 600)",
+                  "--lr A,B,... learning rates (one model per lr and seed) (default, cpu preset: 0.2)",
+                  "--eval-every EVAL_EVERY score every model on the held-out set every this many steps (default, "
+                  "cpu preset: 25)", "--frozen A,B,... weights kept at their initial value"):
+        assert shown in text, shown
+    assert "preset default here" not in text and train_cli.parser().parse_args([]).preset == "cpu"
+    assert text.count("(default, cpu preset: ") == 26

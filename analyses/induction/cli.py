@@ -30,12 +30,15 @@ import torch
 from analyses import recorded
 from analyses.induction import studies
 from analyses.induction.figures import layers_figure, location_figure, probes_figure
+from analyses.induction.folders import kept_studies, study_folder
 from analyses.induction.report import circuit_page
 from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from models import load
+from models.bridge import resolve_device
 from models.checkpoint import read_envelope, write_json, write_text
 from models.induction.config import PRESETS, InductionModelConfig, preset
+from models.induction.fits import check_fits
 from models.induction.trainer import train
 from models.out_folder import claim
 from probe.induction import knowledge_location, memory_recall
@@ -46,6 +49,8 @@ ALONE_TEXT = {"target": "frozen at the construction's memories",
               "none": ""}
 TALK = {"one_layer": 0.55, "two_layers": 0.99}  # in-context accuracy: the talk's "Transformers on the bigram task"
 RUN_FILE = "run.json"  # what the probes study's interrupted joint run was asked to do
+ADAM_LR = 1e-3  # the layers study's AdamW learning rate
+DEFAULT_RANKS = (1, 4, 16)  # location: the ranks W_out is truncated to, those the MLP has
 
 
 def recipes(args):
@@ -54,10 +59,11 @@ def recipes(args):
     task, model, cfg = preset(args.preset)
     task = replace(task, **{k: getattr(args, k) for k in ("n_triggers", "seq_len", "triggers") if getattr(args, k)})
     model = replace(model, d_model=args.d_model or model.d_model)
+    layers = args.command == "layers"  # there --lr is the generic models' AdamW one
     cfg = replace(cfg, seed=(args.seed,), device=args.device, steps=args.steps or cfg.steps,
-                  batch_size=args.batch_size or cfg.batch_size, lr=(args.lr,) if args.lr else cfg.lr)
+                  batch_size=args.batch_size or cfg.batch_size, lr=(args.lr,) if args.lr and not layers else cfg.lr)
     generic = InductionModelConfig("generic", 2, model.d_model, 1, 4 * model.d_model, True)
-    adam = replace(cfg, optimizer="adam", lr=(1e-3,), loss="all")
+    adam = replace(cfg, optimizer="adam", lr=(args.lr if args.lr and layers else ADAM_LR,), loss="all")
     return task, model, replace(cfg, snapshot_every=cfg.eval_every), generic, adam
 
 
@@ -108,7 +114,7 @@ def probes_summary(args, run: dict, until: int, probes: pd.DataFrame, curves: pd
     learned = studies.steps_to_learn(probes)
     accuracy = studies.accuracy_to_learn(curves)
     write_csv(out / "order.csv", order)
-    print("learning order (first step with recall >= 0.9, joint training):\n" + order.to_string(index=False))
+    print("learning order (first step with recall >= 0.9, joint training):\n" + steps_text(order))
     summary = {"sizes": {"K": task["n_triggers"], "triggers": task["triggers"], "T": task["seq_len"],
                          "d": model["d_model"], "batch": cfg["batch_size"], "lr": cfg["lr"][0],
                          "momentum": cfg["momentum"], "weight_decay": cfg["weight_decay"], "steps": cfg["steps"],
@@ -119,11 +125,18 @@ def probes_summary(args, run: dict, until: int, probes: pd.DataFrame, curves: pd
     if args.alone != "none":
         write_csv(out / "joint_alone.csv", learned)
         print(f"steps to recall >= 0.9, joint against alone (others {ALONE_TEXT[args.alone].format(until=until)}):"
-              f"\n{learned.to_string(index=False)}")
+              f"\n{steps_text(learned)}")
         summary.update(joint_alone=learned.to_dict("records"), until=until if args.alone == "init" else None)
     joint = curves[curves["mode"] == "joint"]
     summary["joint_final"] = joint.iloc[-1].drop(["mode", "trained_alone"]).to_dict()
     return summary
+
+
+def steps_text(table: pd.DataFrame) -> str:
+    """A table of first steps to print: whole numbers, and `never` where a memory was not learned."""
+    steps = [c for c in ("first_step", "joint", "alone") if c in table]
+    return table.astype({c: object for c in steps}).assign(
+        **{c: [("never" if pd.isna(v) else int(v)) for v in table[c]] for c in steps}).to_string(index=False)
 
 
 def run_circuit(model, task, out: Path, title: str) -> dict:
@@ -162,7 +175,9 @@ def parser() -> cli.Parser:
         s.add_argument("--d-model", type=int, default=None, help="d (default: the preset's)")
         s.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the preset's)")
         s.add_argument("--lr", type=float, default=None,
-                       help="the simplified model's SGD learning rate (default: the preset's; layers: AdamW 1e-3)")
+                       help="the generic models' AdamW learning rate (default 1e-3)" if name == "layers" else
+                       "the simplified model's SGD learning rate (default: the preset's; the layers study: AdamW "
+                       "1e-3)")
         s.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
         if name != "layers":
             s.add_argument("--probe-every", type=int, default=None,
@@ -188,8 +203,9 @@ def parser() -> cli.Parser:
         cli.add_step(s)
         cli.add_quiet(s)
         if name == "location":
-            s.add_argument("--ranks", type=cli.comma_list(int), default=(1, 4, 16),
-                           help="ranks the last MLP's output matrix is truncated to (default 1,4,16)")
+            s.add_argument("--ranks", type=cli.comma_list(int), default=None,
+                           help="ranks the last MLP's output matrix is truncated to, each in 1..min(d_mlp, d_model) "
+                                "(default 1,4,16: those in that range; none without an MLP)")
     return p
 
 
@@ -198,12 +214,16 @@ def main(argv=None) -> int:
     for flag in ("steps", "n_triggers", "seq_len", "d_model", "batch_size", "probe_every"):
         if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}.")
+    for flag in ("lr", "threads"):
+        if getattr(args, flag, None) is not None and not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag} must be > 0, got {getattr(args, flag)}.")
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command in ("circuit", "location"):
         out, summary = checkpoint_analysis(args)
     else:
         out = claim(args.out or Path(f"induction_{args.command}"), study_folder)
+        fits(args)
         out.mkdir(parents=True, exist_ok=True)
         summary = {"preset": args.preset, "seed": args.seed, "settings": study_settings(args), "studies": []}
         if args.command == "reproduce":
@@ -212,12 +232,49 @@ def main(argv=None) -> int:
             if name in summary["studies"]:
                 print(f"{name}: kept, finished by an earlier run of these settings ({out}/summary.json)")
                 continue
-            summary.update(STUDY_RUNS[name](args, out))
+            try:
+                summary.update(STUDY_RUNS[name](args, out))
+            except KeyboardInterrupt:  # say what a rerun does
+                kept = " (the studies finished before it are kept)" if args.command == "reproduce" else ""
+                raise KeyboardInterrupt(f"interrupted in the {name} study; the same command continues{kept}: "
+                                        + RERUN[name].format(state=out / "train_state")) from None
             summary["studies"].append(name)
             write_summary(out / "summary.json", summary)  # after each study: an interrupted run keeps it
     write_summary(out / "summary.json", summary)
     print(f"wrote {out}/")
     return 0
+
+
+def fits(args) -> None:
+    """Refuse (one line) a command whose training runs cannot fit in memory, before --out is made."""
+    task, model, cfg, generic, adam = recipes(args)
+    built = task.build()
+    runs = {"layers": [(generic, adam)], "probes": [(model, cfg)],
+            "mlp_model": [(replace(model, d_mlp=4 * model.d_model), replace(cfg, loss="all"))]}
+    for name in STUDIES[args.command]:
+        for model, cfg in runs[name]:
+            check_fits(built, model, cfg, resolve_device(cfg.device))
+
+
+def location_ranks(args, section: dict) -> tuple[int, ...]:
+    """The ranks the location analysis truncates the last MLP's W_out [m, d] to: --ranks, each in
+    1..min(m, d) (refused otherwise, and where the model has no MLP), or the defaults in that range.
+    `section`: the checkpoint's model section (config.json's "model")."""
+    most = 0 if section.get("mlp_layers", "none") == "none" else min(section["d_mlp"], section["d_model"])
+    if args.ranks is None:
+        return default_ranks(most)
+    if not most:
+        raise ValueError(f"--ranks: {args.ckpt} has no MLP to truncate; leave --ranks out.")
+    wrong = [r for r in args.ranks if not 1 <= r <= most]
+    if wrong:
+        raise ValueError(f"--ranks must each be in 1..{most} (the last MLP's W_out is "
+                         f"{section['d_mlp']} x {section['d_model']}), got {wrong[0]}.")
+    return tuple(args.ranks)
+
+
+def default_ranks(most: int) -> tuple[int, ...]:
+    """The default ranks a W_out of rank at most `most` has."""
+    return tuple(r for r in DEFAULT_RANKS if r <= most)
 
 
 def study_settings(args) -> dict:
@@ -227,47 +284,23 @@ def study_settings(args) -> dict:
             if hasattr(args, k)}
 
 
-def study_folder(out: Path) -> None:
-    """What a training study's --out may hold (models.out_folder.claim): an induction study's
-    results (summary.json naming its studies, a user's files beside them stay), or the training
-    state of an interrupted first study; else refused."""
-    if (out / "summary.json").is_file() and recorded.holding(out) == "an induction study's results (summary.json)":
-        return
-    other = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in ("train_state", "probes_model"))
-    if other:
-        held = recorded.holding(out) or f"files that are not an induction study's results ({', '.join(other[:4])})"
-        raise ValueError(f"--out {out} holds {held}, which an induction study does not write over; choose another "
-                         "--out.")
-
-
-def kept_studies(path: Path, summary: dict) -> dict:
-    """The summary to go on from: the one at `path` where an earlier reproduce of the same settings
-    wrote it (its finished studies are kept, their files beside it), else `summary` (all run again)."""
-    if not path.is_file():
-        return summary
-    earlier = json.loads(path.read_text())
-    if earlier.get("settings") != json.loads(json.dumps(summary["settings"])) or "studies" not in earlier:
-        print(f"{path}: written at other settings; every study runs again")
-        return summary
-    return earlier
-
-
 def checkpoint_analysis(args) -> tuple[Path, dict]:
     """circuit or location on a checkpoint (its final weights or snapshot --step): (the folder, the
     summary). The summary records its source (checkpoint, step, weights_sha256) and settings; a
     folder holding other results, or inside another checkpoint, is refused (analyses.recorded)."""
     name = f"induction_{args.command}"
-    read_envelope(args.ckpt)  # a checkpoint of this toolkit; its kind is checked as it loads, once --out is
+    section = read_envelope(args.ckpt)["model"]  # a checkpoint of this toolkit; its kind is checked as it loads
     out = cli.out_dir(args, f"CKPT/analysis/{name}")
     origin = recorded.source(args.ckpt, args.step)
-    settings = {"ranks": list(args.ranks)} if args.command == "location" else {}
+    ranks = location_ranks(args, section) if args.command == "location" else ()
+    settings = {"ranks": list(ranks)} if args.command == "location" else {}
     wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH], "settings": settings}
     recorded.refuse_other_results(name, out, wanted, args.ckpt, f"the induction {args.command} analysis")
     model, task = load(args.ckpt, args.device, args.step, kind="induction")  # --out is refused before it loads
     out.mkdir(parents=True, exist_ok=True)
     what = f"{args.ckpt}" + (f" at step {args.step}" if args.step is not None else "")
     found = (run_circuit(model, task, out, f"The induction circuit of {what}") if args.command == "circuit"
-             else run_location(model, task, out, args.ranks))
+             else run_location(model, task, out, ranks))
     return out, {**origin, "settings": settings, **found}
 
 
@@ -285,10 +318,15 @@ def reproduce_location(args, out: Path) -> dict:
                           "final": {k: v for k, v in result.metrics[-1].items() if isinstance(v, float)},
                           "ff1_kl_first_last": [float(ff1.ff1_kl.iloc[0]), float(ff1.ff1_kl.iloc[-1])]},
             **run_circuit(loaded, built, out, "The induction circuit of the simplified model with a final MLP"),
-            **run_location(loaded, built, out, (1, 4, 16))}
+            **run_location(loaded, built, out, default_ranks(min(loaded.cfg.d_mlp, loaded.cfg.d_model)))}
 
 
-# each training study by name: what it adds to summary.json; the studies of each command, in order
+# each training study by name: what it adds to summary.json; the studies of each command, in order;
+# what a rerun of an interrupted one does
+RERUN = {"layers": "the layers study trains again from its start",
+         "probes": "the joint run goes on from its last evaluation (its state in {state}), the runs of one memory "
+                   "alone train again",
+         "mlp_model": "the model with a final MLP trains again from its start"}
 STUDY_RUNS = {"layers": lambda args, out: {"layers": run_layers(args, out)},
               "probes": lambda args, out: {"probes": run_probes(args, out)},
               "mlp_model": lambda args, out: reproduce_location(args, out)}

@@ -10,7 +10,8 @@ are those of its separate run. SGD with momentum and weight decay, or AdamW (mod
 
 Every eval_every steps the models are scored on a held-out set (`scores`); every snapshot_every
 steps their weights are kept (the probes over training read them), and with a state folder the
-whole training state is saved at every evaluation, from which a run resumes bit-identically.
+whole training state is saved at every evaluation (the earlier ones deleted but at the snapshot steps,
+whose weights a resumed run's snapshots read), from which a run resumes bit-identically.
 """
 from __future__ import annotations
 
@@ -129,6 +130,10 @@ class Training:
     def save(self, folder: Path) -> None:
         moving = {k: self.weights[k] for k in self.snapshot_keys}  # the frozen-until weights too (snapshots)
         save_state(folder, self.step, moving, self.optimizer, {}, self.metrics, "counter")
+        for step in complete_steps(folder)[:-1]:  # resume needs the last state and the snapshot steps' weights
+            if not self.snapshot_due(step):
+                for suffix in (".json", ".safetensors"):  # the JSON first: never a damaged complete state
+                    (folder / f"step_{step:08d}{suffix}").unlink(missing_ok=True)
 
     def resume(self, folder: Path) -> None:
         """Continue from the last complete state in `folder`, if any (snapshots of earlier steps included)."""

@@ -105,12 +105,24 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
         raise ValueError(f"{path}: missing; {ckpt} is not a run started by models.train, nothing to resume.")
     try:
         saved = json.loads(path.read_text())
+        if isinstance(saved, dict) and "training" in saved and "train" not in saved:
+            other_family(ckpt, "induction")  # models.induction.train's run.json
         train_cfg = {"sampler": "generator",  # runs started before the sampler was a setting drew with generators
                      **saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
         run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
         return run, saved["preset"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"{path}: not a valid run description.") from None
+
+
+def other_family(ckpt: Path, kind: str) -> None:
+    """Refuse (one line) to resume a run of another family than factual recall, naming its command."""
+    if kind == "induction":
+        raise ValueError(f"--resume {ckpt}: a run of the induction family, not a factual-recall one; resume it with "
+                         f"`python -m models.induction.train --resume {ckpt}`.")
+    if kind != "factual_recall":
+        raise ValueError(f"--resume {ckpt}: a checkpoint of the {kind} task, not a factual-recall one; "
+                         "models.train resumes factual-recall runs only.")
 
 
 def same_settings(out: Path, run: RunConfig) -> bool:
@@ -139,7 +151,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--resume continues with the run's own settings; drop {flags}.")
         out = args.resume
         if (out / "config.json").is_file():
-            load_checkpoint(out)  # a damaged checkpoint is refused (CheckpointError), not called complete
+            other_family(out, load_checkpoint(out).task.kind)  # a damaged checkpoint is refused, not called complete
             print(f"{out} is a complete checkpoint; nothing to resume.")
             return 0
         run, preset_name = read_run(out)
