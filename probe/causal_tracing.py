@@ -25,7 +25,7 @@ TransformerLens hooks: any depth, the model computes its own forward.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pandas as pd
 import torch
