@@ -107,8 +107,31 @@ def report(facts: dict, ckpt: str, out: Path) -> str:
              + ", ".join(f"{k} {v}" for k, v in facts["peak_stores"].items()),
              "severed (share of the effect through the MLPs): "
              + ", ".join(f"{k} {v}" for k, v in facts["severed_stores"].items()),
+             *([f"against the storage rule (locate_facts): the peak agrees on {agreed['peak_agrees']} of "
+                f"{agreed['of']} facts, the severed reading on {agreed['severed_agrees']}"]
+               if (agreed := facts.get("storage_rule_agreement")) else []),
              f"wrote {out}/ ({OUTPUTS}) in {facts['seconds']:.1f} s"]
     return "\n".join(lines)
+
+
+def with_storage_rule(top: pd.DataFrame, ckpt: str | Path, weights_sha256: str) -> pd.DataFrame:
+    """`top` with the storage rule's label of each fact (column `rule`) from locate_facts'
+    default results of the same weights, when CKPT/analysis/locate_facts holds them."""
+    folder = Path(ckpt) / "analysis" / "locate_facts"
+    if not (folder / "facts.csv").is_file() or recorded.differences(folder, {recorded.HASH: weights_sha256}):
+        return top
+    rule = pd.read_csv(folder / "facts.csv")
+    labels = dict(zip(rule["subject"].astype(str) + ":" + rule["relation"].astype(str), rule["label"]))
+    return top.assign(rule=[labels.get(fact) for fact in top.index])
+
+
+def agreement(top: pd.DataFrame) -> dict:
+    """How many facts' tracing store (peak, severed) is the storage rule's label."""
+    if "rule" not in top:
+        return {}
+    return {"of": len(top), "rule_labels": top["rule"].value_counts().to_dict(),
+            "peak_agrees": int((top["store"] == top["rule"]).sum()),
+            "severed_agrees": int((top["severed_store"] == top["rule"]).sum())}
 
 
 def parser():
@@ -133,7 +156,9 @@ def main(argv=None) -> int:
     recorded.refuse_other_results("causal_tracing", out, wanted, args.ckpt, "causal_tracing")
     start = time.perf_counter()
     effects, top = trace(model, task, settings, args.seed, facts, progress=not args.quiet)
+    top = with_storage_rule(top, args.ckpt, origin[recorded.HASH])
     numbers = summary(effects, top, settings, round(time.perf_counter() - start, 2))
+    numbers["storage_rule_agreement"] = agreement(top)
     numbers.update({**origin, "settings": {**measured, "device": str(model_device(model))}})
     write(effects, top, numbers, out)
     print(report(numbers, args.ckpt, out))

@@ -120,3 +120,18 @@ def test_the_cli_refuses_bad_input_in_one_line_and_writes_nothing(mlp_ckpt, tmp_
     code, _, err = run_main(main, [mlp_ckpt, *argv, "--quiet", "--out", tmp_path / "out"], capsys)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and err.startswith("error:")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_counts_the_facts_where_tracing_names_the_storage_rule_s_store(mlp_ckpt, capsys):
+    """Theorem 4 keeps every fact in the MLP: the severed reading says so, the peak ties."""
+    from analyses.causal_tracing import main
+    from analyses.locate_facts import main as locate
+
+    assert run_main(locate, [mlp_ckpt, "--quiet", "--device", "cpu"],
+                    capsys)[0] == 0
+    code, out, _ = run_main(main, [mlp_ckpt, "--facts", "1:1,2:3", "--draws", "2", "--contexts", "1",
+                                   "--noise", "resample", "--quiet", "--device", "cpu"], capsys)
+    assert code == 0 and "the peak agrees on 0 of 2 facts, the severed reading on 2" in out
+    folder = mlp_ckpt / "analysis" / "causal_tracing" / "contexts-1_draws-2_noise-resample" / "facts_1-1_2-3"
+    agreed = json.loads((folder / "summary.json").read_text())["storage_rule_agreement"]
+    assert agreed == {"of": 2, "rule_labels": {"mlp": 2}, "peak_agrees": 0, "severed_agrees": 2}
