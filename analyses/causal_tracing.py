@@ -30,7 +30,6 @@ from models import load
 from models.training.progress import progress_bar
 from probe.causal_tracing import COMPONENTS, CORRUPT, NOISE, ROLES, causal_trace, n_steps, peaks, severed_stores
 from probe.hooks import model_device
-from probe.prompts import FactPrompts
 
 OUTPUTS = "effects.csv, peaks.csv, summary.json, heat maps"
 
@@ -54,12 +53,12 @@ class TracingSettings:
 def trace(model, task, settings: TracingSettings = TracingSettings(), seed: int = 0, facts=None,
           progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(effects, peaks) of `facts` (every fact when None) on a TransformerBridge `model`."""
-    prompts = FactPrompts.build(model, task, settings.contexts, seed, facts, references=False)
-    bar = progress_bar(total=n_steps(prompts, settings.draws), desc="causal tracing", unit="draw",
-                       disable=not progress)
+    n_facts = task.n_facts if facts is None else len(facts)
+    bar = progress_bar(total=n_steps(n_facts, settings.contexts, settings.draws), desc="causal tracing",
+                       unit="draw", disable=not progress)
     generator = torch.Generator(device=model_device(model)).manual_seed(seed + 1)
-    effects = causal_trace(model, task, generator, prompts, settings.draws, settings.corrupt, settings.noise,
-                           progress=lambda: bar.update(1))
+    effects = causal_trace(model, task, generator, settings.contexts, seed, facts, settings.draws, settings.corrupt,
+                           settings.noise, progress=lambda: bar.update(1))
     bar.close()
     top = peaks(effects).join(severed_stores(effects, settings.corrupt))
     return effects, top

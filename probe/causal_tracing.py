@@ -25,14 +25,16 @@ TransformerLens hooks: any depth, the model computes its own forward.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 
 import pandas as pd
 import torch
 
 from probe.hooks import PROMPTS_PER_RUN, has_mlp
 from probe.patching import corrupted_prompts
-from probe.prompts import FactPrompts
+from probe.prompts import checked_facts, fact_batch, fact_index
+from tasks.batch import Batch
 
 NOISE_SCALE = 3.0  # ROME: the noise's standard deviation is 3 times the embeddings'
 DRAWS = 10  # noise draws per prompt
@@ -80,35 +82,51 @@ def restore_points(model) -> list[tuple[str, int, str, list[str]]]:
     return points
 
 
-def n_steps(prompts: FactPrompts, draws: int = DRAWS) -> int:
+def tracing_prompts(task, contexts: int, seed: int, facts: Sequence[tuple[int, int]] | None = None,
+                    device="cpu") -> tuple[Batch, pd.MultiIndex]:
+    """`contexts` prompts per fact (probe.prompts.fact_batch: a chosen fact gets the prompts it
+    gets among all), fact-major, and the index of the facts: of every fact, or of `facts`."""
+    batch = fact_batch(task, contexts, seed, device)
+    subjects, relations, answers = task.all_facts()
+    if facts is None:
+        return batch, fact_index(subjects, relations, answers)
+    chosen = torch.tensor([s * task.n_relations + r for s, r in checked_facts(task, facts)])  # [F]
+    rows = (chosen[:, None] * contexts + torch.arange(contexts)).flatten().to(batch.tokens.device)  # [n]
+    picked = Batch(*(getattr(batch, f.name)[rows] for f in fields(Batch)))
+    return picked, fact_index(subjects[chosen], relations[chosen], answers[chosen])
+
+
+def n_steps(n_facts: int, contexts: int, draws: int = DRAWS) -> int:
     """How many times causal_trace calls its `progress`: once per chunk of prompts and draw."""
-    return -(-len(prompts.batch) // PROMPTS_PER_RUN) * draws
+    return -(-n_facts * contexts // PROMPTS_PER_RUN) * draws
 
 
-def causal_trace(model, task, generator: torch.Generator, prompts: FactPrompts, draws: int = DRAWS,
-                 corrupt: str = "subject", noise: str = "gaussian",
-                 progress: Callable[[], None] | None = None) -> pd.DataFrame:
-    """One row per fact, layer, position (role) and component (COMPONENTS): the indirect
-    effect of restoring it, with the clean and corrupted probabilities of a* (module
-    docstring). `generator` draws the noise (or the resampled tokens): no global state."""
+def causal_trace(model, task, generator: torch.Generator, contexts: int = 2, seed: int = 0,
+                 facts: Sequence[tuple[int, int]] | None = None, draws: int = DRAWS, corrupt: str = "subject",
+                 noise: str = "gaussian", progress: Callable[[], None] | None = None) -> pd.DataFrame:
+    """One row per fact (every fact, or `facts`), layer, position (role) and component
+    (COMPONENTS): the indirect effect of restoring it, with the clean and corrupted
+    probabilities of a* (module docstring), on `contexts` prompts per fact drawn with
+    `seed`. `generator` draws the noise (or the resampled tokens): no global state."""
     if corrupt not in CORRUPT:
         raise ValueError(f"corrupt must be one of {', '.join(CORRUPT)}, got {corrupt!r}.")
     if noise not in NOISE:
         raise ValueError(f"noise must be one of {', '.join(NOISE)}, got {noise!r}.")
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}.")
-    batch, T = prompts.batch, task.seq_len
+    batch, index = tracing_prompts(task, contexts, seed, facts, model.W_E.device)
+    T = task.seq_len
     std = NOISE_SCALE * noise_std(model, task, corrupt)
     points = restore_points(model)
     sums = torch.zeros(len(points), len(batch), T)  # [point, n, slot] effect summed over draws
     clean_p, corrupted_p = torch.zeros(len(batch)), torch.zeros(len(batch))
     for start in range(0, len(batch), PROMPTS_PER_RUN):
         rows = slice(start, start + PROMPTS_PER_RUN)
-        part = type(batch)(*(getattr(batch, f)[rows] for f in batch.__dataclass_fields__))
+        part = Batch(*(getattr(batch, f.name)[rows] for f in fields(Batch)))
         effects, clean, corrupted = _trace_chunk(model, task, part, points, generator, draws, corrupt, noise,
                                                  std, progress)
         sums[:, rows], clean_p[rows], corrupted_p[rows] = effects, clean, corrupted
-    return _frame(prompts, points, sums / draws, clean_p, corrupted_p, T)
+    return _frame(index, points, sums / draws, clean_p, corrupted_p, T)
 
 
 def _trace_chunk(model, task, batch, points, generator, draws, corrupt, noise, std, progress):
@@ -174,13 +192,13 @@ def _probability(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].float().softmax(-1).gather(-1, answers[:, None])[:, 0]
 
 
-def _frame(prompts: FactPrompts, points, effects, clean, corrupted, T) -> pd.DataFrame:
+def _frame(index: pd.MultiIndex, points, effects, clean, corrupted, T) -> pd.DataFrame:
     """effects [point, n, slot] -> rows per fact, layer, role, component (means over contexts, noise slots)."""
-    F = len(prompts.facts)
+    F = len(index)
     per_fact = effects.reshape(len(points), F, -1, T).mean(2)  # [point, F, slot]
     clean_f, corrupted_f = (v.reshape(F, -1).mean(1) for v in (clean, corrupted))
     roles = slot_roles(T)
-    names = [f"{s}:{r}" for s, r, _ in prompts.facts]
+    names = [f"{s}:{r}" for s, r, _ in index]
     rows = []
     for p, (component, layer, _, _) in enumerate(points):
         for role in ROLES:

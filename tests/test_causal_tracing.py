@@ -10,7 +10,6 @@ from models import build_bridge
 from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
 from probe.causal_tracing import causal_trace, peaks, severed_stores
-from probe.prompts import FactPrompts
 from tests.conftest import run_main
 
 TASK = CONSTRUCTION_TASK.build()
@@ -25,8 +24,7 @@ def constructed(kind):
 
 def traced(kind, corrupt="subject", noise="gaussian", seed=0, draws=2):
     model = constructed(kind)
-    prompts = FactPrompts.build(model, TASK, 1, 0, FACTS, references=False)
-    return causal_trace(model, TASK, torch.Generator().manual_seed(seed), prompts, draws, corrupt, noise)
+    return causal_trace(model, TASK, torch.Generator().manual_seed(seed), 1, 0, FACTS, draws, corrupt, noise)
 
 
 def at(effects, component, layer, position):
@@ -135,3 +133,24 @@ def test_the_cli_counts_the_facts_where_tracing_names_the_storage_rule_s_store(m
     folder = mlp_ckpt / "analysis" / "causal_tracing" / "contexts-1_draws-2_noise-resample" / "facts_1-1_2-3"
     agreed = json.loads((folder / "summary.json").read_text())["storage_rule_agreement"]
     assert agreed == {"of": 2, "rule_labels": {"mlp": 2}, "peak_agrees": 0, "severed_agrees": 2}
+
+
+def test_at_two_layers_restoring_the_embedding_or_the_last_hidden_state_restores_the_clean_probability():
+    """The instrument reads every block through hooks: a two-layer TransformerBridge of random weights."""
+    from models.section import InductionSection
+
+    section = InductionSection("generic", 2, 16, 2, 8, 32, "all", None, TASK.seq_len, TASK.d_vocab, TASK.d_vocab_out)
+    generator = torch.Generator().manual_seed(0)
+    weights = {k: 0.3 * torch.randn(shape, generator=generator)
+               for k, shape in section.weight_shapes().items()}
+    weights["unembed.W_U"] *= 0.1  # logits of order 1, so P(a*) moves with the subject
+    model = build_bridge(section, weights)
+    effects = causal_trace(model, TASK, torch.Generator().manual_seed(0), 1, 0, FACTS, 2, noise="resample")
+    per_fact = effects.drop_duplicates("fact").set_index("fact")
+    lost = per_fact["clean_probability"] - per_fact["corrupted_probability"]
+    assert lost.abs().min() > 1e-4 and lost.abs().max() > 1e-3  # another subject moves P(a*) ~ 1/16
+    tight = 1e-6  # float32 rounding of probabilities near 1/16 is ~1e-8
+    assert sorted(set(effects["layer"])) == [0, 1, 2]
+    assert (at(effects, "resid", 0, "subject") - lost).abs().max() < tight
+    assert (at(effects, "resid", 2, "last") - lost).abs().max() < tight
+    assert at(effects, "resid", 2, "subject").abs().max() < tight  # nothing reads the subject after the last block
