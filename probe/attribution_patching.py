@@ -90,6 +90,14 @@ def attribution_patching(model, task, corrupt: str = "subject", contexts: int = 
     return prompts.frame(cols)
 
 
+ZERO = 1e-4  # float32 noise on a share that is 0 by construction is ~1e-6
+
+
+def _sign(x: pd.Series) -> pd.Series:
+    """-1, 0 or 1, with 0 for every value within ZERO of 0 (its sign would be the last bit's)."""
+    return x.gt(ZERO).astype(int) - x.lt(-ZERO).astype(int)
+
+
 def agreement(patched: pd.DataFrame, attributed: pd.DataFrame, corrupt: str = "subject") -> pd.DataFrame:
     """Per component measured both ways (heads, MLP) over facts, and `all` of them pooled:
     the correlation of activation patching's and attribution patching's restored shares
@@ -105,7 +113,7 @@ def agreement(patched: pd.DataFrame, attributed: pd.DataFrame, corrupt: str = "s
     for component, (a, b) in pairs.items():
         keep = a.notna() & b.notna()
         a, b = a[keep], b[keep]
-        signs = ((a.abs() < 0.05) & (b.abs() < 0.05)) | (a.gt(0) == b.gt(0))
+        signs = ((a.abs() < 0.05) & (b.abs() < 0.05)) | (_sign(a) == _sign(b))
         spread = min(a.std(), b.std()) if len(a) > 1 else 0.0
         rows.append({"component": component, "facts": int(keep.sum()),
                      "correlation": float(a.corr(b)) if spread >= 1e-3 else float("nan"),

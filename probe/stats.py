@@ -43,12 +43,16 @@ def wilson_interval(share: torch.Tensor, n: torch.Tensor | int,
                     confidence: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Wilson's score interval of a proportion `share` (in [0, 1]) of `n` outcomes. For a mean of
     n values in [0, 1] that are not all 0 or 1 it is conservative: their variance is at most
-    share (1 - share), the binomial one."""
+    share (1 - share), the binomial one. A share of 0 starts at exactly 0, a share of 1 ends at
+    exactly 1, on every CPU."""
     z = NormalDist().inv_cdf((1 + confidence) / 2)
     n = torch.as_tensor(n, dtype=torch.float32)
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * torch.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return (centre - half).clamp(min=0.0), (centre + half).clamp(max=1.0)
+    # 0 of n starts at 0 and n of n ends at 1 exactly (centre - half cancels to float noise there)
+    low = torch.where(share <= 0, 0.0, (centre - half).clamp(min=0.0))
+    high = torch.where(share >= 1, 1.0, (centre + half).clamp(max=1.0))
+    return low, high
 
 
 def share_with_interval(name: str, outcomes: torch.Tensor) -> dict[str, torch.Tensor]:

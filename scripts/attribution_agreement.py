@@ -44,9 +44,20 @@ def main() -> None:
             print(table.round(3).to_string(index=False), end="\n\n")
 
 
+TIE = 1e-3  # differences this close are one value (the row's last digit; float32's noise is ~1e-6)
+
+
+def where(components) -> str:
+    """'head 0', 'heads 0, 1, 2', 'heads 0, 2, MLP': the components named in the table's words."""
+    heads = [c.removeprefix("head") for c in components if c.startswith("head")]
+    named = [("head " if len(heads) == 1 else "heads ") + ", ".join(heads)] if heads else []
+    return ", ".join(named + (["MLP"] if "mlp" in components else []))
+
+
 def summary_row(name: str, table: pd.DataFrame, resid: float) -> str:
     """A Markdown row: the components, the pooled correlation and sign agreement (with the
-    heads' range where pooled is below 1), the largest difference (and where), the residual."""
+    heads' range where pooled is below 1), the largest difference (and where: every component
+    within TIE of it, so that float noise never picks one of a tie), the residual."""
     rows = table.set_index("component")
     heads = rows[rows.index.str.startswith("head")]
     pooled = rows.loc["all"]
@@ -59,11 +70,11 @@ def summary_row(name: str, table: pd.DataFrame, resid: float) -> str:
         signs += f" (heads ≥ {heads.sign_agreement.min():.3f})"
     parts += [correlation, signs]
     largest = rows.drop(index="all").max_abs_difference
-    where = largest.idxmax()
+    tied = largest.index[largest >= largest.max() - TIE]  # every component at the largest: a tie named whole
     difference = f"{largest.max():.3f}"
     if round(largest.max(), 3) > 0:
-        mlp = f"; MLP {largest['mlp']:.3f}" if "mlp" in largest.index and where != "mlp" else ""
-        difference += f" ({where.replace('head', 'head ')}{mlp})"
+        mlp = f"; MLP {largest['mlp']:.3f}" if "mlp" in largest.index and "mlp" not in tied else ""
+        difference += f" ({where(tied)}{mlp})"
     return f"| {name} | " + " | ".join([*parts, difference, f"{resid:.3f}"]) + " |"
 
 

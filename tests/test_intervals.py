@@ -23,6 +23,13 @@ def test_wilson_is_honest_at_zero_and_one():
     assert collapsed["hit_low"] == collapsed["hit_high"] == 1.0
 
 
+def test_none_of_n_starts_at_exactly_0_and_all_of_n_ends_at_exactly_1_for_every_n():
+    n = torch.arange(1, 201)  # [200]: centre - half cancels to float noise at some n on any CPU
+    none_low, _ = wilson_interval(torch.zeros(200), n)
+    _, all_high = wilson_interval(torch.ones(200), n)
+    assert (none_low == 0).all() and (all_high == 1).all()
+
+
 def test_a_share_drops_nan_and_refuses_values_outside_0_1():
     cols = share_with_interval("hit", torch.tensor([1.0, float("nan"), 1.0, 0.0]))
     assert cols["hit"] == pytest.approx(2 / 3)

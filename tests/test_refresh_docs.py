@@ -1,7 +1,8 @@
 """The docs' shown output is regenerated from the commands (scripts/refresh_docs.py), and what
 every marked region shows is what its command prints: its words, labels, counts and line
-shapes exactly, its measured (decimal) numbers left to the numeric shown-output check
-(tests/test_docs.py)."""
+shapes exactly, its measured (decimal) numbers within the tolerance of the numeric shown-output
+check (tests/test_docs.py: one unit of the last digit and 5% of the size, what another CPU's
+training moves them by), except where the test runs a cheaper command than the page's."""
 import contextlib
 import importlib
 import io
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TEST_DEVICE
+from tests.test_docs import output_differences
 
 ROOT = Path(__file__).resolve().parents[1]
 refresh = runpy.run_path(str(ROOT / "scripts" / "refresh_docs.py"), run_name="refresh_docs")
@@ -123,3 +125,5 @@ def test_each_marked_region_has_the_words_and_labels_its_command_prints(page, co
     if shown[-1] == "...":
         shown, output = shown[:-1], output[:len(shown) - 1]
     assert shape(shown) == shape(output)
+    if not any(module in command for module in CHEAPER):
+        assert output_differences(shown, output) == []
