@@ -164,9 +164,9 @@ def test_at_large_d_seen_once_recalls_every_token_seen_and_counts_does_not():
 def test_sizes_that_cannot_fit_are_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     """The largest cell's estimated memory against what the machine has: refused in one line,
     `--plan` too, before a byte is drawn or written (here 1 MiB available, the cell ~100 MiB)."""
-    import models.recall.fits
+    import models.training.memory
 
-    monkeypatch.setattr(models.recall.fits, "available_bytes", lambda device: 2 ** 20)
+    monkeypatch.setattr(models.training.memory, "available_bytes", lambda device: 2 ** 20)
     for plan in ([], ["--plan"]):
         code, _, err = _cli(["zipf", "--alpha", "2", "--tokens", "4000", "--samples", "10,100,1000", "--d", "512",
                              "--seeds", "0", "--schemes", "counts", "--device", "cpu", "--quiet", *plan,

@@ -11,14 +11,12 @@ be read, nothing is refused.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from models.recall.config import RunConfig, TaskConfig
 from models.recall.shape_stack import BYTES, INDEX_BYTES, stack_parts
+from models.training.memory import GIB, available_bytes
 
-GIB = 2 ** 30
 VOCABULARY = "a smaller vocabulary (--n-subjects, --n-noise)"
 HINTS = {"weights": "--d-model, --d-mlp, --n-heads, fewer --lr/--seed values, or " + VOCABULARY,
          "held-out prompts": "--eval-size", "training step": "--batch-size, --d-model, or " + VOCABULARY,
@@ -32,20 +30,6 @@ def task_bytes(task: TaskConfig) -> int:
     S, R = task.n_subjects, task.n_relations
     host = INDEX_BYTES * S * R + 5 * INDEX_BYTES * (S + R) + BYTES * (S + R)
     return host + INDEX_BYTES * S * R + INDEX_BYTES * (S + R)
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """The memory a run on `device` can take now (bytes): free CUDA memory, or the host's
-    MemAvailable; None where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def needed_bytes(run: RunConfig) -> dict[str, int]:

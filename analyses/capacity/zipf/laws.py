@@ -206,9 +206,9 @@ HINTS = {"embeddings": "--tokens, --d", "samples": "--samples, --tokens", "score
 
 def check_fits(sweep: ZipfSweep, device: torch.device, available: int | None = None) -> None:
     """Refuse (ValueError, one line) a sweep whose largest cell needs more memory than is
-    available now (models.recall.fits.available_bytes; `available` bytes in its place), naming
+    available now (models.training.memory.available_bytes; `available` bytes in its place), naming
     the largest part and the flags that shrink it, before anything is drawn or written."""
-    from models.recall.fits import GIB, available_bytes
+    from models.training.memory import GIB, available_bytes
 
     free = {}
     for cell in sweep.cells():
