@@ -66,3 +66,20 @@ def test_a_folder_of_other_files_is_not_written_over(theorem4, tmp_path, capsys)
     code, _, err = run_main(main, [theorem4, "--out", tmp_path, "--quiet"], capsys)
     assert code == 2 and "not edit_study results (notes.txt)" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_report_s_edit_shows_the_new_answer_winning_after_the_mlp_write():
+    """analyses.edit_view on Theorem 4: before the write the old answer tops the relation's
+    answers, after the MLP's the new one, by about the margin asked (2 logits)."""
+    from analyses.edit_view import before_after, edit_section
+    from models import build_bridge
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    logits, effects = before_after(model, TASK, 3, 1, head=0, contexts=4)
+    old, new = (next(n for n in logits.index if n.endswith(tag)) for tag in (" (old)", " (new)"))
+    assert logits["before"].idxmax() == old and logits["after, at mlp"].idxmax() == new
+    assert abs(logits.loc[new, "after, at mlp"] - logits.drop(index=new)["after, at mlp"].max() - 2.0) < 0.1
+    assert effects.loc["mlp", "efficacy"] == 1.0 and effects.loc["mlp", "kept"] == 1.0
+    facts = pd.DataFrame({"subject": [0, 3], "relation": [0, 1], "label": ["not_stored", "mlp"]})
+    page = edit_section(model, TASK, facts, contexts=4)
+    assert "<h3>S3 R1 (stored in: mlp) given another answer</h3>" in page and "<td>mlp</td><td>1.00</td>" in page
