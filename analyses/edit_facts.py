@@ -1,4 +1,5 @@
 """python -m analyses.edit_facts CKPT --fact 3:1 --to R1:a2 [--at mlp|ov|auto] [--head H]
+   python -m analyses.edit_facts study CKPT [CKPT ...]   (analyses/edit_study.py)
 
 Edit facts where they live: a rank-one write (ROME) to the MLP's W_out or to one head's
 W_O that gives fact SUBJECT:RELATION a new answer (by its name, R1:a2, or its id); several
@@ -14,6 +15,7 @@ edited model as a checkpoint of its own, which every analysis opens (docs/editin
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +117,11 @@ def edits_folder(edits: list[FactEdit], at: str) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if argv[:1] == ["study"]:  # what localization is worth, over many facts and checkpoints
+        from analyses import edit_study
+
+        return edit_study.main(argv[1:])
     args = parser().parse_args(argv)
     settings = cli.settings(args, EditSettings)
     if len(args.fact) != len(args.to):

@@ -4,8 +4,9 @@ DIR/index.html (default CKPT/analysis/report) shows the model and its training, 
 locate_facts summary (where the facts live, with 95% intervals; recall probes; the heads
 that pick the subject and the relation) with its figures, the attention views of a few
 facts (one per storage label found, circuitsvis's inline script), the MLP units that write
-those facts' answers (a heat map and circuitsvis's neuron view) and, when the checkpoint
-has snapshots, the hallucination analysis.
+those facts' answers (a heat map and circuitsvis's neuron view), one fact's edit before and
+after (a rank-one write at each store, analyses/edit_view.py) and, when the checkpoint has
+snapshots, the hallucination analysis.
 
 Both analyses run with their default settings (locate_facts on the final weights). Results
 recorded in DIR/NAME, or where the analyses write by default (CKPT/analysis/NAME), are reused
@@ -31,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyses import hallucination, locate_facts
+from analyses.edit_view import edit_section
 from analyses.locate_facts import LocateSettings
 from analyses.recorded import HASH, read_summary, recorded_results, refuse_other_results, source
 from analyses.sweeps import cli
@@ -224,6 +226,7 @@ def build(ckpt: str | Path, device: str = "auto", facts: str | None = None, fres
                       model_section(ckpt, config, task), locate_section(located.folder),
                       "<h2>Attention</h2>" + views_section(prompts, table, "h3", labels),
                       "<h2>MLP</h2>" + neurons_section(unit_view(model, prompts), prompts, "h3"),
+                      edit_section(model, task, facts_table, seed=seed),
                       hallucination_section(None if dynamics is None else dynamics.folder)])
     return page(f"Report: {ckpt.name}", body)
 

@@ -127,7 +127,8 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     assert (located / "summary.json").is_file() and (located / "facts.csv").is_file()
     assert (dynamics / "summary.json").is_file() and (dynamics / "metrics.csv").is_file()  # tiny has snapshots
     assert "Where the facts live" in page and "Hallucination phase" in page and "Absent" not in page
-    assert page.count(PNG) == 3 + 2  # locate_facts' and the hallucination analysis' figures, embedded
+    assert page.count(PNG) == 3 + 2 + 1  # locate_facts', the hallucination analysis' and the edit's figures
+    assert "<h2>Editing</h2><h3>S" in page and "<td>mlp</td><td>" in page and "<td>ov</td><td>" in page
     assert not REMOTE_SCRIPT.search(page) and "unpkg.com" not in page
     labels = set(__import__("pandas").read_csv(located / "facts.csv")["label"])
     assert len(re.findall(r'id="circuits-vis-', page)) == len(labels) + 1  # a view per storage label found, the neurons
@@ -144,7 +145,7 @@ def test_report_cli_reuses_locate_facts_and_hallucination(ckpt):
     page = report.build(ckpt, "cpu", facts="0:0", progress=False)
     assert os.stat(located / "summary.json").st_mtime_ns == stamp  # locate_facts results reused, not rerun
     assert "from step 8 to 45" in page and "1.386" in page and "metrics.csv" in page
-    assert page.count(PNG) == 5
+    assert page.count(PNG) == 6  # the edit's figure too
     assert len(re.findall(r'id="circuits-vis-', page)) == 2  # the attention view of 0:0, the neuron view
     assert "Absent: the checkpoint has no snapshots" in report.hallucination_section(None)
 

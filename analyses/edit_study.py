@@ -1,0 +1,252 @@
+"""python -m analyses.edit_study CKPT [CKPT ...]   (also: python -m analyses.edit_facts study CKPT ...)
+
+What localization is worth: per checkpoint, a sample of the facts of each storage label
+(locate_facts' labels) is edited one at a time at each store (mlp, ov, both: the head that
+carries the subject), so that editing where the fact lives can be set against editing
+elsewhere; then mass editing: 1, 4, 16, 64 facts written at once (capped at half the facts
+held, so that others remain to be kept) at the MLP and where each lives, against the share
+of the other facts kept, beside the memory's spare capacity (0.15 facts per parameter, the
+paper's Figure 4 line). Writes
+study.csv (one row per edit), mass.csv (one row per batch), summary.json (means by label x
+store and by batch size) and study.png to DIR (default CKPT/analysis/edit_study; --out is
+needed for several checkpoints). The checkpoints are never changed (docs/editing.md).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from analyses.sweeps import cli
+from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
+from models import load
+from models.out_folder import claim
+from probe import columns
+from probe.contexts import per_fact
+from probe.edit_effects import edit_effects
+from probe.editing import FactEdit, edit_facts
+from probe.hooks import has_mlp, hooked_last_logits, model_device
+from probe.prompts import fact_batch
+from probe.storage import LABELS, StorageRule
+
+WHERE = {"attention": "ov", "mlp": "mlp", "both": "both", "distributed": "both"}  # label -> where it lives
+FACTS_PER_PARAMETER = 0.15  # the paper's Figure 4 line (docs: REFERENCE section 4)
+FILES = ("study.csv", "mass.csv", "summary.json", "study.png")
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """How many facts are edited, and how each edit is keyed and measured."""
+
+    per_label: int = field(default=8, metadata={"help": "facts edited per storage label (fewer where the model "
+                                                        "holds fewer)"})
+    sizes: str = field(default="1,4,16,64", metadata={"help": "mass editing: facts written at once (capped at "
+                                                              "half the facts held)"})
+    draws: int = field(default=2, metadata={"help": "mass editing: random batches per size"})
+    contexts: int = field(default=8, metadata={"help": "noise contexts per fact for the keys (and, held out, "
+                                                       "for the measurements)"})
+    margin: float = field(default=2.0, metadata={"help": "logits by which the new answer should win"})
+
+    def __post_init__(self):
+        cli.at_least(self, per_label=1, draws=1, contexts=1)
+        cli.require(self, "margin", self.margin > 0, "> 0")
+        items = [t.strip() for t in str(self.sizes).split(",")]
+        cli.require(self, "sizes", all(t.isdigit() and int(t) > 0 for t in items) and len(set(items)) == len(items),
+                    "a comma list of distinct whole numbers > 0")
+
+    def size_list(self) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.sizes.split(","))
+
+
+def parameters(model) -> dict:
+    """The paper's parameter count (Figure 4's axes: attention d*d_h*H, MLP d*m) and the
+    facts it can hold at FACTS_PER_PARAMETER."""
+    cfg = model.cfg
+    attention = cfg.d_model * cfg.d_head * cfg.n_heads
+    mlp = cfg.d_model * cfg.d_mlp if has_mlp(model) else 0
+    return {"attention": attention, "mlp": mlp, "capacity": FACTS_PER_PARAMETER * (attention + mlp)}
+
+
+def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
+    """Per fact (subject, relation): its storage label, the head carrying its subject, and
+    whether the model holds it (answers it in at least the storage rule's `known` share)."""
+    from analyses.locate_facts import locate
+
+    facts = locate(model, task, contexts=max(2, contexts), patch_contexts=1, seed=seed,
+                   progress=False).facts.droplevel(columns.ANSWER)
+    tokens = fact_batch(task, contexts, seed, model_device(model)).tokens  # [F * contexts, T]
+    top = per_fact(hooked_last_logits(model, tokens).float(), contexts).argmax(-1).cpu()  # [F, contexts]
+    answers = torch.as_tensor(task.facts).reshape(-1)  # [F] subject-major
+    held = ((top == answers[:, None]).float().mean(1) >= StorageRule.known).tolist()  # [F]
+    R = task.n_relations
+    heads = [columns.patch("subject", columns.head(h)) for h in range(model.cfg.n_heads)]
+    return pd.DataFrame({"label": facts[columns.LABEL].values, "head": facts[heads].to_numpy().argmax(1),
+                         "held": [held[s * R + r] for s, r in facts.index]}, index=facts.index)
+
+
+def new_answer(task, s: int, r: int, rng: random.Random) -> int:
+    old = int(task.facts[s, r])
+    return rng.choice([a for a in task.relation_answers(r) if a != old])
+
+
+def measure(model, task, edits: list[FactEdit], settings: StudySettings, seed: int) -> tuple[pd.DataFrame, dict]:
+    """One write of `edits` at once: its edits table (with boost) and specificity."""
+    edited = edit_facts(model, task, edits, settings.contexts, seed, settings.margin)
+    table, specificity = edit_effects(model, edited.model, task, [(e.subject, e.relation, old, e.answer) for e, old
+                                                                  in zip(edited.edits, edited.old_answers)],
+                                      settings.contexts, seed)
+    table["boost"] = edited.boosts
+    table["weight_change"] = sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5
+    return table, specificity
+
+
+def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int) -> pd.DataFrame:
+    """Per sampled fact of each label, one edit at each store the model has."""
+    rng = random.Random(seed)
+    stores = ("mlp", "ov", "both") if has_mlp(model) else ("ov",)
+    rows = []
+    for label in LABELS:
+        pool = [f for f in located.index[(located["label"] == label) & located["held"]]]
+        for s, r in rng.sample(pool, min(settings.per_label, len(pool))):
+            answer, head = new_answer(task, s, r, rng), int(located.loc[(s, r), "head"])
+            for store in stores:
+                table, spec = measure(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
+                row = table.iloc[0]
+                rows.append({"label": label, "subject": s, "relation": r, "store": store,
+                             "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store,
+                             "efficacy": row["efficacy"], "old_rank": row["old_rank"], "leak": row["leak"],
+                             "boost": row["boost"], "weight_change": row["weight_change"],
+                             **{f"kept_{g}": spec[g]["share"] for g in spec}})
+    return pd.DataFrame(rows)
+
+
+def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int) -> pd.DataFrame:
+    """Batches of n facts written at once, at the MLP and where each fact lives."""
+    rng = random.Random(seed + 1)
+    pool = [f for f in located.index[located["held"] & located["label"].isin(list(WHERE))]]
+    rows = []
+    for n in sorted({min(n, len(pool) // 2) for n in settings.size_list()} - {0}):  # half: others to keep
+        for draw in range(settings.draws):
+            chosen = rng.sample(pool, n)
+            answers = [new_answer(task, s, r, rng) for s, r in chosen]
+            for store in (("mlp", "lives") if has_mlp(model) else ("lives",)):
+                edits = [FactEdit(s, r, a, WHERE[located.loc[(s, r), "label"]] if store == "lives" else store,
+                                  int(located.loc[(s, r), "head"])) for (s, r), a in zip(chosen, answers)]
+                table, spec = measure(model, task, edits, settings, seed)
+                rows.append({"facts_edited": n, "draw": draw, "store": store,
+                             "efficacy": float(table["efficacy"].mean()),
+                             "won": float((table["efficacy"] == 1.0).mean()),
+                             "kept": spec["all"]["share"], "kept_low": spec["all"]["low"],
+                             "kept_high": spec["all"]["high"], "others": spec["all"]["facts"],
+                             "weight_change": float(table["weight_change"].iloc[0])})
+    return pd.DataFrame(rows)
+
+
+def summarize(single: pd.DataFrame, mass: pd.DataFrame) -> dict:
+    """Means by label x store (and lives vs elsewhere) and by batch size x store."""
+    kept = [c for c in single.columns if c.startswith("kept_")]
+    by_label = (single.groupby(["label", "store"])[["efficacy", *kept]].mean()
+                .join(single.groupby(["label", "store"]).size().rename("edits")))
+    where = single.groupby("lives")[["efficacy", *kept]].mean()
+    where.index = ["elsewhere" if not lives else "where_it_lives" for lives in where.index]
+    by_size = mass.groupby(["facts_edited", "store"])[["efficacy", "won", "kept"]].mean()
+    return {"by_label_store": [{"label": k[0], "store": k[1], **v} for k, v in by_label.to_dict("index").items()],
+            "by_where": where.to_dict("index"),
+            "mass": [{"facts_edited": int(k[0]), "store": k[1], **v} for k, v in by_size.to_dict("index").items()]}
+
+
+def figure(single: pd.DataFrame, mass: pd.DataFrame, path: Path | None = None):
+    """Left: efficacy and the other facts kept by label x store; right: facts kept against
+    facts edited at once, per checkpoint and store."""
+    fig, (left, right) = subplots(1, 2, figsize=(11, 4))
+    table = single.groupby(["label", "store"])[["efficacy", "kept_all"]].mean()
+    names = [f"{label}\n@{store}" for label, store in table.index]
+    x = range(len(table))
+    left.bar([i - 0.2 for i in x], table["efficacy"], width=0.4, label="efficacy")
+    left.bar([i + 0.2 for i in x], table["kept_all"], width=0.4, label="other facts kept")
+    left.set_xticks(list(x), names, fontsize=7, rotation=90)
+    left.set(ylim=(0, 1.05), ylabel="share", title="One fact edited: by storage label @ store")
+    left.legend(fontsize=8, loc="lower left")
+    for (ckpt, store), part in mass.groupby(["checkpoint", "store"]):
+        means = part.groupby("facts_edited")["kept"].mean()
+        right.plot(means.index, means.values, marker="o", label=f"{Path(ckpt).name} @ {store}")
+    right.set(xscale="log", ylim=(0, 1.05), xlabel="facts edited at once", ylabel="other facts kept",
+              title="Mass editing")
+    right.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def _own(folder: Path) -> None:
+    """claim's check: a folder holding anything but this study's files is not written over."""
+    others = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in FILES)
+    try:
+        ours = "edit_study" in json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        ours = not (folder / "summary.json").exists()
+    if others or not ours:
+        raise ValueError(f"{folder} holds files that are not edit_study results "
+                         f"({', '.join(others) or 'summary.json'}); choose another --out.")
+
+
+def parser():
+    p = cli.parser("python -m analyses.edit_study", __doc__)
+    p.add_argument("ckpt", nargs="+", help="checkpoint directories (docs/checkpoint_format.md)")
+    cli.add_out(p, "CKPT/analysis/edit_study, one checkpoint only")
+    cli.add_device(p)
+    cli.add_seed(p, "the facts sampled, their new answers and the keys' noise contexts")
+    cli.add_quiet(p)
+    cli.add_settings(p, StudySettings, "the study")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    settings = cli.settings(args, StudySettings)
+    if args.out is None and len(args.ckpt) > 1:
+        raise ValueError(f"{len(args.ckpt)} checkpoints: give --out DIR for the study's files.")
+    ckpt_of = args.ckpt[0] if len(args.ckpt) == 1 else None
+    out = claim(args.out if args.out is not None else Path(ckpt_of) / "analysis" / "edit_study", _own,
+                ckpt=ckpt_of)
+    loaded = [(ckpt, *load(ckpt, args.device, kind="factual_recall")) for ckpt in args.ckpt]
+    start, singles, masses, checkpoints = time.perf_counter(), [], [], {}
+    for ckpt, model, task in loaded:
+        located = facts_located(model, task, settings.contexts, args.seed)
+        single = single_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt))
+        mass = mass_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt))
+        singles.append(single)
+        masses.append(mass)
+        checkpoints[str(ckpt)] = {"facts": task.n_facts, "held": int(located["held"].sum()),
+                                  "labels": located["label"].value_counts().to_dict(), **parameters(model),
+                                  **summarize(single, mass)}
+        checkpoints[str(ckpt)]["spare_capacity"] = checkpoints[str(ckpt)]["capacity"] - task.n_facts
+    single, mass = pd.concat(singles, ignore_index=True), pd.concat(masses, ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "study.csv", single)
+    write_csv(out / "mass.csv", mass)
+    figure(single, mass, out / "study.png")
+    write_summary(out / "summary.json", {"edit_study": checkpoints, "overall": summarize(single, mass),
+                                         "settings": {**asdict(settings), "seed": args.seed},
+                                         "seconds": round(time.perf_counter() - start, 2)})
+    print(report(single, mass, out))
+    return 0
+
+
+def report(single: pd.DataFrame, mass: pd.DataFrame, out: Path) -> str:
+    lines = []
+    for lives, part in single.groupby("lives"):
+        lines.append(f"edited {'where the fact lives' if lives else 'elsewhere':22s}: {len(part)} edits, efficacy "
+                     f"{part['efficacy'].mean():.3f}, other facts kept {part['kept_all'].mean():.3f}")
+    for (n, store), part in mass.groupby(["facts_edited", "store"]):
+        lines.append(f"{n:4d} facts at once @ {store:5s}: efficacy {part['efficacy'].mean():.3f}, other facts kept "
+                     f"{part['kept'].mean():.3f}")
+    lines.append(f"wrote {out}/ ({', '.join(FILES)})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    cli.run_cli(main)

@@ -1,0 +1,85 @@
+"""python -m analyses.edit_study (and `edit_facts study`): what localization is worth, on the
+hand-built models whose storage is known; its files; bad input refused in one line."""
+import json
+
+import pandas as pd
+import pytest
+
+from analyses.edit_facts import main as edit_facts_main
+from analyses.edit_study import main
+from models.checkpoint import write_checkpoint
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from tests.conftest import run_main
+
+TASK = CONSTRUCTION_TASK.build()
+SMALL = ["--per-label", "3", "--sizes", "1,64", "--draws", "1", "--contexts", "4", "--quiet", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def theorem4(tmp_path_factory):
+    """The Theorem 4 construction: every fact in the MLP, the heads only copy."""
+    root = tmp_path_factory.mktemp("study")
+    return write_checkpoint(root / "mlp", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {},
+                            build("mlp", TASK, CONSTRUCTION_MODEL))
+
+
+def test_on_theorem_4_editing_the_mlp_beats_editing_a_head(theorem4, capsys):
+    code, out, err = run_main(edit_facts_main, ["study", theorem4, *SMALL], capsys)
+    assert code == 0, err
+    folder = theorem4 / "analysis" / "edit_study"
+    assert sorted(p.name for p in folder.iterdir()) == ["mass.csv", "study.csv", "study.png", "summary.json"]
+    study = pd.read_csv(folder / "study.csv")
+    assert set(study["label"]) == {"mlp"} and len(study) == 3 * 3  # 3 facts, each at mlp, ov, both
+    at = study.groupby("store")[["efficacy", "kept_all"]].mean()
+    assert at.loc["mlp", "efficacy"] == 1.0 and at.loc["mlp", "kept_all"] == 1.0  # exact where it lives
+    assert study.loc[study["store"] == "mlp", "lives"].all() and not study.loc[study["store"] != "mlp", "lives"].any()
+    ov = study[study["store"] == "ov"]
+    assert (ov["kept_all"] < 0.9).any()  # a head that copies the subject is a poor address: others lost
+    summary = json.loads((folder / "summary.json").read_text())
+    where = summary["overall"]["by_where"]
+    assert where["where_it_lives"]["kept_all"] == 1.0 > where["elsewhere"]["kept_all"]
+    mass = pd.read_csv(folder / "mass.csv")
+    assert sorted(set(mass["facts_edited"])) == [1, TASK.n_facts // 2]  # capped: others remain to keep
+    assert (mass.loc[mass["store"] == "mlp", "kept"] == 1.0).all()  # exact writes to distinct units
+    record = summary["edit_study"][str(theorem4)]
+    assert record["held"] == TASK.n_facts and record["capacity"] > 0
+    assert "where the fact lives" in out
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--sizes", "0,4"], "--sizes must be a comma list"),
+    (["--sizes", "4,4"], "--sizes must be a comma list"),
+    (["--per-label", "0"], "--per-label must be"),
+    (["--margin", "-1"], "--margin must be > 0"),
+    (["SECOND"], "give --out DIR"),
+])
+def test_bad_input_is_refused_in_one_line(theorem4, args, said, capsys):
+    before = sorted(theorem4.rglob("*"))
+    argv = [theorem4, *[theorem4 if a == "SECOND" else a for a in args], "--quiet"]
+    code, _, err = run_main(main, argv, capsys)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(theorem4.rglob("*")) == before
+
+
+def test_a_folder_of_other_files_is_not_written_over(theorem4, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("keep\n")
+    code, _, err = run_main(main, [theorem4, "--out", tmp_path, "--quiet"], capsys)
+    assert code == 2 and "not edit_study results (notes.txt)" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_report_s_edit_shows_the_new_answer_winning_after_the_mlp_write():
+    """analyses.edit_view on Theorem 4: before the write the old answer tops the relation's
+    answers, after the MLP's the new one, by about the margin asked (2 logits)."""
+    from analyses.edit_view import before_after, edit_section
+    from models import build_bridge
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    logits, effects = before_after(model, TASK, 3, 1, head=0, contexts=4)
+    old, new = (next(n for n in logits.index if n.endswith(tag)) for tag in (" (old)", " (new)"))
+    assert logits["before"].idxmax() == old and logits["after, at mlp"].idxmax() == new
+    assert abs(logits.loc[new, "after, at mlp"] - logits.drop(index=new)["after, at mlp"].max() - 2.0) < 0.1
+    assert effects.loc["mlp", "efficacy"] == 1.0 and effects.loc["mlp", "kept"] == 1.0
+    facts = pd.DataFrame({"subject": [0, 3], "relation": [0, 1], "label": ["not_stored", "mlp"]})
+    page = edit_section(model, TASK, facts, contexts=4)
+    assert "<h3>S3 R1 (stored in: mlp) given another answer</h3>" in page and "<td>mlp</td><td>1.00</td>" in page
