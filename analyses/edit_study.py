@@ -195,7 +195,7 @@ def _own(folder: Path) -> None:
 
 def parser():
     p = cli.parser("python -m analyses.edit_study", __doc__)
-    p.add_argument("ckpt", nargs="+", help="checkpoint directories (docs/checkpoint_format.md)")
+    p.add_argument("ckpt", nargs="+", help=cli.CHECKPOINT_HELP + "; one or more")
     cli.add_out(p, "CKPT/analysis/edit_study, one checkpoint only")
     cli.add_device(p)
     cli.add_seed(p, "the facts sampled, their new answers and the keys' noise contexts")
