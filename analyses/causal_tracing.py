@@ -14,6 +14,7 @@ noise (the mean over noise positions), last.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -109,6 +110,10 @@ def report(facts: dict, ckpt: str, out: Path) -> str:
              *([f"against the storage rule (locate_facts): the peak agrees on {agreed['peak_agrees']} of "
                 f"{agreed['of']} facts, the severed reading on {agreed['severed_agrees']}"]
                if (agreed := facts.get("storage_rule_agreement")) else []),
+             *([f"against the construction's known stores: the peak names the component on "
+                f"{known['peak_component_agrees']} of {known['of']} facts (also the layer and position on "
+                f"{known['peak_place_agrees']}), the severed reading on {known['severed_agrees']}"]
+               if (known := facts.get("known_store_agreement")) else []),
              f"wrote {out}/ ({OUTPUTS}) in {facts['seconds']:.1f} s"]
     return "\n".join(lines)
 
@@ -122,6 +127,33 @@ def with_storage_rule(top: pd.DataFrame, ckpt: str | Path, weights_sha256: str) 
     rule = pd.read_csv(folder / "facts.csv")
     labels = dict(zip(rule["subject"].astype(str) + ":" + rule["relation"].astype(str), rule["label"]))
     return top.assign(rule=[labels.get(fact) for fact in top.index])
+
+
+def with_known_stores(top: pd.DataFrame, ckpt: str | Path) -> pd.DataFrame:
+    """`top` with each fact's known store (columns `known`, `known_layer`, `known_position`) when the
+    checkpoint is a construction that records them (config.json's training.stores): block b's
+    output is tracing's layer b + 1; a store moved by later heads sits at the subject's position."""
+    config = json.loads((Path(ckpt) / "config.json").read_text()) if (Path(ckpt) / "config.json").is_file() else {}
+    stores = (config.get("training") or {}).get("stores")
+    if not stores:
+        return top
+    known = {f"{s['s']}:{s['r']}": s for s in stores}
+    rows = [known.get(fact, {"component": "none", "layer": None, "route": None}) for fact in top.index]
+    return top.assign(known=[row["component"] for row in rows],
+                      known_layer=[None if row["layer"] is None else row["layer"] + 1 for row in rows],
+                      known_position=["last" if row["route"] == "direct" else "subject" for row in rows])
+
+
+def known_agreement(top: pd.DataFrame) -> dict:
+    """How many facts' peak names the known store (component; also layer and position) and
+    how many severed readings name its component."""
+    if "known" not in top:
+        return {}
+    component = top["store"] == top["known"]
+    place = component & (top["layer"] == top["known_layer"]) & (top["position"] == top["known_position"])
+    return {"of": len(top), "known_stores": top["known"].value_counts().to_dict(),
+            "peak_component_agrees": int(component.sum()), "peak_place_agrees": int(place.sum()),
+            "severed_agrees": int((top["severed_store"] == top["known"]).sum())}
 
 
 def agreement(top: pd.DataFrame) -> dict:
@@ -155,9 +187,10 @@ def main(argv=None) -> int:
     recorded.refuse_other_results("causal_tracing", out, wanted, args.ckpt, "causal_tracing")
     start = time.perf_counter()
     effects, top = trace(model, task, settings, args.seed, facts, progress=not args.quiet)
-    top = with_storage_rule(top, args.ckpt, origin[recorded.HASH])
+    top = with_known_stores(with_storage_rule(top, args.ckpt, origin[recorded.HASH]), args.ckpt)
     numbers = summary(effects, top, settings, round(time.perf_counter() - start, 2))
     numbers["storage_rule_agreement"] = agreement(top)
+    numbers["known_store_agreement"] = known_agreement(top)
     numbers.update({**origin, "settings": {**measured, "device": str(model_device(model))}})
     write(effects, top, numbers, out)
     print(report(numbers, args.ckpt, out))

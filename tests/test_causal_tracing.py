@@ -154,3 +154,51 @@ def test_at_two_layers_restoring_the_embedding_or_the_last_hidden_state_restores
     assert (at(effects, "resid", 0, "subject") - lost).abs().max() < tight
     assert (at(effects, "resid", 2, "last") - lost).abs().max() < tight
     assert at(effects, "resid", 2, "subject").abs().max() < tight  # nothing reads the subject after the last block
+
+
+def traced_depth(kind):
+    """A two-layer construction of known storage (models.recall.deep_constructions), traced."""
+    from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for
+
+    model = build_bridge(DEPTH_MODEL.checkpoint_section(TASK), build_depth(TASK, DEPTH_MODEL, plan_for(kind, TASK)))
+    return causal_trace(model, TASK, torch.Generator().manual_seed(0), 1, 0, FACTS, 2, noise="resample")
+
+
+def test_at_two_layers_an_enriched_store_and_its_reader_each_carry_the_whole_effect():
+    """(b): block 0's MLP keeps every fact at the subject; block 1's heads move it to the last position.
+    Tracing's layer l is block l - 1's output. Another subject loses the answer; restoring the store
+    (layer 1's MLP at the subject) or its reader (layer 2's attention at the last position) restores it all."""
+    effects = traced_depth("enriched")
+    per_fact = effects.drop_duplicates("fact").set_index("fact")
+    lost = per_fact["clean_probability"] - per_fact["corrupted_probability"]
+    assert (lost > 0.5).all()
+    assert (at(effects, "mlp", 1, "subject") - lost).abs().max() < FLOAT
+    assert (at(effects, "attn", 2, "last") - lost).abs().max() < FLOAT
+    assert at(effects, "mlp", 1, "last").abs().max() < FLOAT  # block 0's MLP never fires at EOS
+    assert at(effects, "mlp", 2, "last").abs().max() < FLOAT  # nothing in the last MLP
+    top = peaks(effects)  # store and reader tie: the peak cannot name the store alone
+    assert (top["store"] == "tie").all() and (severed_stores(effects) == "mlp").all()
+
+
+def test_at_two_layers_a_last_mlp_store_and_the_heads_that_feed_it_each_carry_the_whole_effect():
+    """(a): the last block's MLP keeps every fact, read from the copies block 0's heads gathered at EOS."""
+    effects = traced_depth("last-mlp")
+    per_fact = effects.drop_duplicates("fact").set_index("fact")
+    lost = per_fact["clean_probability"] - per_fact["corrupted_probability"]
+    assert (at(effects, "mlp", 2, "last") - lost).abs().max() < FLOAT
+    assert (at(effects, "attn", 1, "last") - lost).abs().max() < FLOAT
+    assert at(effects, "mlp", 1, "last").abs().max() < FLOAT and at(effects, "mlp", 1, "subject").abs().max() < FLOAT
+    assert (peaks(effects)["store"] == "tie").all() and (severed_stores(effects) == "mlp").all()
+
+
+def test_the_cli_counts_the_facts_where_tracing_names_a_construction_s_known_store(tmp_path, capsys):
+    from analyses.causal_tracing import main
+    from models.recall.deep_constructions import main as construct
+
+    assert run_main(construct, ["--kind", "enriched", "--n-layers", "2", "--out", str(tmp_path / "b")], capsys)[0] == 0
+    code, out, _ = run_main(main, [str(tmp_path / "b"), "--facts", "1:1,2:3", "--draws", "2", "--contexts", "1",
+                                   "--noise", "resample", "--quiet", "--device", "cpu"], capsys)
+    assert code == 0 and "the peak names the component on 0 of 2 facts" in out
+    folder = tmp_path / "b" / "analysis" / "causal_tracing" / "contexts-1_draws-2_noise-resample" / "facts_1-1_2-3"
+    known = json.loads((folder / "summary.json").read_text())["known_store_agreement"]
+    assert known["known_stores"] == {"mlp": 2} and known["peak_place_agrees"] == 0
