@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from analyses import hallucination, locate_facts, report, visualize
 from models.bridge import build_bridge, load
@@ -18,6 +17,7 @@ from models.recall.weights import init_weights, stack, trainable_keys
 from models.section import ModelSection, shapes
 from tasks.factual_recall import FactualRecallTask
 from tests.conftest import TEST_DEVICE, run_main
+from tests.test_parity import fast_gradients_equal_autograd
 
 TASK = FactualRecallTask(12, 4, 3, 10, 9)
 
@@ -81,24 +81,8 @@ def test_trainer_gradients_equal_autograd_of_the_full_model(n_layers, attention,
     model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40, n_layers=n_layers, attention=attention)
     w = {k: v.double().to(TEST_DEVICE) for k, v in perturbed(model, 0, 0.05, positional).items()}
     batch = TASK.sample(64, torch.Generator().manual_seed(5))
-    tokens, answers = batch.tokens.to(TEST_DEVICE), batch.answers.to(TEST_DEVICE)
-    with torch.no_grad():  # the reference is itself the bridge's model
-        bridge = build_bridge(model.checkpoint_section(TASK), {k: v.float() for k, v in w.items()}, TEST_DEVICE)
-        torch.testing.assert_close(_full_sequence_logits(w, tokens, attention).float(), bridge(tokens)[:, -1],
-                                   rtol=1e-4, atol=1e-4)
-    grads = []
-    for logits_of in (lambda p: last_position_logits({k: t[None] for k, t in p.items()}, tokens[None],
-                                                     attention, positional)[0],
-                      lambda p: _full_sequence_logits(p, tokens, attention)):
-        params = {k: t.clone().requires_grad_() for k, t in w.items()}
-        F.cross_entropy(logits_of(params), answers).backward()
-        grads.append({k: p.grad for k, p in params.items()})
-    assert "blocks.1.mlp.W_in" in grads[1]
-    for key, reference in grads[1].items():
-        if not positional and key == "pos_embed.W_pos":
-            continue  # W_pos zero: the fast forward leaves it out
-        assert grads[0][key] is not None, key
-        torch.testing.assert_close(grads[0][key], reference, rtol=1e-9, atol=1e-11, msg=key)
+    grads = fast_gradients_equal_autograd(model, TASK, w, batch, attention, positional, _full_sequence_logits)
+    assert "blocks.1.mlp.W_in" in grads
 
 
 def test_one_layer_runs_are_recorded_as_before_and_deeper_ones_name_their_depth():

@@ -98,15 +98,23 @@ def test_trainer_gradients_equal_autograd_of_the_full_model(attention, positiona
     if not positional:
         w["pos_embed.W_pos"].zero_()
     batch = task.sample(128, torch.Generator().manual_seed(5))
+    fast_gradients_equal_autograd(model, task, w, batch, attention, positional)
+
+
+def fast_gradients_equal_autograd(model, task, w, batch, attention, positional, reference=None) -> dict:
+    """Check that the plain full-sequence model of weights `w` (float64; `reference(w, tokens, attention)`,
+    default this file's one-layer form) gives the TransformerBridge's last-position logits, and that the
+    trainer's fast forward gives every weight autograd's gradient of it (the W_pos tables skipped where
+    they are zero); return those gradients."""
+    full = reference or _full_sequence_logits
     tokens, answers = batch.tokens.to(TEST_DEVICE), batch.answers.to(TEST_DEVICE)
     with torch.no_grad():
         bridge = build_bridge(model.checkpoint_section(task), {k: v.float() for k, v in w.items()}, TEST_DEVICE)
-        torch.testing.assert_close(_full_sequence_logits(w, tokens, attention).float(),
-                                   bridge(tokens)[:, -1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(full(w, tokens, attention).float(), bridge(tokens)[:, -1], rtol=1e-4, atol=1e-4)
     grads = []
     for logits_of in (lambda p: last_position_logits({k: t[None] for k, t in p.items()}, tokens[None],
                                                      attention, positional)[0],
-                      lambda p: _full_sequence_logits(p, tokens, attention)):
+                      lambda p: full(p, tokens, attention)):
         params = {k: t.clone().requires_grad_() for k, t in w.items()}
         F.cross_entropy(logits_of(params), answers).backward()
         grads.append({k: p.grad for k, p in params.items()})
@@ -116,6 +124,7 @@ def test_trainer_gradients_equal_autograd_of_the_full_model(attention, positiona
             continue  # the fast forward skips the zero position tables: no gradient for them
         assert ours is not None, key
         torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-11, msg=key)
+    return grads[1]
 
 
 def _reference_attention(q, key, value, tokens, score_pos, linear):
