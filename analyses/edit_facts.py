@@ -27,6 +27,7 @@ from analyses.visualize import parse_facts
 from models import load
 from models.checkpoint import load_checkpoint, write_checkpoint
 from models.out_folder import FORCE_HELP, prepare_out
+from models.section import one_layer
 from probe import columns
 from probe.edit_effects import edit_effects
 from probe.editing import W_O, W_OUT, FactEdit, checked_edits, edit_facts, held
@@ -132,6 +133,7 @@ def main(argv=None) -> int:
                          "folder of its own.")
     out = cli.out_dir(args, "CKPT/analysis/edit_facts")  # the --out rule, before anything is loaded
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
+    one_layer(model.cfg.n_layers, args.ckpt, "edit_facts")  # the writes address block 0's stores
     facts = [one_fact(text, task) for text in args.fact]
     answers = [answer_id(text, task, r) for text, (_, r) in zip(args.to, facts)]
     if args.out is None:

@@ -26,6 +26,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models import load
 from models.out_folder import claim
+from models.section import one_layer
 from probe import columns
 from probe.contexts import per_fact
 from probe.edit_effects import edit_effects
@@ -213,6 +214,8 @@ def main(argv=None) -> int:
     out = claim(args.out if args.out is not None else Path(ckpt_of) / "analysis" / "edit_study", _own,
                 ckpt=ckpt_of)
     loaded = [(ckpt, *load(ckpt, args.device, kind="factual_recall")) for ckpt in args.ckpt]
+    for ckpt, model, _ in loaded:
+        one_layer(model.cfg.n_layers, ckpt, "edit_study")  # the writes address block 0's stores
     start, singles, masses, checkpoints = time.perf_counter(), [], [], {}
     for ckpt, model, task in loaded:
         located = facts_located(model, task, settings.contexts, args.seed)

@@ -156,12 +156,9 @@ def _replaceable(out: Path, force: bool) -> None:
 
 def replace_model(out: Path, say=print) -> None:
     """Delete the model's files in the checkpoint folder `out`, move its `analysis/` aside and
-    keep everything else, saying so in one line; refuse (ValueError) a folder that is not a
-    checkpoint and holds other things."""
+    keep everything else, saying so in one line (prepare_out has refused any folder that is not a
+    checkpoint)."""
     kept = others(out)
-    if kept and not is_checkpoint(out):
-        raise ValueError(f"--out {out} holds files that are not a checkpoint's ({shown(kept)}); --force replaces a "
-                         "checkpoint's files only: choose another --out.")
     for path in model_files(out):
         path.unlink()
     for name in MODEL_FOLDERS:
