@@ -69,6 +69,7 @@ MODULES = {
                                            "descent or orthogonal or problems or best_error"],
     # the induction family
     "probe/induction.py": ["tests/test_induction_probes.py", "tests/test_induction_reference.py"],
+    "models/induction/fits.py": ["tests/test_induction_trainer.py", "-k", "memory_estimate or cannot_fit"],
     "tasks/induction.py": ["tests/test_induction_task.py", "tests/test_induction_bench.py"],
     "models/induction/forward.py": ["tests/test_induction_models.py", "-k", "fast_forward or stack or simplified"],
     "models/induction/weights.py": ["tests/test_induction_models.py", "tests/test_induction_trainer.py", "-k",

@@ -507,7 +507,8 @@ def test_the_memory_estimate_is_refused_just_above_what_is_available():
     parts = needed_bytes(task, model, cfg)
     need = parts["weights"] + parts["batches"] + max(parts["training step"], parts["evaluation"])
     check_fits(task, model, cfg, torch.device("cpu"), available=need)
-    with pytest.raises(ValueError, match=r"needs an estimated 0\.0 GiB of memory on cpu \(training step 0\.0 GiB\)"):
+    with pytest.raises(ValueError, match=r"needs an estimated 0\.0 GiB of memory on cpu \(training step 0\.0 GiB\), "
+                                         r"more than the 0\.0 GiB available"):
         check_fits(task, model, cfg, torch.device("cpu"), available=need - 1)
     doubled = needed_bytes(task, model, replace(cfg, lr=(0.1, 0.2, 0.3, 0.4)))  # K = 4 models: twice each part
     assert {k: doubled[k] for k in ("weights", "training step", "evaluation")} == {
@@ -533,3 +534,36 @@ def test_the_cli_help_shows_the_values_a_run_without_flags_takes():
         assert shown in text, shown
     assert "preset default here" not in text and train_cli.parser().parse_args([]).preset == "cpu"
     assert text.count("(default, cpu preset: ") == 26
+
+
+def test_the_memory_estimate_is_the_documented_count_of_each_part():
+    """Each part of the estimate is the count models/induction/fits.py documents, in bytes (float32
+    numbers, int64 tokens), here at sizes where every term is distinct: the weights of K models
+    (initial copy, live weights) plus gradient and Adam's two states of the trained ones; per
+    position of a step L (2 H T + 4 d + 3 m) + 3 N numbers, of an evaluation 2 H T + 4 d + 2 m + 3 N."""
+    from models.induction.fits import needed_bytes
+
+    task = TASK.build()
+    model, cfg = replace(MODEL, d_mlp=32), replace(TRAIN, optimizer="adam", lr=(0.1, 0.2, 0.3))
+    section = model.section(task)
+    weights = init_weights(section, 0)
+    every = sum(w.numel() for w in weights.values())
+    trained = sum(weights[k].numel() for k in trainable_keys(section))
+    K, B, E, T = 3, cfg.batch_size, cfg.eval_size, task.seq_len
+    d, H, m, L, N = section.d_model, section.n_heads, 32, section.n_layers, section.d_vocab_out
+    assert needed_bytes(task, model, cfg) == {
+        "weights": 4 * K * (2 * every + 3 * trained),
+        "training step": 4 * K * B * T * (L * (2 * H * T + 4 * d + 3 * m) + 3 * N),
+        "evaluation": 4 * K * E * T * (2 * H * T + 4 * d + 2 * m + 3 * N),
+        "batches": 8 * T * (6 * K * B + 6 * E)}
+    frozen = trainable_keys(section)[:1]  # a frozen weight has no gradient or optimizer state
+    assert needed_bytes(task, model, replace(cfg, frozen=tuple(frozen)))["weights"] == \
+        4 * K * (2 * every + 3 * (trained - weights[frozen[0]].numel()))
+    heads = replace(MODEL, architecture="generic", n_heads=2, d_mlp=32)  # attention scores grow with the heads
+    two = heads.section(task)
+    assert needed_bytes(task, heads, cfg)["evaluation"] == \
+        4 * K * E * T * (2 * 2 * T + 4 * two.d_model + 2 * 32 + 3 * two.d_vocab_out)
+    assert needed_bytes(task, heads, cfg)["training step"] == \
+        4 * K * B * T * (two.n_layers * (2 * 2 * T + 4 * two.d_model + 3 * 32) + 3 * two.d_vocab_out)
+    no_mlp = needed_bytes(task, MODEL, cfg)  # without an MLP no hidden layer is counted
+    assert MODEL.section(task).d_mlp is None and no_mlp["evaluation"] == 4 * K * E * T * (2 * H * T + 4 * d + 3 * N)
