@@ -1,12 +1,15 @@
-"""python -m analyses.edit_facts CKPT --fact 3:1 --to R1:a2 [--at mlp|ov|auto] [--head H]
+"""python -m analyses.edit_facts CKPT --fact 3:1 --to R1:a2 [--at mlp|ov|auto] [--head H] [--layer L]
+   [--position last|subject]
    python -m analyses.edit_facts study CKPT [CKPT ...]   (analyses/edit_study.py)
 
-Edit facts where they live: a rank-one write (ROME) to the MLP's W_out or to one head's
+Edit facts where they live: a rank-one write (ROME) to an MLP's W_out or to one head's
 W_O that gives fact SUBJECT:RELATION a new answer (by its name, R1:a2, or its id); several
---fact/--to pairs are written at once (MEMIT's batched write). --at auto writes each fact
+--fact/--to pairs are written at once (MEMIT's batched write). In a deeper model --layer
+chooses the block (default the last; with --position subject, an MLP keyed at the subject's
+position as ROME keys, block 0). --at auto (one-layer models) writes each fact
 where locate_facts says it lives (both stores where it lives in both, or is spread over
-them), an ov write to the head that carries the subject (patching the subject restores most
-through it) unless --head says which. Writes edits.csv (per edit: store, head, efficacy with its interval, the old
+them), an ov write to the head that carries the subject (editing.carrying_head) unless
+--head says which. Writes edits.csv (per edit: store, head, efficacy with its interval, the old
 answer's rank, the new answer's margin, the leak onto the subject's other facts) and
 summary.json (specificity: the share of every other fact's answers unchanged, by group, with
 intervals; the weight change's norm) to DIR (default CKPT/analysis/edit_facts/<edits>),
@@ -28,9 +31,10 @@ from models import load
 from models.checkpoint import load_checkpoint, write_checkpoint
 from models.out_folder import FORCE_HELP, prepare_out
 from models.section import one_layer
-from probe import columns
+from probe import columns, edit_keys
 from probe.edit_effects import edit_effects
-from probe.editing import W_O, W_OUT, FactEdit, checked_edits, edit_facts, held
+from probe.editing import POSITIONS, FactEdit, carrying_head, checked_edits, edit_facts, held
+from probe.prompts import fact_batch
 from tasks.factual_recall import FactualRecallTask
 
 WHERE = {"attention": "ov", "mlp": "mlp", "both": "both", "distributed": "both"}  # storage label -> write
@@ -75,20 +79,22 @@ def answer_id(text: str, task: FactualRecallTask, relation: int) -> int:
 
 
 def plan(model, task: FactualRecallTask, facts, answers, at: str, head: int | None,
-         settings: EditSettings, seed: int) -> list[FactEdit]:
+         settings: EditSettings, seed: int, layer: int | None = None, position: str = "last") -> list[FactEdit]:
     """The edits to write: each at `at`, or where locate_facts says its fact lives (auto)."""
     if at != "auto":
-        return [FactEdit(s, r, a, at, head) for (s, r), a in zip(facts, answers)]
+        return [FactEdit(s, r, a, at, head, layer, position) for (s, r), a in zip(facts, answers)]
     from analyses.locate_facts import locate  # the storage labels: only auto needs them
 
     held(model, task, [FactEdit(s, r, a) for (s, r), a in zip(facts, answers)], settings.contexts, seed)
     located = locate(model, task, contexts=max(2, settings.contexts), patch_contexts=1, seed=seed,
                      progress=False, facts=facts).facts.droplevel(columns.ANSWER)
+    tokens = fact_batch(task, settings.contexts, seed, next(model.parameters()).device).tokens
+    norms = edit_keys.head_key_norms(model, tokens, settings.contexts)  # [F, H] the keys the ov writes read
     edits = []
     for (s, r), a in zip(facts, answers):
         row = located.loc[(s, r)]
         restored = [row[columns.patch("subject", columns.head(h))] for h in range(model.cfg.n_heads)]
-        chosen = head if head is not None else max(range(len(restored)), key=restored.__getitem__)
+        chosen = head if head is not None else carrying_head(restored, norms[s * task.n_relations + r].tolist())
         edits.append(FactEdit(s, r, a, WHERE[row[columns.LABEL]], chosen))
     return edits
 
@@ -103,6 +109,11 @@ def parser():
                    help="the store written: the MLP's W_out, a head's W_O, or where the fact lives (default mlp)")
     p.add_argument("--head", type=cli.whole_number("head"), default=None,
                    help="the head an ov write goes to (needed with more than one head, but for --at auto)")
+    p.add_argument("--layer", type=cli.whole_number("layer"), default=None,
+                   help="the block written (default: the last; block 0 with --position subject)")
+    p.add_argument("--position", choices=POSITIONS, default="last",
+                   help="where an MLP write's key is read: the last position, or the subject's (ROME's key; the "
+                        "block's MLP output there reaches the answer through a later block's heads)")
     p.add_argument("--save", type=Path, default=None, metavar="DIR",
                    help="write the edited model as a checkpoint to DIR (never the checkpoint read)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP.replace("--out", "--save"))
@@ -110,11 +121,12 @@ def parser():
     return p
 
 
-def edits_folder(edits: list[FactEdit], at: str) -> str:
-    """The folder of one set of edits: 3-1_to_6_at-mlp (the first 4, then how many)."""
+def edits_folder(edits: list[FactEdit], at: str, layer: int | None = None, position: str = "last") -> str:
+    """The folder of one set of edits: 3-1_to_6_at-mlp (the first 4, then how many), then
+    the layer and the subject position where given (_at-mlp-L0-subject)."""
     names = [f"{e.subject}-{e.relation}_to_{e.answer}" for e in edits]
     shown = "_".join(names[:4]) + (f"_and_{len(names) - 4}_more" if len(names) > 4 else "")
-    return f"{shown}_at-{at}"
+    return f"{shown}_at-{at}" + (f"-L{layer}" if layer is not None else "") + ("-subject" if position != "last" else "")
 
 
 def main(argv=None) -> int:
@@ -133,21 +145,26 @@ def main(argv=None) -> int:
                          "folder of its own.")
     out = cli.out_dir(args, "CKPT/analysis/edit_facts")  # the --out rule, before anything is loaded
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
-    one_layer(model.cfg.n_layers, args.ckpt, "edit_facts")  # the writes address block 0's stores
+    if args.at == "auto":  # locate_facts' labels name a one-layer model's stores
+        one_layer(model.cfg.n_layers, args.ckpt, "edit_facts --at auto")
     facts = [one_fact(text, task) for text in args.fact]
     answers = [answer_id(text, task, r) for text, (_, r) in zip(args.to, facts)]
     if args.out is None:
         chosen = [FactEdit(s, r, a) for (s, r), a in zip(facts, answers)]
-        out = out / edits_folder(chosen, args.at) / recorded.settings_folder(settings)
+        out = out / edits_folder(chosen, args.at, args.layer, args.position) / recorded.settings_folder(settings)
     origin = recorded.source(args.ckpt, args.step)
     wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH],
               "settings": {**asdict(settings), "seed": args.seed, "at": args.at, "head": args.head,
+                           "layer": args.layer, "position": args.position,
                            "edits": [[s, r, a] for (s, r), a in zip(facts, answers)]}}
     recorded.refuse_other_results("edit_facts", out, wanted, args.ckpt, "edit_facts")
     if args.at != "auto":
-        checked_edits(model, task, [FactEdit(s, r, a, args.at, args.head) for (s, r), a in zip(facts, answers)])
+        checked_edits(model, task, [FactEdit(s, r, a, args.at, args.head, args.layer, args.position)
+                                    for (s, r), a in zip(facts, answers)])
+    elif args.layer is not None or args.position != "last":
+        raise ValueError("--at auto writes where each fact lives: give --layer and --position with --at mlp or ov.")
     start = time.perf_counter()
-    edits = plan(model, task, facts, answers, args.at, args.head, settings, args.seed)
+    edits = plan(model, task, facts, answers, args.at, args.head, settings, args.seed, args.layer, args.position)
     edited = edit_facts(model, task, edits, settings.contexts, args.seed, settings.margin, settings.form)
     table, specificity = edit_effects(model, edited.model, task,
                                       [(e.subject, e.relation, old, e.answer)
@@ -155,15 +172,17 @@ def main(argv=None) -> int:
                                       settings.contexts, args.seed)
     table.insert(2, "at", [e.at for e in edited.edits])
     table.insert(3, "head", [e.head if e.at != "mlp" else None for e in edited.edits])
+    table.insert(4, "layer", [e.layer for e in edited.edits])
+    table.insert(5, "position", [e.position for e in edited.edits])
     table["old_name"] = [task.answer_label(a) for a in table["old_answer"]]
     table["new_name"] = [task.answer_label(a) for a in table["new_answer"]]
     table["boost"] = edited.boosts
     norms = {}
-    for key, weight in ((W_OUT, "W_out"), (W_O, "W_O")):
-        if key in edited.deltas:
-            base = (model.W_out if key == W_OUT else model.W_O)[0].detach()
-            norms[weight] = {"norm": float(edited.deltas[key].norm()),
-                             "relative": float(edited.deltas[key].norm() / base.norm().clamp(min=1e-12))}
+    for key, delta in edited.deltas.items():  # blocks.L.mlp.W_out, blocks.L.attn.W_O
+        layer, weight = int(key.split(".")[1]), key.split(".")[-1]
+        base = (model.W_out if weight == "W_out" else model.W_O)[layer].detach()
+        name = weight if model.cfg.n_layers == 1 else f"{weight} L{layer}"
+        norms[name] = {"norm": float(delta.norm()), "relative": float(delta.norm() / base.norm().clamp(min=1e-12))}
     summary = {**wanted, **origin, "specificity": specificity, "weight_change": norms,
                "efficacy": float(table["efficacy"].mean()), "seconds": round(time.perf_counter() - start, 2)}
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +206,8 @@ def save(args, deltas: dict, summary: dict) -> None:
 def report(table, specificity: dict, norms: dict, ckpt: str, out: Path, saved: Path | None) -> str:
     lines = [f"{ckpt}: {len(table)} edit{'s' * (len(table) != 1)}"]
     for row in table.itertuples():
-        where = row.at + (f" (head {int(row.head)})" if row.at != "mlp" else "")
+        where = (row.at + (f" (head {int(row.head)})" if row.at != "mlp" else "") + f", layer {row.layer}"
+                 + (" at the subject" if row.position == "subject" else ""))
         lines.append(f"  S{row.subject} R{row.relation}: {row.old_name} -> {row.new_name} at {where}: efficacy "
                      f"{row.efficacy:.2f} [{row.efficacy_low:.2f}, {row.efficacy_high:.2f}], old answer's rank "
                      f"{row.old_rank:.1f}, margin {row.new_margin:+.2f}, leak {row.leak:.2f}")

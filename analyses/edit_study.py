@@ -27,10 +27,10 @@ from analyses.sweeps.output import save_figure, subplots, write_csv, write_summa
 from models import load
 from models.out_folder import claim
 from models.section import one_layer
-from probe import columns
+from probe import columns, edit_keys
 from probe.contexts import per_fact
 from probe.edit_effects import edit_effects
-from probe.editing import FactEdit, edit_facts
+from probe.editing import FactEdit, carrying_head, edit_facts
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
 from probe.storage import LABELS, StorageRule
@@ -74,7 +74,8 @@ def parameters(model) -> dict:
 
 
 def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
-    """Per fact (subject, relation): its storage label, the head carrying its subject, and
+    """Per fact (subject, relation): its storage label, the head carrying its subject
+    (editing.carrying_head: a tie goes to the largest key, then the lowest index), and
     whether the model holds it (answers it in at least the storage rule's `known` share)."""
     from analyses.locate_facts import locate
 
@@ -86,7 +87,10 @@ def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
     held = ((top == answers[:, None]).float().mean(1) >= StorageRule.known).tolist()  # [F]
     R = task.n_relations
     heads = [columns.patch("subject", columns.head(h)) for h in range(model.cfg.n_heads)]
-    return pd.DataFrame({"label": facts[columns.LABEL].values, "head": facts[heads].to_numpy().argmax(1),
+    norms = edit_keys.head_key_norms(model, tokens, contexts).tolist()  # [F, H] each fact's key at each head
+    carrying = [carrying_head(list(restored), norms[s * R + r])
+                for (s, r), restored in zip(facts.index, facts[heads].values)]
+    return pd.DataFrame({"label": facts[columns.LABEL].values, "head": carrying,
                          "held": [held[s * R + r] for s, r in facts.index]}, index=facts.index)
 
 

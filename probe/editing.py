@@ -1,16 +1,20 @@
 """Edit facts where they live: a rank-one write (ROME; several facts at once, MEMIT's
-batched form or its exact limit) to the MLP's W_out or to one head's W_O, returning a new
-model, the original untouched.
+batched form or its exact limit) to an MLP's W_out or to one head's W_O of a chosen block,
+returning a new model, the original untouched.
 
-For each edited fact (s, r) -> a_new: the key k* is the store's input at EOS averaged over
-the fact's noise contexts (probe/edit_keys.py), C the keys' second moment over every fact's
-prompts, and the value asked for is the least residual change that puts a_new `margin`
-logits above every other answer (and a_old below it) through the frozen unembedding's
-dual basis. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a fact
-lives in both stores, the head writes half of the change and the MLP, keyed on the model
-the head's write left, the rest. What the closed form misses (the MLP reading a head's new
-write, keys that vary over contexts, d_model < R*D) is made up by doubling a fact's change
-until the new answer wins on the fact's prompts (`tries` times at most).
+For each edited fact (s, r) -> a_new: the key k* is the store's input averaged over the
+fact's noise contexts (probe/edit_keys.py: at the last position, or for an MLP at the
+subject's position), C the keys' second moment over every fact's prompts (at the subject's
+position: over every position, since the write reaches them all), and the value asked for is
+the least residual change that puts a_new `margin` logits above every other answer (and
+a_old below it): through the frozen unembedding's dual basis at the last position, through
+the later blocks' first-order map (edit_keys.output_map) at the subject's. A key under
+KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
+blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
+fact lives in both stores, the head writes half of the change and the MLP, keyed on the
+model the head's write left, the rest. What the closed form misses (a later store reading
+the write, keys that vary over contexts, d_model < R*D) is made up by doubling a fact's
+change until the new answer wins on the fact's prompts (`tries` times at most).
 """
 from __future__ import annotations
 
@@ -28,36 +32,60 @@ from probe.storage import StorageRule
 from tasks.factual_recall import FactualRecallTask
 
 AT = ("mlp", "ov", "both")  # where a fact is written
-W_OUT, W_O = "blocks.0.mlp.W_out", "blocks.0.attn.W_O"  # the checkpoint's keys of the two stores
+POSITIONS = ("last", "subject")  # where an MLP write's key is read
+TIE = 0.01  # heads' shares restored (and their keys' norms, relative) this close are a tie
+
+
+def store_key(store: str, layer: int = 0) -> str:
+    """The checkpoint's key of a store's matrix in block `layer`."""
+    return f"blocks.{layer}.mlp.W_out" if store == "mlp" else f"blocks.{layer}.attn.W_O"
+
+
+W_OUT, W_O = store_key("mlp"), store_key("ov")  # block 0's: a one-layer model's two stores
 # the bridge's parameters that hold them: fc_out.weight = W_out^T, o.weight = W_O flattened over heads, transposed
-PARAMETERS = {W_OUT: "mlp._original_component.fc_out._original_component.weight",
-              W_O: "attn._original_component.o._original_component.weight"}
+PARAMETERS = {"W_out": "mlp._original_component.fc_out._original_component.weight",
+              "W_O": "attn._original_component.o._original_component.weight"}
 
 
 @dataclass(frozen=True)
 class FactEdit:
     """Fact (subject, relation) gets `answer` (an answer id of the relation's block A_r),
-    written at `at` (mlp, ov, both); `head` is the head an ov write goes to."""
+    written at `at` (mlp, ov, both) of block `layer` (None: the last block at the last
+    position, block 0 at the subject's); `head` is the head an ov write goes to, `position`
+    where an MLP write's key is read (last, subject)."""
     subject: int
     relation: int
     answer: int
     at: str = "mlp"
     head: int | None = None
+    layer: int | None = None
+    position: str = "last"
 
 
 @dataclass(frozen=True, eq=False)
 class Edited:
     model: object  # the edited copy (TransformerBridge)
-    edits: tuple[FactEdit, ...]  # as written (each ov write's head filled in)
+    edits: tuple[FactEdit, ...]  # as written (each ov write's head and each layer filled in)
     old_answers: tuple[int, ...]  # each edited fact's answer before the edit
     deltas: dict[str, torch.Tensor] = field(default_factory=dict)  # checkpoint key -> dW, its layout
     boosts: tuple[float, ...] = ()  # how many times each fact's closed-form change was taken
 
 
+def carrying_head(restored: Sequence[float], key_norms: Sequence[float]) -> int:
+    """The head that carries a fact's subject: the largest share restored through it when the
+    subject is patched. Heads within TIE of the best tie; a tie goes to the largest norm of
+    the fact's key at the head (within TIE of it, relative), then to the lowest index: never
+    to float noise, and never to a head whose key is empty where a tied head's is not."""
+    best = max(restored)
+    tied = [h for h, x in enumerate(restored) if x >= best - TIE]
+    top = max(key_norms[h] for h in tied)
+    return min(h for h in tied if key_norms[h] >= (1 - TIE) * top)
+
+
 def checked_edits(model, task: FactualRecallTask, edits: Sequence[FactEdit]) -> tuple[FactEdit, ...]:
-    """The edits with each ov write's head filled in (the only head of a one-head model);
-    ValueError, one line, for an edit the model or the task cannot take."""
-    checked, seen = [], set()
+    """The edits with each ov write's head filled in (the only head of a one-head model) and
+    each layer; ValueError, one line, for an edit the model or the task cannot take."""
+    checked, seen, L = [], set(), model.cfg.n_layers
     for e in edits:
         s, r, a = e.subject, e.relation, e.answer
         if not (0 <= s < task.n_subjects and 0 <= r < task.n_relations):
@@ -76,6 +104,18 @@ def checked_edits(model, task: FactualRecallTask, edits: Sequence[FactEdit]) -> 
             raise ValueError(f"a fact is written at one of {', '.join(AT)}, got {e.at!r}.")
         if e.at in ("mlp", "both") and not has_mlp(model):
             raise ValueError("the model has no MLP (attention only): write at ov.")
+        if e.position not in POSITIONS:
+            raise ValueError(f"a key is read at one of {', '.join(POSITIONS)}, got {e.position!r}.")
+        if e.position == "subject" and e.at != "mlp":
+            raise ValueError("a key at the subject's position is an MLP's (--at mlp): a head's key is read at "
+                             "the last position.")
+        layer = e.layer if e.layer is not None else (L - 1 if e.position == "last" else 0)
+        if not 0 <= layer < L:
+            raise ValueError(f"layer {layer} is outside the model (layers 0..{L - 1}).")
+        if e.position == "subject" and layer == L - 1:
+            raise ValueError(f"an MLP write at the subject's position needs a later block's heads to carry it to "
+                             f"the last position: layer {layer} is the model's last"
+                             + (f" (use {'0' if L == 2 else f'0..{L - 2}'})." if L > 1 else "."))
         head = e.head
         if e.at in ("ov", "both"):
             if head is None and model.cfg.n_heads > 1:
@@ -83,7 +123,7 @@ def checked_edits(model, task: FactualRecallTask, edits: Sequence[FactEdit]) -> 
             head = 0 if head is None else head
             if not 0 <= head < model.cfg.n_heads:
                 raise ValueError(f"head {head} is outside the model (heads 0..{model.cfg.n_heads - 1}).")
-        checked.append(FactEdit(s, r, a, e.at, head))
+        checked.append(FactEdit(s, r, a, e.at, head, layer, e.position))
     if not checked:
         raise ValueError("no edits given: give at least one fact and its new answer.")
     return tuple(checked)
@@ -124,40 +164,66 @@ def edit_facts(model, task: FactualRecallTask, edits: Sequence[FactEdit], contex
     return Edited(edited, edits, old, deltas, tuple(boosts.tolist()))
 
 
+def _writes(edits: Sequence[FactEdit]) -> list:
+    """(layer, store, head, position) -> the edits written there, in the forward's order:
+    block by block, a block's heads before its MLP."""
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(edits):
+        if e.at in ("ov", "both"):
+            groups.setdefault((e.layer, 0, e.head, "last"), []).append(i)
+        if e.at in ("mlp", "both"):
+            groups.setdefault((e.layer, 1, -1, e.position), []).append(i)
+    return sorted(groups.items())
+
+
 def _written(model, task, edits, contexts, seed, margins, form, ridge):
-    """A copy of `model` with the heads' writes, then the MLP's (keyed on the heads' result)."""
+    """A copy of `model` with every write made in the forward's order (each keyed on the model
+    the earlier writes left)."""
     edited = copy.deepcopy(model)
     deltas = {}
-    tokens = fact_batch(task, contexts, seed, model_device(model)).tokens  # [F_all * contexts, T]
-    heads = sorted({e.head for e in edits if e.at in ("ov", "both")})
-    for h in heads:
-        chosen = [i for i, e in enumerate(edits) if e.at in ("ov", "both") and e.head == h]
-        share = torch.tensor([0.5 if edits[i].at == "both" else 1.0 for i in chosen])
-        dW = _store_write(edited, task, [edits[i] for i in chosen], tokens, contexts, "ov", h,
-                          margins[chosen] * share, form, ridge)  # [d_head, d_model]
-        full = torch.zeros_like(edited.W_O[0]).index_copy(0, torch.tensor([h], device=dW.device), dW[None])
-        deltas[W_O] = deltas.get(W_O, 0) + full
-        add_to(edited, W_O, full)
-    chosen = [i for i, e in enumerate(edits) if e.at in ("mlp", "both")]
-    if chosen:
-        deltas[W_OUT] = _store_write(edited, task, [edits[i] for i in chosen], tokens, contexts, "mlp", None,
-                                     margins[chosen], form, ridge)  # [d_mlp, d_model]
-        add_to(edited, W_OUT, deltas[W_OUT])
+    batch = fact_batch(task, contexts, seed, model_device(model))  # [F_all * contexts] prompts
+    for (layer, kind, head, position), chosen in _writes(edits):
+        store = ("ov", "mlp")[kind]
+        share = torch.tensor([0.5 if edits[i].at == "both" and store == "ov" else 1.0 for i in chosen])
+        dW = _store_write(edited, task, [edits[i] for i in chosen], batch, contexts, store, head, layer, position,
+                          margins[chosen] * share, form, ridge)  # [d_key, d_model]
+        if store == "ov":  # [d_head, d_model] -> W_O's [head, d_head, d_model]
+            dW = torch.zeros_like(edited.W_O[layer]).index_copy(0, torch.tensor([head], device=dW.device), dW[None])
+        key = store_key(store, layer)
+        deltas[key] = deltas.get(key, 0) + dW
+        add_to(edited, key, dW)
     return edited, deltas
 
 
-def _store_write(model, task, edits, tokens, contexts, store, head, margins, form, ridge) -> torch.Tensor:
-    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits."""
-    keys = edit_keys.store_keys(model, tokens, store, head)  # [F_all * contexts, d_key]
-    C = edit_keys.second_moment(keys, ridge)
+def _store_write(model, task, edits, batch, contexts, store, head, layer, position, margins, form, ridge):
+    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits;
+    EmptyKey where a fact's key carries nothing."""
+    at = None if position == "last" else batch.subject_pos
+    keys = edit_keys.store_keys(model, batch.tokens, store, head, layer, at)  # [F_all * contexts, d_key]
+    C = edit_keys.second_moment(keys if at is None else
+                                edit_keys.store_keys(model, batch.tokens, store, head, layer, "all"), ridge)
     rows = torch.tensor([e.subject * task.n_relations + e.relation for e in edits], device=keys.device)
     k_star = edit_keys.fact_keys(keys, contexts)[rows]  # [n, d_key]
-    logits = _fact_logits(model, task, edits, contexts, tokens=tokens)  # [n, contexts, O]
+    empty, norms, typical = edit_keys.empty_keys(k_star, keys)
+    for e, is_empty, norm in zip(edits, empty.tolist(), norms.tolist()):
+        if is_empty:
+            where = (f"head {head} of layer {layer}" if store == "ov"
+                     else f"layer {layer}'s MLP at the {position} position")
+            raise edit_keys.EmptyKey(
+                f"fact {e.subject}:{e.relation} has no key at {where}: its norm {norm:.3g} is under "
+                f"{edit_keys.KEY_FLOOR:g} of the keys' typical norm {typical:.3g} (root mean square over the task's "
+                "prompts), so a write there cannot reach it; write it at another store.")
+    logits = _fact_logits(model, task, edits, contexts, tokens=batch.tokens)  # [n, contexts, O]
     old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=keys.device)
     new = torch.tensor([e.answer for e in edits], device=keys.device)
     change = torch.cat([edit_keys.logit_change(logits[i:i + 1], old[i:i + 1], new[i:i + 1], float(margins[i]))
                         for i in range(len(edits))])  # [n, O]
-    values = edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model]
+    if at is None:  # the write lands at the last position: the unembedding reads it
+        values = edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model]
+    else:  # at the subject's position: what the later blocks carry to the last position
+        prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device)).reshape(-1)
+        maps = [edit_keys.output_map(model, batch.tokens[p], layer, at[p]) for p in prompts.reshape(len(rows), -1)]
+        values = torch.cat([edit_keys.residual_change(J, change[i:i + 1]) for i, J in enumerate(maps)])
     return edit_keys.write(C, k_star, values, form)
 
 
@@ -171,13 +237,16 @@ def _fact_logits(model, task, edits, contexts, seed=0, tokens=None) -> torch.Ten
 
 
 def add_to(model, key: str, delta: torch.Tensor) -> None:
-    """Add `delta` (the checkpoint's layout of `key`: W_out [d_mlp, d_model], W_O [head,
-    d_head, d_model]) to the bridge's parameter that holds it, in place; RuntimeError when
-    the bridge's own view of the weight (model.W_out, model.W_O) does not show it."""
-    before = (model.W_out if key == W_OUT else model.W_O)[0].detach().clone()
-    param = next(p for name, p in model.named_parameters() if name.endswith(PARAMETERS[key]))
+    """Add `delta` (the checkpoint's layout of `key`, blocks.L.mlp.W_out [d_mlp, d_model] or
+    blocks.L.attn.W_O [head, d_head, d_model]) to the bridge's parameter that holds it, in
+    place; RuntimeError when the bridge's own view of the weight (model.W_out[L],
+    model.W_O[L]) does not show it."""
+    layer, name = int(key.split(".")[1]), key.split(".")[-1]
+    view = (lambda: model.W_out[layer]) if name == "W_out" else (lambda: model.W_O[layer])
+    before = view().detach().clone()
+    param = [p for n, p in model.named_parameters() if n.endswith(PARAMETERS[name])][layer]  # one per block, in order
     with torch.no_grad():
-        param += (delta if key == W_OUT else delta.reshape(-1, delta.shape[-1])).T.to(param.dtype)
-    after = (model.W_out if key == W_OUT else model.W_O)[0].detach()
+        param += (delta if name == "W_out" else delta.reshape(-1, delta.shape[-1])).T.to(param.dtype)
+    after = view().detach()
     if not torch.allclose(after - before, delta.to(after.dtype), atol=1e-5 * (1 + float(delta.abs().max()))):
         raise RuntimeError(f"the bridge does not hold the write to {key}: its weight layout has changed.")

@@ -10,6 +10,7 @@ from models import load
 from models.checkpoint import write_checkpoint
 from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
+from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for
 from probe.hooks import hooked_last_logits
 from probe.prompts import fact_batch
 from tests.conftest import run_main
@@ -20,8 +21,8 @@ STRUCTURED = override(CONSTRUCTION_TASK, {"facts": "structured"}).build()
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """Theorem 4 (mlp), Theorem 3 (attention), and a model keeping each fact where a plan
-    says (fact 1:0 nowhere: the model does not hold it)."""
+    """Theorem 4 (mlp), Theorem 3 (attention), a model keeping each fact where a plan
+    says (fact 1:0 nowhere: the model does not hold it), and two-layer depth constructions."""
     root = tmp_path_factory.mktemp("edit")
     ckpts = {}
     for kind in ("mlp", "attention"):
@@ -33,6 +34,9 @@ def checkpoints(tmp_path_factory):
     weights = build_storage(STRUCTURED, CONSTRUCTION_MODEL, plan, 5.0, 5.0)
     ckpts["planned"] = write_checkpoint(root / "planned", CONSTRUCTION_MODEL.checkpoint_section(STRUCTURED),
                                         STRUCTURED, {}, weights)
+    for kind in ("mixed", "last-mlp"):
+        ckpts[kind] = write_checkpoint(root / kind, DEPTH_MODEL.checkpoint_section(TASK), TASK, {},
+                                       build_depth(TASK, DEPTH_MODEL, plan_for(kind, TASK)))
     return ckpts
 
 
@@ -82,6 +86,15 @@ def test_auto_writes_each_fact_where_it_lives(checkpoints, tmp_path, capsys):
     ("mlp", ["--fact", "3:1,0:0", "--to", "R1:a0"], "--fact takes one fact"),
     ("mlp", ["--fact", "9:1", "--to", "R1:a0"], "outside the task"),
     ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--margin", "0"], "--margin must be > 0"),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--at", "ov", "--head", "1"],
+     "fact 3:1 has no key at head 1 of layer 0: its norm"),
+    ("mixed", ["--fact", "0:1", "--to", "5", "--layer", "2"], "layer 2 is outside the model (layers 0..1)"),
+    ("mixed", ["--fact", "0:1", "--to", "5", "--layer", "1", "--position", "subject"], "layer 1 is the model's last"),
+    ("mixed", ["--fact", "0:1", "--to", "5", "--at", "auto"], "edit_facts --at auto reads one-layer models only"),
+    ("mixed", ["--fact", "0:0", "--to", "R0:a1"], "fact 0:0 has no key at layer 1's MLP at the last position"),
+    ("last-mlp", ["--fact", "0:1", "--to", "5", "--position", "subject"],
+     "fact 0:1 has no key at layer 0's MLP at the subject position"),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--at", "auto", "--layer", "0"], "give --layer and --position with"),
 ])
 def test_bad_input_is_refused_in_one_line(checkpoints, kind, args, said, capsys):
     ckpt = checkpoints[kind]
@@ -99,3 +112,21 @@ def test_the_checkpoint_read_is_never_the_one_saved(checkpoints, capsys):
                                        "--quiet"], capsys)
         assert code == 2 and "is the checkpoint read" in err
     assert files(ckpt) == before
+
+
+def test_a_deeper_model_is_edited_at_the_layer_and_position_asked(checkpoints, tmp_path, capsys):
+    """Fact 0:1 of the mixed two-layer construction lives in block 0's MLP at the subject's
+    position (enriched): written there, the saved model answers the new answer."""
+    ckpt = checkpoints["mixed"]
+    code, out, err = run_main(main, [ckpt, "--fact", "0:1", "--to", "R1:a0", "--position", "subject", "--save",
+                                     tmp_path / "edited", "--quiet", "--device", "cpu"], capsys)
+    assert code == 0, err
+    folder = ckpt / "analysis" / "edit_facts" / "0-1_to_4_at-mlp-subject"
+    edits = pd.read_csv(folder / "edits.csv")
+    assert edits[["layer", "position", "efficacy"]].values.tolist() == [[0, "subject", 1.0]]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary["weight_change"]) == {"W_out L0"} and summary["specificity"]["all"]["share"] == 1.0
+    assert "layer 0 at the subject" in out
+    model, task = load(tmp_path / "edited", "cpu")
+    answers = hooked_last_logits(model, fact_batch(task, 4, seed=5).tokens).argmax(-1).reshape(-1, 4)
+    assert (answers[0 * 4 + 1] == 4).all() and (answers[0 * 4 + 2] == int(task.facts[0, 2])).all()

@@ -1,5 +1,6 @@
 """Rank-one writes to an associative memory (probe/editing.py): exact on the hand-built
 models whose storage is known, the original model untouched, the bridge's forward changed."""
+import pytest
 import torch
 
 from models import build_bridge
@@ -7,7 +8,7 @@ from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, head_groups
 from probe import edit_keys
 from probe.edit_effects import edit_effects, fact_groups
-from probe.editing import W_O, W_OUT, FactEdit, add_to, edit_facts
+from probe.editing import W_O, W_OUT, FactEdit, add_to, carrying_head, edit_facts
 from probe.hooks import HOOK_MLP_POST, HOOK_Z
 from probe.stats import wilson_interval
 
@@ -161,3 +162,38 @@ def test_the_keys_and_their_second_moment():
     C = edit_keys.second_moment(small, ridge=0.5)
     mean = small.T @ small / len(small)
     assert torch.allclose(C, mean + 0.5 * mean.diagonal().mean() * torch.eye(4), atol=1e-7)
+
+
+def test_a_key_that_carries_nothing_is_refused_not_blown_up():
+    """On Theorem 4 head 1 never attends to subject 3 (its key for fact 3:1 is float noise,
+    ~1e-7): the write would divide by it (a weight change of ~1e8). It is refused in one line
+    naming the fact, the head and the key's norm against the keys' typical norm; the subject's
+    own head (0) takes the same edit with a change of the Theorem 3 write's size."""
+    model = construction("mlp")
+    new = other_answer(3, 1)
+    with pytest.raises(edit_keys.EmptyKey) as refused:
+        edit_facts(model, TASK, [FactEdit(3, 1, new, "ov", 1)])
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith("fact 3:1 has no key at head 1 of layer 0: its norm ")
+    norm, typical = (float(said.split(word)[1].split()[0]) for word in ("its norm ", "typical norm "))
+    assert norm < 1e-5 and abs(typical - 0.375 ** 0.5) < 1e-3  # head 1 attends to subjects 1, 4, 7: 3/8 of prompts
+    edited = edit_facts(model, TASK, [FactEdit(3, 1, new, "ov", 0)])
+    assert float(edited.deltas[W_O].norm()) < 20 and edited.boosts == (1.0,)
+
+
+def test_the_floor_is_relative_to_the_keys_typical_norm():
+    keys = torch.tensor([[3.0, 4.0], [0.0, 0.0]])  # typical norm sqrt((25 + 0) / 2)
+    typical = (25 / 2) ** 0.5
+    k_star = torch.tensor([[0.0, 0.0], [1.01e-3 * typical, 0.0], [0.99e-3 * typical, 0.0]])
+    empty, norms, measured = edit_keys.empty_keys(k_star, keys)
+    assert empty.tolist() == [True, False, True] and abs(measured - typical) < 1e-6
+    assert edit_keys.empty_keys(k_star, 1000 * keys)[0].tolist() == [True, True, True]  # scale is the keys'
+    assert edit_keys.empty_keys(k_star[:1], torch.zeros(4, 2))[0].tolist() == [True]  # a store that never fires
+
+
+def test_the_carrying_head_is_not_decided_by_float_noise():
+    # Theorem 4, fact 4:1: heads 0 and 1 restore 0.5 each (float noise apart); head 0's key is empty
+    assert carrying_head([0.5000008, 0.4999987, -2e-7, 0.0], [1e-7, 1.0, 1e-7, 1.0]) == 1
+    assert carrying_head([0.4999987, 0.5000008, 0.0, 0.0], [1.0, 1.0000004, 0.0, 1.0]) == 0  # both ties: lowest
+    assert carrying_head([0.2, 0.6, 0.595, 0.0], [1.0, 0.5, 2.0, 1.0]) == 2  # within TIE: the larger key
+    assert carrying_head([0.2, 0.6, 0.58, 0.0], [1.0, 0.5, 2.0, 1.0]) == 1  # a lead past TIE is kept
