@@ -32,8 +32,8 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
-    "probe/editing.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
-    "probe/edit_keys.py": ["tests/test_editing.py"],
+    "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py"],
+    "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py"],
     "probe/edit_effects.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
     "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
