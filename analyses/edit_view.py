@@ -11,9 +11,9 @@ import io
 import pandas as pd
 
 from analyses.sweeps.output import subplots
-from probe import columns
+from probe import columns, edit_keys
 from probe.edit_effects import HELD_OUT, edit_effects
-from probe.editing import FactEdit, edit_facts, held
+from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
 
@@ -22,8 +22,8 @@ ORDER = ("mlp", "both", "distributed", "attention")  # the labels whose facts ar
 
 def chosen_fact(model, task, facts: pd.DataFrame, contexts: int, seed: int) -> tuple[int, int, int] | None:
     """(subject, relation, head) of the first fact the model holds, by ORDER of its label;
-    the head restoring most when the subject is patched (locate_facts' columns; 0 where not
-    recorded). None where the model holds none of them."""
+    the head that carries the subject (editing.carrying_head on locate_facts' columns: a tie
+    goes to the largest key; 0 where not recorded). None where the model holds none of them."""
     ranked = sorted(facts.itertuples(index=False), key=lambda f: ORDER.index(f.label) if f.label in ORDER else 9)
     for f in ranked:
         s, r = int(getattr(f, columns.SUBJECT)), int(getattr(f, columns.RELATION))
@@ -33,7 +33,11 @@ def chosen_fact(model, task, facts: pd.DataFrame, contexts: int, seed: int) -> t
             continue
         patched = [columns.patch("subject", columns.head(h)) for h in range(model.cfg.n_heads)]
         row = facts[(facts[columns.SUBJECT] == s) & (facts[columns.RELATION] == r)].iloc[0]
-        head = int(row[patched].astype(float).to_numpy().argmax()) if set(patched) <= set(facts.columns) else 0
+        if not set(patched) <= set(facts.columns):
+            return s, r, 0
+        tokens = fact_batch(task, contexts, seed, model_device(model)).tokens  # [F * contexts, T]
+        norms = edit_keys.head_key_norms(model, tokens, contexts)[s * task.n_relations + r]  # [H]
+        head = carrying_head(row[patched].astype(float).tolist(), norms.tolist())
         return s, r, head
     return None
 
@@ -52,7 +56,10 @@ def before_after(model, task, s: int, r: int, head: int, contexts: int = 8, seed
     for name, at in (("before", None), *((f"after, at {a}", a) for a in stores)):
         m = model
         if at is not None:
-            edited = edit_facts(model, task, [FactEdit(s, r, new, at, head)], contexts, seed)
+            try:
+                edited = edit_facts(model, task, [FactEdit(s, r, new, at, head)], contexts, seed)
+            except edit_keys.EmptyKey:  # the head does not read this fact: no write to show
+                continue
             table, kept = edit_effects(model, edited.model, task, [(s, r, old, new)], contexts, seed)
             m = edited.model
             effects[at] = {"efficacy": float(table["efficacy"][0]), "kept": kept["all"]["share"],

@@ -94,3 +94,17 @@ def test_the_report_s_edit_shows_the_new_answer_winning_after_the_mlp_write():
     facts = pd.DataFrame({"subject": [0, 3], "relation": [0, 1], "label": ["not_stored", "mlp"]})
     page = edit_section(model, TASK, facts, contexts=4)
     assert "<h3>S3 R1 (stored in: mlp) given another answer</h3>" in page and "<td>mlp</td><td>1.00</td>" in page
+
+
+def test_the_report_s_edit_goes_to_the_head_that_reads_the_subject():
+    """Theorem 4's fact 4:1: heads 0 and 1 restore 0.5 each when the subject is patched (float
+    noise apart, head 0 ahead); only head 1 attends to subject 4, so the write goes there."""
+    from analyses.edit_view import chosen_fact
+    from models import build_bridge
+    from probe import columns
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    restored = [0.5000008, 0.4999987, -2e-7, 0.0]
+    facts = pd.DataFrame({columns.SUBJECT: [4], columns.RELATION: [1], columns.LABEL: ["mlp"],
+                          **{columns.patch("subject", columns.head(h)): [x] for h, x in enumerate(restored)}})
+    assert chosen_fact(model, TASK, facts, contexts=4, seed=0) == (4, 1, subject_head(4)) == (4, 1, 1)
