@@ -108,10 +108,10 @@ def residual_change(W_U: torch.Tensor, change: torch.Tensor) -> torch.Tensor:
     return change @ torch.linalg.pinv(W_U)
 
 
-def output_map(model, tokens: torch.Tensor, layer: int, positions: torch.Tensor) -> torch.Tensor:
+def output_map(model, tokens: torch.Tensor, layer: int, positions: torch.Tensor, store: str = "mlp") -> torch.Tensor:
     """J [d_model, O]: how the last position's logits move, to first order, with block
-    `layer`'s MLP output at positions[i] of prompt i (mean over the prompts): the later
-    blocks' heads that carry it to the last position, and what reads it there."""
+    `layer`'s MLP output (or its heads' output, store `ov`) at positions[i] of prompt i (mean
+    over the prompts): the later blocks that read it there or carry it to the last position."""
     rows = torch.arange(len(tokens), device=tokens.device)
     nudge = torch.zeros(len(tokens), model.cfg.d_model, device=tokens.device, requires_grad=True)  # [n, d]
 
@@ -120,7 +120,8 @@ def output_map(model, tokens: torch.Tensor, layer: int, positions: torch.Tensor)
         x[rows, positions] = x[rows, positions] + nudge.to(x.dtype)
         return x
     with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.hook_mlp_out", hook)])[:, -1]  # [n, O]
+        name = f"blocks.{layer}.hook_{'mlp' if store == 'mlp' else 'attn'}_out"
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(name, hook)])[:, -1]  # [n, O]
         J = [torch.autograd.grad(logits[:, o].sum(), nudge, retain_graph=True)[0].mean(0)
              for o in range(logits.shape[-1])]
     return torch.stack(J, 1).float()  # [d, O]

@@ -7,13 +7,15 @@ fact's noise contexts (probe/edit_keys.py: at the last position, or for an MLP a
 subject's position), C the keys' second moment over every fact's prompts (at the subject's
 position: over every position, since the write reaches them all), and the value asked for is
 the least residual change that puts a_new `margin` logits above every other answer (and
-a_old below it): through the frozen unembedding's dual basis at the last position, through
-the later blocks' first-order map (edit_keys.output_map) at the subject's. A key under
+a_old below it): through the frozen unembedding's dual basis for the last block's write at
+the last position, else through the later blocks' first-order map (edit_keys.output_map,
+in W_U's place). A key under
 KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
 blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
 fact lives in both stores, the head writes half of the change and the MLP, keyed on the
-model the head's write left, the rest. What the closed form misses (a later store reading
-the write, keys that vary over contexts, d_model < R*D) is made up by doubling a fact's
+model the head's write left, the rest. What the closed form misses (the block's MLP reading
+its heads' new write, the later blocks past first order, keys that vary over contexts,
+d_model < R*D) is made up by doubling a fact's
 change until the new answer wins on the fact's prompts (`tries` times at most).
 """
 from __future__ import annotations
@@ -218,12 +220,14 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
     new = torch.tensor([e.answer for e in edits], device=keys.device)
     change = torch.cat([edit_keys.logit_change(logits[i:i + 1], old[i:i + 1], new[i:i + 1], float(margins[i]))
                         for i in range(len(edits))])  # [n, O]
-    if at is None:  # the write lands at the last position: the unembedding reads it
-        values = edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model]
-    else:  # at the subject's position: what the later blocks carry to the last position
-        prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device)).reshape(-1)
-        maps = [edit_keys.output_map(model, batch.tokens[p], layer, at[p]) for p in prompts.reshape(len(rows), -1)]
-        values = torch.cat([edit_keys.residual_change(J, change[i:i + 1]) for i, J in enumerate(maps)])
+    if at is None and layer == model.cfg.n_layers - 1:  # the last block's write at the last position
+        values = edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model] through W_U
+    else:  # a block below the last, or the subject's position: through the later blocks, to first order
+        where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, batch.tokens.shape[1] - 1)
+        prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device))  # [n, contexts]
+        values = torch.cat([edit_keys.residual_change(
+            edit_keys.output_map(model, batch.tokens[p], layer, where[p], store), change[i:i + 1])
+            for i, p in enumerate(prompts)])  # [n, d_model]
     return edit_keys.write(C, k_star, values, form)
 
 

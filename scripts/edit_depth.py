@@ -22,7 +22,7 @@ import torch
 from models import load
 from probe import edit_keys
 from probe.edit_effects import edit_effects
-from probe.editing import FactEdit, carrying_head, edit_facts
+from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.prompts import fact_batch
 
 TRUTH = {"attention": ("ov", 0, "last"), "enriched": ("mlp", 0, "subject")}  # "mlp": the last block's, at the last
@@ -59,8 +59,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     model, task = load(args.ckpt, "cpu")
     L, R = model.cfg.n_layers, task.n_relations
-    truth = {(d["s"], d["r"]): d["store"] for d in
-             json.loads((args.ckpt / "config.json").read_text())["training"]["stores"]}
+    training = json.loads((args.ckpt / "config.json").read_text())["training"]
+    truth = ({(d["s"], d["r"]): d["store"] for d in training["stores"]} if "stores" in training  # a trained model:
+             else {(s, r): "unknown" for s in range(task.n_subjects) for r in range(R)})  # no store known
     traced = args.ckpt / "analysis" / "causal_tracing" / "peaks.csv"
     peaks = ({tuple(map(int, row["fact"].split(":"))): peak_store(row) for _, row in pd.read_csv(traced).iterrows()}
              if traced.exists() else {})
@@ -68,11 +69,13 @@ def main(argv=None) -> int:
     norms = {layer: edit_keys.head_key_norms(model, tokens, args.contexts, layer) for layer in range(L)}  # [F, H]
     rows = []
     for (s, r), kind in sorted(truth.items()):
-        if kind == "none":
+        try:
+            held(model, task, [FactEdit(s, r, 0)], args.contexts)
+        except ValueError:  # a fact the model does not hold ("none"): nothing to edit
             continue
         block = task.relation_answers(r)
         new = block[(int(task.facts[s, r]) - block.start + 1) % len(block)]
-        lives = TRUTH.get(kind, ("mlp", L - 1, "last"))
+        lives = TRUTH.get(kind, ("mlp", L - 1, "last")) if kind != "unknown" else None
         for store in stores(L):
             at, layer, position = store
             head = carrying_head([0.0] * model.cfg.n_heads, norms[layer][s * R + r].tolist()) if at == "ov" else None
@@ -115,10 +118,13 @@ def tables(edits: pd.DataFrame) -> str:
     for (kind, store), part in edits.groupby(["kind", "store"]):
         lines.append(f"| {kind} | {store} | {'**yes**' if part['lives'].all() else 'no'} " + cells(part))
     lines += ["", head("edited at")]
+    known = (edits["kind"] != "unknown").all()
     for label, part in (("the true store", edits[edits["lives"]]), ("the traced peak", edits[edits["peak"]]),
-                        ("the peak, where it is not the store", edits[edits["peak"] & ~edits["lives"]]),
-                        ("elsewhere", edits[~edits["lives"]])):
-        lines.append(f"| {label} " + cells(part))
+                        ("the peak, not the store", edits[edits["peak"] & ~edits["lives"]] if known else []),
+                        ("elsewhere", edits[~edits["lives"]] if known else []),
+                        ("not at the peak", edits[~edits["peak"]])):
+        if len(part):
+            lines.append(f"| {label} " + cells(part))
     return "\n".join(lines) + "\n"
 
 

@@ -81,3 +81,21 @@ def test_an_edit_the_model_cannot_take_is_refused_in_one_line(mixed, edit, said)
     with pytest.raises(ValueError) as refused:
         checked_edits(mixed, TASK, [edit])
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_output_map_is_the_unembedding_after_the_last_block_and_the_readers_before_it(mixed):
+    """edit_keys.output_map: the last block's MLP output at the last position reaches the
+    logits through W_U alone; block 0's MLP output at the subject's position reaches them
+    through block 1's heads, which decode the enrichment code: code_a -> e_a."""
+    from models.recall.deep_constructions import fresh_directions
+    from models.recall.weights import init_weights
+    from probe.prompts import fact_batch
+
+    batch = fact_batch(TASK, 2, seed=0)
+    tokens, last = batch.tokens[:16], torch.full((16,), batch.tokens.shape[1] - 1)
+    J = edit_keys.output_map(mixed, tokens, 1, last)  # [d, O]
+    assert torch.allclose(J, mixed.W_U.detach(), atol=1e-5)
+    S, R, O = TASK.n_subjects, TASK.n_relations, TASK.d_vocab_out
+    code = fresh_directions(init_weights(DEPTH_MODEL, TASK, 0), S + R + O)[:, S + R:]  # [d, O]
+    decoded = code.T @ edit_keys.output_map(mixed, tokens, 0, batch.subject_pos[:16])  # [O, O]
+    assert torch.allclose(decoded, torch.eye(O), atol=1e-3)
