@@ -14,21 +14,29 @@ counter sampler, graphed on CUDA as the trainers run it):
 
 With --small every configuration runs at K <= 2 and B = 64 on `tiny`'s task (a dry run on the CPU).
 
-    .venv/bin/python bench/step_profile.py [--device auto] [--steps 5] [--rows 25] [--small]
+Asked for by name, an L-layer step beside the TransformerLens loop's (bench/train_throughput.py's two
+variants, eager, config A at depth L): its FLOPs counted by torch's FLOP counter (forward and backward),
+its CPU seconds, and the top --rows operators by self CPU time (on a GPU by GPU time):
+
+  ours-l2, tl-l2      our trainer's step, the TransformerLens loop's step, config A at L = 2 (-l4: L = 4)
+
+    .venv/bin/python bench/step_profile.py [--device auto] [--configs NAME,...] [--steps 5] [--rows 25] [--small]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.train_throughput, run as a script
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from bench.step_cost import StepShape, step_flops  # noqa: E402
-from bench.train_throughput import bench_run, make_ours, matmul_flops_per_second, steps_per_second  # noqa: E402
+from bench.train_throughput import bench_run, make_ours, make_tl, matmul_flops_per_second, steps_per_second  # noqa: E402
 from models.bridge import resolve_device  # noqa: E402
 from models.cores import fused_attention  # noqa: E402
 
@@ -37,6 +45,40 @@ CONFIGS = {"config-a": ("config-a", 1, {}, "vocab"),  # name: preset, K, model f
            "tiny-k64": ("tiny", 64, {}, "vocab"),
            "stack-vocab": ("paper-tradeoff", 169, STACK, "vocab"),
            "stack-fused": ("paper-tradeoff", 169, STACK, "fused")}
+DEPTH = {f"{variant}-l{L}": (variant, L) for variant in ("ours", "tl") for L in (2, 4)}  # asked for by name only
+
+
+def profile_depth(name: str, device: torch.device, batch: int, steps: int, rows: int) -> None:
+    """One step at depth L, ours or the TransformerLens loop's (config A, one model, eager): its FLOPs,
+    its CPU seconds a step, and the top operators by self time over `steps` profiled steps."""
+    variant, n_layers = DEPTH[name]
+    step = (make_ours if variant == "ours" else make_tl)("config-a", batch, 1, device, model={"n_layers": n_layers})
+    step()  # warm-up
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    cpu, wall = (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    flops = counter.get_total_flops()
+    by_op = sorted(counter.get_flop_counts().get("Global", {}).items(), key=lambda kv: -kv[1])
+    print(f"== {name}: config-a n_layers={n_layers} B={batch}, {'ours' if variant == 'ours' else 'TransformerLens'}, "
+          f"eager, device {device}")
+    print(f"depth_step {name} {flops / 1e9:.2f} GFLOP (torch's FLOP counter, forward and backward: "
+          + ", ".join(f"{op} {n / 1e9:.2f}" for op, n in by_op) + f"); {cpu:.3f} CPU s, {wall:.3f} s a step "
+          f"({flops / cpu / 1e9:.1f} GFLOP per CPU second)")
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"top {rows} operators by {sort} over {steps} steps (counts: '# of Calls')")
+    print(prof.key_averages().table(sort_by=sort, row_limit=rows))
 
 
 def profile_config(name: str, device: torch.device, batch: int, steps: int, rows: int, small: bool) -> None:
@@ -69,17 +111,21 @@ def profile_config(name: str, device: torch.device, batch: int, steps: int, rows
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"comma separated, of {', '.join(CONFIGS)} (default: these), {', '.join(DEPTH)}")
     parser.add_argument("--steps", type=int, default=5, help="steps profiled per configuration")
     parser.add_argument("--rows", type=int, default=25, help="kernels in each table")
     parser.add_argument("--small", action="store_true", help="tiny sizes (K <= 2, B = 64): a dry run")
     args = parser.parse_args()
     device = resolve_device(args.device)
     names = args.configs.split(",")
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in CONFIGS and n not in DEPTH]
     if unknown:
-        parser.error(f"unknown configuration {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
+        parser.error(f"unknown configuration {unknown[0]!r}; choose from {', '.join([*CONFIGS, *DEPTH])}")
     for name in names:
+        if name in DEPTH:
+            profile_depth(name, device, 64 if args.small else 1024, args.steps, args.rows)
+            continue
         if CONFIGS[name][3] == "fused" and not (device.type == "cuda" and fused_attention.runs_on(device)):
             print(f"== {name}: not profiled on {device} (the fused core compiles only for CUDA, with Triton)")
             continue

@@ -88,6 +88,9 @@ MODULES = {
     "tasks/triton_kernels.py": ["tests/test_triton_kernels.py", "tests/test_counter.py"],
     "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_docs.py::test_shown_output_is_what_the_"
                                  "command_prints", "-k", "not cli_writes and not bad_checkpoint and not trained_model"],
+    # L-layer models
+    "models/cores/deep.py": ["tests/test_depth.py", "tests/test_deep_constructions.py"],
+    "models/recall/deep_constructions.py": ["tests/test_deep_constructions.py"],
     "models/aot/train.py": ["tests/test_aot_models.py", "tests/test_docs.py", "-k",
                             "command_line or task_seed or shown_output_is"],
 }

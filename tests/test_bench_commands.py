@@ -94,7 +94,7 @@ ELSEWHERE = {"kernel_resources.py": "tests/test_kernel_resources.py"}
 RESULT = {"train_throughput.py": "speedup_vs_transformerlens ", "step_cost.py": "  floor ",
           "core_cost.py": r"\s+fused:", "attention_cores.py": r"profile: |\s+fused:",
           "step_kernels.py": "  a whole step",
-          "step_profile.py": "model_flop_utilisation ", "stack_speed.py": "median alone / stack: ",
+          "step_profile.py": "model_flop_utilisation |depth_step ", "stack_speed.py": "median alone / stack: ",
           "locate_facts_speed.py": "locate_facts_seconds ", "sweep_speed.py": "ray_overhead_per_cell_s ",
           "subnormal_seeds.py": "", "induction_sampler.py": "ours_over_loop ",
           "induction_step.py": r"simplified: +[\d.]+ s/step"}  # subnormal_seeds' tables: below

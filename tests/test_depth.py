@@ -9,6 +9,7 @@ import torch
 from analyses import edit_study, hallucination, locate_facts, report, visualize
 from models.bridge import build_bridge, load
 from models.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
+from models.cores.deep import deep_last_position_logits
 from models.cores.forward import last_position_logits
 from models.recall import train as train_cli
 from models.recall.config import ModelConfig, RunConfig, TrainConfig, resolved_record, run_record
@@ -49,6 +50,18 @@ def test_trainer_forward_matches_the_transformer_bridge_at_every_depth(n_layers,
         assert reference.shape == ours[k].shape
         # float32 rounding compounds layer on layer: 1.2e-5 of the largest logit measured at L = 4 (authors)
         assert (reference - ours[k]).abs().max().item() <= 1e-5 * n_layers * max(1.0, reference.abs().max().item())
+
+
+def test_the_deep_forward_with_its_defaults_is_the_transformer_lens_model():
+    """Called with no options, the L-layer forward is TransformerLens's model: softmax attention and
+    W_pos read (a model whose W_pos is not zero)."""
+    model = ModelConfig(d_model=24, n_heads=3, d_head=5, d_mlp=40, n_layers=2)
+    w = perturbed(model, 0, 0.1, positional=True)
+    tokens = TASK.sample(64, torch.Generator().manual_seed(3)).tokens
+    with torch.no_grad():
+        reference = build_bridge(model.checkpoint_section(TASK), w)(tokens)[:, -1]  # [B, O]
+    ours = deep_last_position_logits(stack([w]), tokens[None])[0]
+    assert (reference - ours).abs().max().item() <= 2e-5 * max(1.0, reference.abs().max().item())
 
 
 def _full_sequence_logits(w: dict, tokens: torch.Tensor, attention: str) -> torch.Tensor:
