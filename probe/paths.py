@@ -132,13 +132,15 @@ def silent(writes: PathWrites, tolerance: float = 1e-6) -> set[Store]:
     return {store for store, x in writes.stores.items() if x.abs().max() <= tolerance}
 
 
-def path_measurements(model, task, prompts: FactPrompts) -> tuple[pd.DataFrame, list[Store], PathWrites]:
+def path_measurements(model, task, prompts: FactPrompts,
+                      relation_mean: bool = True) -> tuple[pd.DataFrame, list[Store], PathWrites]:
     """Per fact (indexed by the fact): `margin` (with its interval) and for every store X that writes
     anything (attention0, mlp1, mlp0_via_attention1, ...): `X_margin`, `X_top`, `X_top_z`,
     `X_path_accuracy` (each with its interval where it has one) and per head h of the store's last
     layer `X_head<h>_top`; `attention_margin`, `mlp_margin`: the attention (MLP) stores' parts summed.
-    Measured on every fact's prompts and cut to the facts of `prompts`. Returns the frame, the
-    stores (in order) and every fact's writes."""
+    Measured on every fact's prompts and cut to the facts of `prompts`. `relation_mean=False`: the
+    other stores at their mean over every prompt, the one-layer rule's (probe/ablation.py's mean
+    ablation). Returns the frame, the stores (in order) and every fact's writes."""
     every = prompts.every_fact
     writes = path_logits(model, every.batch)
     stores = sorted(set(writes.stores) - silent(writes))
@@ -166,9 +168,13 @@ def path_measurements(model, task, prompts: FactPrompts) -> tuple[pd.DataFrame, 
         _, z = above_chance(x, task, every.batch, every.per_fact(every_top).mean(1), strict=True)
         cols[columns.top_z(name)] = torch.full((len(prompts.facts),), z)
         others = stored - x  # [N, O]
-        mean = torch.zeros(R, others.shape[1], dtype=others.dtype, device=others.device).index_add_(0, relation, others)
-        mean = mean / torch.bincount(relation, minlength=R).clamp(min=1)[:, None].to(others.dtype)
-        path = writes.logits - others + mean[relation]  # the model's answer with only this store knowing the subject
+        if relation_mean:  # [N, O] the mean over the prompts of each one's relation
+            mean = torch.zeros(R, others.shape[1], dtype=others.dtype, device=others.device).index_add_(0, relation,
+                                                                                                       others)
+            mean = (mean / torch.bincount(relation, minlength=R).clamp(min=1)[:, None].to(others.dtype))[relation]
+        else:
+            mean = others.mean(0)
+        path = writes.logits - others + mean  # the model's answer with only this store knowing the subject
         cols.update(share_with_interval(columns.path_accuracy(name),
                                         prompts.per_fact(correct(path, every.batch.answers)[rows])))
         for h in range(model.cfg.n_heads):

@@ -1,0 +1,146 @@
+"""locate_facts at depth: on every deep construction (models.recall.deep_constructions) each fact's
+label (layer, component, route) is its known store; a fact kept in two stores gets both; the paths
+add up to the logits; the command line writes the depth columns and refuses bad input in one line."""
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from analyses import locate_facts
+from models.bridge import build_bridge
+from models.recall.constructions import CONSTRUCTION_TASK
+from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for, storage_of
+from models.recall.deep_constructions import main as construct
+from probe import columns
+from probe.paths import Store, path_logits
+from probe.prompts import FactPrompts
+from tests.conftest import run_main
+
+TASK = CONSTRUCTION_TASK.build()  # 8 subjects x 4 relations: 32 facts
+
+
+def constructed(plan: list[list[str]], n_layers: int, swap_ov: list[list[str]] | None = None):
+    """The bridge of a deep construction; with `swap_ov`, block 0's OV output rows are those `swap_ov`'s
+    plan would write (its attention facts' answers), the rest as `plan` builds it."""
+    cfg = replace(DEPTH_MODEL, n_layers=n_layers)
+    w = build_depth(TASK, cfg, plan)
+    if swap_ov is not None:
+        w["blocks.0.attn.W_O"] = build_depth(TASK, cfg, swap_ov)["blocks.0.attn.W_O"]
+    return build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
+
+
+@pytest.mark.parametrize("n_layers", [2, 4])
+@pytest.mark.parametrize("kind", ["last-mlp", "enriched", "mixed"])
+def test_every_fact_of_every_deep_construction_is_labelled_with_its_known_store(kind, n_layers):
+    """(a) last MLP, (b) block 0's MLP at the subject moved by block 1's heads, (c) a mix with block 0's
+    OV: every fact's (layer, component, route) is where_stored's, and it is kept in that store alone."""
+    plan = plan_for(kind, TASK)
+    located = locate_facts.locate(constructed(plan, n_layers), TASK, contexts=4, progress=False)
+    facts = located.facts.reset_index()
+    for truth, (_, fact) in zip(storage_of(plan, n_layers), facts.iterrows(), strict=True):
+        assert (fact[columns.SUBJECT], fact[columns.RELATION]) == (truth["s"], truth["r"])
+        assert (fact[columns.LAYER], fact[columns.COMPONENT], fact[columns.ROUTE]) == (
+            truth["layer"], truth["component"], truth["route"])
+        store = Store(truth["layer"], truth["component"], (1,) if truth["route"] != "direct" else ())
+        assert fact[columns.STORE_LIST] == store.name and fact[columns.LABEL] == truth["component"]
+    summary = located.summary
+    assert summary.label_counts["distributed"] == summary.label_counts["not_stored"] == 0
+    kept = {name: store["facts"] for name, store in summary.stores.items() if store["facts"]}
+    last = f"mlp{n_layers - 1}"
+    assert kept == {"last-mlp": {last: 32}, "enriched": {"mlp0_via_attention1": 32},
+                    "mixed": {"attention0": 11, "mlp0_via_attention1": 10, last: 11}}[kind]
+    assert summary.stores.get("mlp0_via_attention1", {"route": "moved by layer 1 heads"})["route"] == \
+        "moved by layer 1 heads"
+
+
+def test_a_fact_kept_in_two_stores_gets_both_in_its_stores_list_and_no_single_layer():
+    """Fact (0, 0), kept in block 0's OV by the mixed plan, also in the last MLP (a unit of its own):
+    `both`, stores attention0;mlp1, no layer, component or route; the other facts keep their one store."""
+    mixed = plan_for("mixed", TASK)
+    assert mixed[0][0] == "attention"
+    in_mlp = [row[:] for row in mixed]
+    in_mlp[0][0] = "mlp"
+    in_attention = [row[:] for row in mixed]
+    in_attention[0][0] = "attention"
+    located = locate_facts.locate(constructed(in_mlp, 2, swap_ov=in_attention), TASK, contexts=4, progress=False)
+    fact = located.facts.loc[(0, 0)].iloc[0]
+    assert (fact[columns.LABEL], fact[columns.STORE_LIST]) == ("both", "attention0;mlp1")
+    assert pd.isna(fact[columns.LAYER]) and pd.isna(fact[columns.COMPONENT]) and pd.isna(fact[columns.ROUTE])
+    others = located.facts.iloc[1:]
+    assert (others[columns.STORE_LIST].str.count(";") == 0).all()
+    assert located.summary.stores["attention0"]["facts"] == 11 and located.summary.stores["mlp1"]["facts"] == 12
+
+
+@pytest.mark.parametrize("n_layers", [2, 3])
+def test_the_paths_add_up_to_the_logits_and_a_later_head_moves_an_earlier_write(n_layers):
+    """Random weights with every bias: direct + every store's write = the model's logits at EOS, and the
+    stores are each layer's attention and MLP with every chain of later movers."""
+    cfg = replace(DEPTH_MODEL, n_layers=n_layers, d_model=16)
+    g = torch.Generator().manual_seed(0)
+    from models.recall.weights import init_weights
+
+    w = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(cfg, TASK, 0).items()}
+    model = build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
+    writes = path_logits(model, FactPrompts.build(model, TASK, 2, 0).batch, chunk=24)
+    total = writes.direct + sum(writes.stores.values())
+    assert (total - writes.logits).abs().max() <= 1e-4 * writes.logits.abs().max()
+    names = sorted(store.name for store in writes.stores)
+    expected = {2: ["attention0", "attention0_via_attention1", "attention1", "mlp0", "mlp0_via_attention1", "mlp1"],
+                3: ["attention0", "attention0_via_attention1", "attention0_via_attention1_via_attention2",
+                    "attention0_via_attention2", "attention1", "attention1_via_attention2", "attention2", "mlp0",
+                    "mlp0_via_attention1", "mlp0_via_attention1_via_attention2", "mlp0_via_attention2", "mlp1",
+                    "mlp1_via_attention2", "mlp2"]}[n_layers]
+    assert names == expected
+    heads = sum(writes.heads[(Store(0, "mlp", (1,)), h)] for h in range(cfg.n_heads))
+    assert torch.allclose(heads, writes.stores[Store(0, "mlp", (1,))], atol=1e-5)
+    assert Store(0, "mlp", (1, 2)).route == "moved by layers 1, 2 heads"
+
+
+def test_the_cli_writes_the_depth_columns_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    ckpt = tmp_path / "mixed"
+    assert run_main(construct, ["--kind", "mixed", "--out", ckpt], capsys)[0] == 0
+    code, out, _ = run_main(locate_facts.main, [ckpt, "--contexts", "2", "--quiet", "--device", "cpu"], capsys)
+    assert code == 0
+    assert "  layer 0 attention    11   34.4%" in out
+    assert "  mlp0_via_attention1             10  moved by layer 1 heads" in out
+    folder = ckpt / "analysis" / "locate_facts" / "contexts-2"
+    facts = pd.read_csv(folder / "facts.csv")
+    assert {columns.LAYER, columns.COMPONENT, columns.ROUTE, columns.STORE_LIST} <= set(facts.columns)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["layer_components"]["layer 1 mlp"]["value"] == 11 / 32
+    assert {(h["layer"], h["head"]) for h in summary["top_heads"]} == {(l, h) for l in range(2) for h in range(4)}
+    code, out, _ = run_main(locate_facts.main, [ckpt, "--facts", "1:2", "--contexts", "2", "--quiet",
+                                                "--device", "cpu"], capsys)
+    assert code == 0 and "fact S1 R2 -> " in out and ": mlp (mlp0_via_attention1); accuracy 1.000" in out
+    for argv, says in ((["--facts", "8:0"], "outside the task"), (["--contexts", "1"], "--contexts must be >= 2")):
+        code, _, err = run_main(locate_facts.main, [ckpt, *argv, "--quiet", "--out", tmp_path / "bad"], capsys)
+        assert code == 2 and err.startswith("error:") and says in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("ratio", [(5.0, 5.0), (5.0, 15.0), (15.0, 5.0)], ids=["1:1", "1:3", "3:1"])
+def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_s_labels(ratio):
+    """The one-layer rule is the paths' rule at L = 1: on tests/test_storage_rule.py's one-layer plan (each
+    fact in attention, the MLP, both or neither), every store's paths judged with the other stores at
+    their mean over every prompt label each fact as locate_facts' one-layer pipeline does, as planned."""
+    from models.cli import override
+    from models.recall.constructions import CONSTRUCTION_MODEL, build_storage
+    from probe.accuracy import per_fact_accuracy
+    from probe.paths import path_measurements
+    from probe.storage import StorageRule, stores_of
+    from tests.test_storage_rule import EXPECTED
+
+    task = override(CONSTRUCTION_TASK, {"facts": "structured"}).build()
+    pattern = ["attention", "mlp", "both", "mlp", "both", "attention", "none", "both"]
+    plan = [[pattern[(s * 4 + r) % 8] for r in range(4)] for s in range(8)]
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(task), build_storage(task, CONSTRUCTION_MODEL, plan,
+                                                                                    *ratio))
+    one_layer = locate_facts.locate(model, task, contexts=4, patch_contexts=1, progress=False).facts
+    prompts = FactPrompts.build(model, task, 4, 0)
+    paths, stores, _ = path_measurements(model, task, prompts, relation_mean=False)
+    facts = pd.concat([per_fact_accuracy(model, task, prompts=prompts), paths], axis=1)
+    labels = stores_of(StorageRule(), facts, stores)[columns.LABEL]
+    assert list(labels) == list(one_layer[columns.LABEL]) == [EXPECTED[x] for row in plan for x in row]
+    assert [s.name for s in stores] == ["attention0", "mlp0"]
