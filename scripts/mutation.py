@@ -31,6 +31,7 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 # module -> the tests that cover it (pytest arguments)
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
+    "probe/paths.py": ["tests/test_locate_depth.py", "-k", "not cli"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
     "probe/edit_keys.py": ["tests/test_editing.py"],
