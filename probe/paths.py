@@ -127,9 +127,11 @@ def path_logits(model, batch, chunk: int = PROMPTS_PER_RUN) -> PathWrites:
                       torch.cat([p["direct"] for p in parts]), masses[0], masses[1])
 
 
-def silent(writes: PathWrites, tolerance: float = 1e-6) -> set[Store]:
-    """The stores that write nothing on any prompt (a construction's empty blocks): not candidates."""
-    return {store for store, x in writes.stores.items() if x.abs().max() <= tolerance}
+def silent(writes: PathWrites, tolerance: float = 1e-5) -> set[Store]:
+    """The stores that write nothing on any prompt (a construction's empty blocks: float noise, at most
+    `tolerance` of the largest logit): not candidates."""
+    floor = tolerance * float(writes.logits.abs().max())
+    return {store for store, x in writes.stores.items() if float(x.abs().max()) <= floor}
 
 
 def path_measurements(model, task, prompts: FactPrompts,

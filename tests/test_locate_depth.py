@@ -49,6 +49,9 @@ def test_every_fact_of_every_deep_construction_is_labelled_with_its_known_store(
     assert summary.label_counts["distributed"] == summary.label_counts["not_stored"] == 0
     kept = {name: store["facts"] for name, store in summary.stores.items() if store["facts"]}
     last = f"mlp{n_layers - 1}"
+    # the candidates: every store that writes more than float noise (block 0's heads write the relations' blocks)
+    assert list(summary.stores) == {"last-mlp": ["attention0", last], "enriched": ["attention0", "mlp0_via_attention1"],
+                                    "mixed": ["attention0", "mlp0_via_attention1", last]}[kind]
     assert kept == {"last-mlp": {last: 32}, "enriched": {"mlp0_via_attention1": 32},
                     "mixed": {"attention0": 11, "mlp0_via_attention1": 10, last: 11}}[kind]
     assert summary.stores.get("mlp0_via_attention1", {"route": "moved by layer 1 heads"})["route"] == \
@@ -144,3 +147,28 @@ def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_
     labels = stores_of(StorageRule(), facts, stores)[columns.LABEL]
     assert list(labels) == list(one_layer[columns.LABEL]) == [EXPECTED[x] for row in plan for x in row]
     assert [s.name for s in stores] == ["attention0", "mlp0"]
+
+
+def test_chosen_facts_get_their_rows_of_the_run_over_every_fact_and_each_layer_s_heads_their_attention():
+    """--facts at depth: the chosen facts' path columns are their rows of the run over every fact. The
+    mixed construction's heads: block 0's subject heads see their group's share of the subjects, its
+    relation head every relation, block 1's heads every subject (denoising score 1)."""
+    from probe.paths import head_table, path_measurements
+
+    model = constructed(plan_for("mixed", TASK), 2)
+    every, _, writes = path_measurements(model, TASK, FactPrompts.build(model, TASK, 4, 0))
+    chosen, _, _ = path_measurements(model, TASK, FactPrompts.build(model, TASK, 4, 0, facts=[(3, 1), (0, 2)]))
+    pd.testing.assert_frame_equal(chosen, every.loc[chosen.index])
+    assert list(chosen.index.droplevel(columns.ANSWER)) == [(3, 1), (0, 2)]
+    T = TASK.seq_len
+    heads = head_table(writes, 2, T).set_index(["layer", "head"])
+    # a subject head of block 0 holds a share g of the subjects (head_groups): on the other prompts it
+    # attends uniformly, 1/T on each position
+    expected = {(0, h): (g + (1 - g) / T, (1 - g) / T) for h, g in enumerate((3 / 8, 3 / 8, 2 / 8))}
+    expected.update({(0, 3): (0, 1), **{(1, h): (1, 0) for h in range(4)}})
+    for (layer, h), (subject, relation) in expected.items():
+        row = heads.loc[(layer, h)]
+        assert abs(row.subject_mass - subject) < 1e-6 and abs(row.relation_mass - relation) < 1e-6
+        scores = [(subject - 1 / T) / (1 - 1 / T), (relation - 1 / T) / (1 - 1 / T)]
+        assert abs(row.subject_score - scores[0]) < 1e-6 and abs(row.relation_score - scores[1]) < 1e-6
+        assert abs(row.denoising_score - max(scores)) < 1e-6
