@@ -101,7 +101,7 @@ def test_the_paths_add_up_to_the_logits_and_a_later_head_moves_an_earlier_write(
     assert Store(0, "mlp", (1, 2)).route == "moved by layers 1, 2 heads"
 
 
-def test_the_cli_writes_the_depth_columns_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+def test_the_command_line_writes_the_depth_columns_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     ckpt = tmp_path / "mixed"
     assert run_main(construct, ["--kind", "mixed", "--out", ckpt], capsys)[0] == 0
     code, out, _ = run_main(locate_facts.main, [ckpt, "--contexts", "2", "--quiet", "--device", "cpu"], capsys)
