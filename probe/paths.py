@@ -139,7 +139,8 @@ def path_measurements(model, task, prompts: FactPrompts,
     """Per fact (indexed by the fact): `margin` (with its interval) and for every store X that writes
     anything (attention0, mlp1, mlp0_via_attention1, ...): `X_margin`, `X_top`, `X_top_z`,
     `X_path_accuracy` (each with its interval where it has one) and per head h of the store's last
-    layer `X_head<h>_top`; `attention_margin`, `mlp_margin`: the attention (MLP) stores' parts summed.
+    layer `X_head<h>_top`; `attention_margin`, `mlp_margin`: the attention (MLP) stores' parts summed,
+    `direct_margin` the rest's (the three add up to `margin`).
     Measured on every fact's prompts and cut to the facts of `prompts`. `relation_mean=False`: the
     other stores at their mean over every prompt, the one-layer rule's (probe/ablation.py's mean
     ablation). Returns the frame, the stores (in order) and every fact's writes."""
@@ -185,6 +186,7 @@ def path_measurements(model, task, prompts: FactPrompts,
                 cols[columns.top(f"{name}_{columns.head(h)}")] = prompts.per_fact(top).mean(1)
     for component, x in by_component.items():
         cols.update(with_interval(columns.margin(component), margin(x), seed))
+    cols.update(with_interval(columns.margin("direct"), margin(writes.direct[rows]), seed))
     return prompts.frame(cols), stores, writes
 
 

@@ -101,6 +101,36 @@ def test_the_paths_add_up_to_the_logits_and_a_later_head_moves_an_earlier_write(
     assert Store(0, "mlp", (1, 2)).route == "moved by layers 1, 2 heads"
 
 
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_the_margins_are_direct_logit_attribution_s_and_the_stores_parts_add_up_to_them(n_layers):
+    """On a random model: `margin` and its interval are direct_logit_attribution's (a* over the model's
+    rival, the prompts' bootstrap), and at one layer the MLP's part too; every store's part adds up to
+    attention_margin + mlp_margin, and with direct_margin to the margin."""
+    from models.recall.weights import init_weights
+    from probe.attribution import direct_logit_attribution
+    from probe.paths import path_measurements
+
+    cfg = replace(DEPTH_MODEL, n_layers=n_layers, d_model=16)
+    g = torch.Generator().manual_seed(1)
+    w = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(cfg, TASK, 0).items()}
+    model = build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
+    prompts = FactPrompts.build(model, TASK, 4, 3)
+    facts, stores, _ = path_measurements(model, TASK, prompts)
+    reference = direct_logit_attribution(model, TASK, prompts=prompts)
+    same = [*columns.interval(columns.MARGIN)]  # the bootstrap draws from the seed and the column's name
+    same += [*columns.interval(columns.margin("mlp")), columns.margin("mlp0")] if n_layers == 1 else []
+    for name in same:
+        reference_name = name.replace("mlp0", "mlp")
+        assert torch.allclose(torch.tensor(facts[name].to_numpy()), torch.tensor(reference[reference_name].to_numpy()),
+                              atol=1e-4), name
+    assert facts[columns.MARGIN].std() > 0.1 and (facts["margin_high"] - facts["margin_low"]).min() > 0
+    parts = {c: facts[columns.margin(c)] for c in ("attention", "mlp", "direct")}
+    for component in ("attention", "mlp"):
+        mine = sum(facts[columns.margin(s.name)] for s in stores if s.component == component)
+        assert (mine - parts[component]).abs().max() < 1e-4 and parts[component].abs().max() > 0.01
+    assert (sum(parts.values()) - facts[columns.MARGIN]).abs().max() < 1e-4
+
+
 def test_the_command_line_writes_the_depth_columns_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     ckpt = tmp_path / "mixed"
     assert run_main(construct, ["--kind", "mixed", "--out", ckpt], capsys)[0] == 0
