@@ -16,6 +16,10 @@ folder inside another checkpoint.
 With --facts 3:1,7:0 it measures those facts only, each on the very prompts and against
 the same model-wide references (ablation means, chance levels) as in a run over every
 fact, so their rows are the same (to float rounding), and prints where each lives, its margin and its heads.
+
+On a model of L = 2 to 4 layers it splits the logits at the last position into paths, each a layer's
+attention OV circuit or MLP and the later layers' heads that moved its write there (probe/paths.py),
+asks the rule's two conditions of each, and writes per fact its layer, component, route and stores.
 """
 from __future__ import annotations
 
