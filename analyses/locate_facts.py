@@ -219,7 +219,7 @@ def deep_report(located: Located, ckpt: str, out: Path) -> str:
         lines.append(f"  {place:<16}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
                      f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
     lines.append("by store and route:")
-    width = max(28, *(len(name) + 2 for name in s.stores))
+    width = max([28, *(len(name) + 2 for name in s.stores)])
     for name, store in s.stores.items():
         if store["facts"]:
             lines.append(f"  {name:<{width}}{store['facts']:>6}  {store['route']}")
