@@ -45,6 +45,14 @@ def test_every_fact_of_every_deep_construction_is_labelled_with_its_known_store(
             truth["layer"], truth["component"], truth["route"])
         store = Store(truth["layer"], truth["component"], (1,) if truth["route"] != "direct" else ())
         assert fact[columns.STORE_LIST] == store.name and fact[columns.LABEL] == truth["component"]
+    # per head of the store's last layer: block 0's head holding the subject (head_groups), block 1's holding a*
+    dh = DEPTH_MODEL.d_head
+    for truth, (_, fact) in zip(storage_of(plan, n_layers), facts.iterrows()):
+        if truth["store"] in ("attention", "enriched"):
+            name, mine = ("attention0", truth["s"] % 3) if truth["store"] == "attention" else \
+                ("mlp0_via_attention1", fact[columns.ANSWER] // dh)
+            assert [fact[columns.top(f"{name}_{columns.head(h)}")] for h in range(4)] == [
+                float(h == mine) for h in range(4)]
     summary = located.summary
     assert summary.label_counts["distributed"] == summary.label_counts["not_stored"] == 0
     kept = {name: store["facts"] for name, store in summary.stores.items() if store["facts"]}
@@ -104,8 +112,9 @@ def test_the_paths_add_up_to_the_logits_and_a_later_head_moves_an_earlier_write(
 @pytest.mark.parametrize("n_layers", [1, 2])
 def test_the_margins_are_direct_logit_attribution_s_and_the_stores_parts_add_up_to_them(n_layers):
     """On a random model: `margin` and its interval are direct_logit_attribution's (a* over the model's
-    rival, the prompts' bootstrap), and at one layer the MLP's part too; every store's part adds up to
-    attention_margin + mlp_margin, and with direct_margin to the margin."""
+    rival, the prompts' bootstrap), and at one layer (b_V = 0, which paths count as direct and the heads'
+    results as attention) each component's part too; every store's part adds up to attention_margin +
+    mlp_margin, and with direct_margin to the margin."""
     from models.recall.weights import init_weights
     from probe.attribution import direct_logit_attribution
     from probe.paths import path_measurements
@@ -113,14 +122,18 @@ def test_the_margins_are_direct_logit_attribution_s_and_the_stores_parts_add_up_
     cfg = replace(DEPTH_MODEL, n_layers=n_layers, d_model=16)
     g = torch.Generator().manual_seed(1)
     w = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(cfg, TASK, 0).items()}
+    if n_layers == 1:
+        w["blocks.0.attn.b_V"].zero_()
     model = build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
     prompts = FactPrompts.build(model, TASK, 4, 3)
     facts, stores, _ = path_measurements(model, TASK, prompts)
     reference = direct_logit_attribution(model, TASK, prompts=prompts)
     same = [*columns.interval(columns.MARGIN)]  # the bootstrap draws from the seed and the column's name
-    same += [*columns.interval(columns.margin("mlp")), columns.margin("mlp0")] if n_layers == 1 else []
+    if n_layers == 1:
+        same += [columns.margin("mlp0"), columns.margin("attention0")]
+        same += [c for part in ("attention", "mlp", "direct") for c in columns.interval(columns.margin(part))]
     for name in same:
-        reference_name = name.replace("mlp0", "mlp")
+        reference_name = name.replace("mlp0", "mlp").replace("attention0", "attention")
         assert torch.allclose(torch.tensor(facts[name].to_numpy()), torch.tensor(reference[reference_name].to_numpy()),
                               atol=1e-4), name
     assert facts[columns.MARGIN].std() > 0.1 and (facts["margin_high"] - facts["margin_low"]).min() > 0
@@ -177,6 +190,9 @@ def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_
     labels = stores_of(StorageRule(), facts, stores)[columns.LABEL]
     assert list(labels) == list(one_layer[columns.LABEL]) == [EXPECTED[x] for row in plan for x in row]
     assert [s.name for s in stores] == ["attention0", "mlp0"]
+    for component in columns.STORES:  # the one-layer path runs (probe/ablation.py), read off the paths
+        assert (paths[columns.path_accuracy(f"{component}0")] == one_layer[columns.path_accuracy(component)]).all()
+    assert 0 < one_layer[columns.path_accuracy("attention")].mean() < 1
 
 
 def test_chosen_facts_get_their_rows_of_the_run_over_every_fact_and_each_layer_s_heads_their_attention():
