@@ -166,11 +166,14 @@ def test_the_command_line_writes_the_depth_columns_and_refuses_bad_input_in_one_
         assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("ratio", [(5.0, 5.0), (5.0, 15.0), (15.0, 5.0)], ids=["1:1", "1:3", "3:1"])
-def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_s_labels(ratio):
+@pytest.mark.parametrize("ratio, facts", [((5.0, 5.0), "structured"), ((5.0, 15.0), "structured"),
+                                          ((15.0, 5.0), "structured"), ((5.0, 5.0), "random")],
+                         ids=["1:1", "1:3", "3:1", "1:1-random-answers"])
+def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_s_labels(ratio, facts):
     """The one-layer rule is the paths' rule at L = 1: on tests/test_storage_rule.py's one-layer plan (each
     fact in attention, the MLP, both or neither), every store's paths judged with the other stores at
-    their mean over every prompt label each fact as locate_facts' one-layer pipeline does, as planned."""
+    their mean over every prompt label each fact as locate_facts' one-layer pipeline does, as planned, and
+    give its path accuracies (balanced answers, and random ones, whose mean write favours common answers)."""
     from models.cli import override
     from models.recall.constructions import CONSTRUCTION_MODEL, build_storage
     from probe.accuracy import per_fact_accuracy
@@ -178,7 +181,7 @@ def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_
     from probe.storage import StorageRule, stores_of
     from tests.test_storage_rule import EXPECTED
 
-    task = override(CONSTRUCTION_TASK, {"facts": "structured"}).build()
+    task = override(CONSTRUCTION_TASK, {"facts": facts}).build()
     pattern = ["attention", "mlp", "both", "mlp", "both", "attention", "none", "both"]
     plan = [[pattern[(s * 4 + r) % 8] for r in range(4)] for s in range(8)]
     model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(task), build_storage(task, CONSTRUCTION_MODEL, plan,
@@ -186,9 +189,10 @@ def test_at_one_layer_the_paths_with_the_one_layer_mean_give_the_one_layer_rule_
     one_layer = locate_facts.locate(model, task, contexts=4, patch_contexts=1, progress=False).facts
     prompts = FactPrompts.build(model, task, 4, 0)
     paths, stores, _ = path_measurements(model, task, prompts, relation_mean=False)
-    facts = pd.concat([per_fact_accuracy(model, task, prompts=prompts), paths], axis=1)
-    labels = stores_of(StorageRule(), facts, stores)[columns.LABEL]
-    assert list(labels) == list(one_layer[columns.LABEL]) == [EXPECTED[x] for row in plan for x in row]
+    measured = pd.concat([per_fact_accuracy(model, task, prompts=prompts), paths], axis=1)
+    labels = stores_of(StorageRule(), measured, stores)[columns.LABEL]
+    assert list(labels) == list(one_layer[columns.LABEL])
+    assert list(labels) == [EXPECTED[x] for row in plan for x in row]
     assert [s.name for s in stores] == ["attention0", "mlp0"]
     for component in columns.STORES:  # the one-layer path runs (probe/ablation.py), read off the paths
         assert (paths[columns.path_accuracy(f"{component}0")] == one_layer[columns.path_accuracy(component)]).all()
