@@ -16,6 +16,10 @@ folder inside another checkpoint.
 With --facts 3:1,7:0 it measures those facts only, each on the very prompts and against
 the same model-wide references (ablation means, chance levels) as in a run over every
 fact, so their rows are the same (to float rounding), and prints where each lives, its margin and its heads.
+
+On a model of L = 2 to 4 layers it splits the logits at the last position into paths, each a layer's
+attention OV circuit or MLP and the later layers' heads that moved its write there (probe/paths.py),
+asks the rule's two conditions of each, and writes per fact its layer, component, route and stores.
 """
 from __future__ import annotations
 
@@ -33,7 +37,6 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import write_csv, write_summary
 from analyses.visualize import parse_facts
 from models import load
-from models.section import one_layer
 from models.text import count, number
 from models.training.progress import progress_bar
 from probe import columns
@@ -44,8 +47,9 @@ from probe.denoising import denoising_scores, head_token_table, specialisation
 from probe.hooks import model_device
 from probe.memory import recall_probes
 from probe.patching import activation_patching
+from probe.paths import head_table, path_measurements
 from probe.prompts import FactPrompts, checked_facts
-from probe.storage import LABELS, StorageRule
+from probe.storage import LABELS, StorageRule, stores_of
 from tasks.factual_recall import FactualRecallTask
 
 
@@ -65,7 +69,7 @@ class LocateSettings:
 class Located:
     facts: pd.DataFrame  # one row per fact, indexed by (subject, relation, answer): measurements, label
     heads: pd.DataFrame  # one row per head: denoising scores, specialisation, per-head effects
-    head_tokens: pd.DataFrame  # [head x token] attention mass on each subject / relation
+    head_tokens: pd.DataFrame | None  # [head x token] attention mass on each subject / relation (None at depth)
     summary: LocateSummary
 
 
@@ -83,6 +87,8 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     prompts = FactPrompts.build(model, task, contexts, seed, chosen)
     patch_prompts = (prompts if patch_contexts == contexts else
                      FactPrompts.build(model, task, patch_contexts, seed, chosen, references=False))
+    if model.cfg.n_layers > 1:
+        return _locate_deep(model, task, prompts, settings, rule, chosen, start)
     bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
@@ -111,6 +117,21 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     return Located(facts, heads, head_tokens, summary)
 
 
+def _locate_deep(model, task: FactualRecallTask, prompts: FactPrompts, settings: LocateSettings,
+                 rule: StorageRule, chosen, start: float) -> Located:
+    """locate at depth: the accuracy, and every store's paths to the logits (probe.paths) judged by
+    the rule's two conditions, store by store; per (layer, head) the EOS query's attention."""
+    paths, stores, writes = path_measurements(model, task, prompts)
+    facts = pd.concat([per_fact_accuracy(model, task, prompts=prompts), paths], axis=1)
+    facts = pd.concat([facts, stores_of(rule, facts, stores)], axis=1)
+    answers = facts.index.get_level_values(columns.ANSWER)
+    facts.insert(0, columns.ANSWER_NAME, [task.answer_label(int(a)) for a in answers])
+    heads = head_table(writes, model.cfg.n_layers, task.seq_len)
+    measured = {**measured_settings(settings, rule, chosen), "device": str(model_device(model))}
+    summary = LocateSummary.of(facts, heads, task, measured, round(time.perf_counter() - start, 2), stores)
+    return Located(facts, heads, None, summary)
+
+
 def measured_settings(settings: LocateSettings, rule: StorageRule = StorageRule(),
                       facts: Sequence[tuple[int, int]] | None = None) -> dict:
     """The settings summary.json records (but the device): the prompts', the rule's, and the
@@ -136,6 +157,8 @@ def _per_head_effects(facts: pd.DataFrame, n_heads: int) -> pd.DataFrame:
 def report(located: Located, ckpt: str, out: Path) -> str:
     """The short human summary printed by the CLI (`fact_report` when some facts were chosen)."""
     s = located.summary
+    if s.stores is not None:
+        return deep_report(located, ckpt, out)
     if "facts" in s.settings:
         return fact_report(located, ckpt, out)
     acc = s.accuracy_interval
@@ -180,6 +203,35 @@ def fact_report(located: Located, ckpt: str, out: Path) -> str:
     return "\n".join(lines)
 
 
+def deep_report(located: Located, ckpt: str, out: Path) -> str:
+    """At depth: the accuracy, the labels, the share of facts per (layer, component) and per store
+    (with its route), and the chosen facts' stores when some were chosen."""
+    s = located.summary
+    acc = s.accuracy_interval
+    lines = [f"{ckpt}: {s.n_facts} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
+             "where the facts live:"]
+    for label in LABELS:
+        ci = s.label_share_intervals[label]
+        lines.append(f"  {label:<12}{s.label_counts[label]:>6}  {100 * s.label_shares[label]:5.1f}%"
+                     f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
+    lines.append("by layer and component (layers from 0; a fact kept in several stores counts in each):")
+    for place, ci in s.layer_components.items():
+        lines.append(f"  {place:<16}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
+                     f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
+    lines.append("by store and route:")
+    width = max([28, *(len(name) + 2 for name in s.stores)])
+    for name, store in s.stores.items():
+        if store["facts"]:
+            lines.append(f"  {name:<{width}}{store['facts']:>6}  {store['route']}")
+    if "facts" in s.settings:
+        for (subject, relation, _), fact in located.facts.iterrows():
+            kept = fact[columns.STORE_LIST] or "no store"
+            lines.append(f"fact S{subject} R{relation} -> {fact[columns.ANSWER_NAME]}: {fact[columns.LABEL]} "
+                         f"({kept}); accuracy {fact[columns.ACCURACY]:.3f}")
+    lines.append(f"wrote {out}/ (facts.csv, heads.csv, summary.json, figures) in {s.seconds:.1f} s")
+    return "\n".join(lines)
+
+
 def _abbreviate(tokens: list[str], keep: int = 6) -> str:
     if not tokens:
         return "no single token (>= 0.5 of its attention)"
@@ -192,10 +244,12 @@ def write(located: Located, out: Path) -> None:
     facts = located.facts.reset_index()
     write_csv(out / "facts.csv", facts)
     write_csv(out / "heads.csv", located.heads)
-    write_csv(out / "head_tokens.csv", located.head_tokens.reset_index())
+    if located.head_tokens is not None:
+        write_csv(out / "head_tokens.csv", located.head_tokens.reset_index())
     write_summary(out / "summary.json", located.summary.to_json())
     plots.labels_per_relation(facts, out / "labels_per_relation.png")
-    plots.head_token_heatmap(located.head_tokens, out / "head_tokens.png")
+    if located.head_tokens is not None:
+        plots.head_token_heatmap(located.head_tokens, out / "head_tokens.png")
     plots.margin_scatter(facts, out / "margins.png")
 
 
@@ -220,7 +274,6 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, LocateSettings)
     model, task = load(args.ckpt, args.device, args.step, kind="factual_recall")
-    one_layer(model.cfg.n_layers, args.ckpt, "locate_facts")
     facts = None if args.facts is None else parse_facts(args.facts, task)
     out = cli.out_dir(args, "CKPT/analysis/locate_facts")
     if args.out is None:  # beside the default settings' run over every fact, never over it

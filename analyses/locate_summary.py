@@ -33,6 +33,7 @@ class TopHead:
     denoising_score: float
     subject_score: float
     relation_score: float
+    layer: int | None = None  # at depth, the head's layer (not written at one layer)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,16 @@ class LocateSummary:
     seconds: float
     source: Source | None = None  # written as `checkpoint`, `step`, `weights_sha256` when known
     intervals: str = "wilson"  # how the intervals were computed (summaries without it: "bootstrap")
+    stores: dict | None = None  # at depth, per store (probe.paths): layer, component, route, facts kept, share
+    layer_components: dict[str, Interval] | None = None  # at depth, "layer 0 mlp": share of facts kept there
 
     @classmethod
-    def of(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float) -> LocateSummary:
-        """The summary of the per-fact (`facts`, labelled) and per-head measurements."""
+    def of(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float,
+           stores: list | None = None) -> LocateSummary:
+        """The summary of the per-fact (`facts`, labelled) and per-head measurements; at depth,
+        of the `stores` (probe.paths.Store) measured, the facts' `stores` column naming theirs."""
+        if stores is not None:
+            return _deep(cls, facts, heads, task, settings, seconds, stores)
         labels = facts[columns.LABEL]
         counts = {label: int((labels == label).sum()) for label in LABELS}
         n = len(facts)
@@ -91,4 +98,40 @@ class LocateSummary:
         """summary.json's content: every field, `source` as `checkpoint`, `step` and `weights_sha256`."""
         fields = asdict(self)
         source = fields.pop("source")
+        if self.stores is None:  # one layer: the fields as before depth was measured
+            del fields["stores"], fields["layer_components"]
+            for head in fields["top_heads"]:
+                del head["layer"]
         return {**fields, **(source or {})}
+
+
+def _deep(cls, facts: pd.DataFrame, heads: pd.DataFrame, task, settings: dict, seconds: float,
+          stores: list) -> LocateSummary:
+    """LocateSummary.of at depth: shares of facts per store and per (layer, component), each with
+    its Wilson interval; a fact kept in several stores counts in each."""
+    labels, n = facts[columns.LABEL], len(facts)
+    counts = {label: int((labels == label).sum()) for label in LABELS}
+    kept = facts[columns.STORE_LIST].fillna("").str.split(";")
+    per_store = {}
+    for store in stores:
+        mine = kept.map(lambda names, name=store.name: name in names).astype(float)
+        share = Interval.over_facts(store.name, mine)
+        per_store[store.name] = {"layer": store.layer, "component": store.component, "route": store.route,
+                                 "facts": int(mine.sum()), "share": share.value, "low": share.low, "high": share.high}
+    places = sorted({(store.layer, store.component) for store in stores})
+    layer_components = {}
+    for layer, component in places:
+        names = {store.name for store in stores if (store.layer, store.component) == (layer, component)}
+        mine = kept.map(lambda keep, names=names: bool(names.intersection(keep))).astype(float)
+        layer_components[f"layer {layer} {component}"] = Interval.over_facts(component, mine)
+    top = heads.sort_values("denoising_score", ascending=False)
+    return cls(
+        accuracy=float(facts[columns.ACCURACY].mean()),
+        accuracy_interval=Interval.over_facts(columns.ACCURACY, facts[columns.ACCURACY]),
+        n_facts=n, label_counts=counts, label_shares={label: counts[label] / n for label in LABELS},
+        label_share_intervals={label: Interval.over_facts(label, (labels == label).astype(float)) for label in LABELS},
+        recall={}, path_accuracy={s.name: Interval.over_facts(s.name, facts[columns.path_accuracy(s.name)])
+                                  for s in stores},
+        top_heads=tuple(TopHead(int(r.head), float(r.denoising_score), float(r.subject_score), float(r.relation_score),
+                                int(r.layer)) for r in top.itertuples()),
+        task=repr(task), settings=settings, seconds=seconds, stores=per_store, layer_components=layer_components)

@@ -6,7 +6,7 @@ import pandas as pd
 import torch
 
 from probe import columns
-from probe.contexts import answer_block, ranks_first_in_block
+from probe.contexts import TIE, answer_block, ranks_first_in_block
 from probe.prompts import FactPrompts, given_or_built
 from probe.stats import ratio_with_interval, share_with_interval, with_interval
 from tasks.factual_recall import Batch, FactualRecallTask
@@ -82,7 +82,8 @@ def component_logits(model, run) -> dict[str, torch.Tensor]:
     return components
 
 
-def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, top: torch.Tensor) -> tuple[float, float]:
+def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, top: torch.Tensor,
+                 strict: bool = False) -> tuple[float, float]:
     """Does a component rank the facts' answers first more often than chance?
 
     Chance: the share of prompts whose a* it would rank first if its pick within A_r were
@@ -91,15 +92,21 @@ def above_chance(logits: torch.Tensor, task: FactualRecallTask, batch: Batch, to
     (1/D for a uniform pick; more for a component that always names a common answer);
     logits [n, R*D] on those prompts. Returns (chance, z): z = (mean of `top` [F], each
     fact's share of contexts ranked first, minus chance) in standard errors
-    sqrt(chance (1 - chance) / F)."""
+    sqrt(chance (1 - chance) / F). `strict`: a prompt on which the component's top logits in A_r
+    tie (within TIE) is no pick (it ranks no answer first); else argmax's first (the one-layer rule's)."""
     R, D = task.n_relations, task.answers_per_relation
     relations = batch.relations
-    picks = answer_block(logits, relations, D).argmax(-1)  # [n] index within A_r
+    block = answer_block(logits, relations, D)  # [n, D]
+    picks = block.argmax(-1)  # [n] index within A_r
     target = batch.answers - relations * D  # [n]
-    joint_pick = torch.zeros(R, D).index_put_((relations.cpu(), picks.cpu()), torch.ones(len(picks)), accumulate=True)
+    counted = torch.ones(len(picks))
+    if strict:  # [n] 1 where the top logit beats the runner-up by more than a rounding tie
+        best = block.topk(2, -1).values
+        counted = (best[:, 0] - best[:, 1] > TIE).float().cpu()
+    joint_pick = torch.zeros(R, D).index_put_((relations.cpu(), picks.cpu()), counted, accumulate=True)
     joint_answer = torch.zeros(R, D).index_put_((relations.cpu(), target.cpu()), torch.ones(len(target)),
                                                 accumulate=True)
-    per_relation = joint_pick.sum(1).clamp(min=1)  # [R] prompts of each relation
+    per_relation = torch.bincount(relations.cpu(), minlength=R).float().clamp(min=1)  # [R] prompts of each relation
     chance = float(((joint_pick / per_relation[:, None]) * joint_answer).sum() / len(picks))
     spread = max(chance * (1 - chance), 1e-12) ** 0.5 / len(top) ** 0.5
     return chance, float((top.float().mean() - chance) / spread)

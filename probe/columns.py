@@ -15,6 +15,8 @@ MARGIN = "margin"  # logits: a* over the model's strongest rival in A_r
 LABEL = "label"  # the storage rule's verdict
 STORES = ("attention", "mlp")
 MLP_PROBE = "mlp_probe"
+# at depth (probe/paths.py): where a fact kept in one store lives, and the stores keeping it
+LAYER, COMPONENT, ROUTE, STORE_LIST = "layer", "component", "route", "stores"
 
 
 def interval(name: str) -> tuple[str, str, str]:

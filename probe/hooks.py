@@ -72,7 +72,9 @@ class CleanRun:
 
 def clean_run(model, tokens: torch.Tensor, chunk: int = PROMPTS_PER_RUN) -> CleanRun:
     """The CleanRun of `model` on `tokens` [n, T], computed in chunks of `chunk` prompts."""
-    names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_PRE}
+    # every block's z: stack_head_results reads them all (at depth: [n, L * head, d], block 0's first)
+    names = {HOOK_Z, HOOK_PATTERN, HOOK_ATTN_OUT, HOOK_MLP_OUT, HOOK_RESID_PRE,
+             *(f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers))}
     parts: dict[str, list] = {k: [] for k in ("logits", "head_results", "mlp_out", "attn_out", "z", "pattern",
                                               "resid_pre")}
     with torch.inference_mode():

@@ -45,3 +45,24 @@ class StorageRule:
         labels = np.select([~known, attention & mlp, attention, mlp], ["not_stored", "both", "attention", "mlp"],
                            default="distributed")
         return pd.Series(labels, index=facts.index, name=columns.LABEL)
+
+
+def stores_of(rule: StorageRule, facts: pd.DataFrame, stores) -> pd.DataFrame:
+    """Per fact, the stores (probe.paths.Store, any depth) that keep it by `rule`'s two conditions,
+    each judged on its own: `label` (attention, mlp, both when stores of both components keep it,
+    distributed, not_stored), `stores` (their names, ';'-separated, empty for none), and for a
+    fact kept in one store its `layer`, `component` and `route` (`component` none when not_stored)."""
+    keeps = pd.DataFrame({store.name: rule.stores(facts, store.name) for store in stores}, index=facts.index)
+    known = facts[columns.ACCURACY] >= rule.known
+    rows = []
+    for (_, kept), is_known in zip(keeps.iterrows(), known):
+        mine = [store for store in stores if kept[store.name]] if is_known else []
+        kinds = {store.component for store in mine}
+        label = ("not_stored" if not is_known else "distributed" if not kinds else "both" if len(kinds) > 1
+                 else kinds.pop())
+        one = mine[0] if len(mine) == 1 else None
+        rows.append({columns.LABEL: label, columns.LAYER: one.layer if one else None,
+                     columns.COMPONENT: one.component if one else "none" if label == "not_stored" else None,
+                     columns.ROUTE: one.route if one else None,
+                     columns.STORE_LIST: ";".join(store.name for store in mine)})
+    return pd.DataFrame(rows, index=facts.index)

@@ -31,6 +31,7 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 # module -> the tests that cover it (pytest arguments)
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
+    "probe/paths.py": ["tests/test_locate_depth.py", "-k", "not command_line"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py"],
@@ -86,8 +87,9 @@ MODULES = {
     "analyses/induction/report.py": ["tests/test_induction_analyses.py", "-k", "circuit or own_results"],
     "analyses/capacity/plan.py": ["tests/test_capacity_plan.py"],
     "tasks/triton_kernels.py": ["tests/test_triton_kernels.py", "tests/test_counter.py"],
-    "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_docs.py::test_shown_output_is_what_the_"
-                                 "command_prints", "-k", "not cli_writes and not bad_checkpoint and not trained_model"],
+    "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_locate_depth.py",
+                                 "tests/test_docs.py::test_shown_output_is_what_the_command_prints", "-k",
+                                 "not cli_writes and not bad_checkpoint and not trained_model"],
     # L-layer models
     "models/cores/deep.py": ["tests/test_depth.py", "tests/test_deep_constructions.py"],
     "models/recall/deep_constructions.py": ["tests/test_deep_constructions.py"],
