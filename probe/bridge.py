@@ -1,0 +1,113 @@
+"""Where a two-hop prompt's bridge entity r1(s) is readable (Biran et al. 2024, "Hopping too late").
+
+At the last position, the residual stream after each layer (layer 0 the embedding, layer l
+the output of block l) is read two ways: the logit lens (the residual through the
+unembedding, as if the model stopped there: the bridge's rank among the S entities, 0 = the
+top; and the answer's) and a linear probe (least squares from the residual to the bridge's
+one-hot vector, fitted on one half of the prompts and scored on the other: the share whose
+largest output is the bridge). The models have no layer norm, so the lens is the model's own
+readout: at the last layer it is the model's logits.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+RIDGE = 1e-3  # the least-squares probe's ridge, relative to the residuals' mean square
+RESOLVED_RANK = 0  # the lens resolves the bridge at a layer where it is the top entity
+
+
+def resid_hooks(n_layers: int) -> list[str]:
+    """The residual after each layer 0..L: the embedding, then each block's output."""
+    return ["blocks.0.hook_resid_pre"] + [f"blocks.{b}.hook_resid_post" for b in range(n_layers)]
+
+
+def last_residuals(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The residual at the last position after each layer: [L+1, n, d_model]."""
+    names = resid_hooks(model.cfg.n_layers)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    return torch.stack([cache[name][:, -1] for name in names]).float()
+
+
+def lens_ranks(resid: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each target's rank among the outputs under the logit lens: [L+1, n] (0 = the largest
+    logit; the count of outputs whose logit is strictly larger), from resid [L+1, n, d],
+    W_U [d, O], b_U [O], targets [n]."""
+    logits = resid @ W_U + b_U  # [L+1, n, O]
+    target = logits.gather(-1, targets.expand(len(resid), -1)[..., None])  # [L+1, n, 1]
+    return (logits > target).sum(-1)
+
+
+def probe_accuracy(resid: torch.Tensor, targets: torch.Tensor, n_classes: int, fit: torch.Tensor) -> torch.Tensor:
+    """Per layer [L+1], the share of the prompts outside `fit` ([n] bool, those the probe is fitted
+    on) whose least-squares readout (resid and a constant -> one-hot target) is largest at the
+    target. resid [L+1, n, d], targets [n]."""
+    X = torch.cat([resid, torch.ones_like(resid[..., :1])], -1).double()  # [L+1, n, d+1]
+    Y = torch.nn.functional.one_hot(targets, n_classes).double()  # [n, C]
+    Xf = X[:, fit]  # [L+1, n_fit, d+1]
+    scale = Xf.pow(2).mean((1, 2), keepdim=True).clamp(min=1e-12)  # [L+1, 1, 1]
+    gram = Xf.transpose(1, 2) @ Xf + RIDGE * scale * len(Xf[0]) * torch.eye(X.shape[-1], dtype=X.dtype)
+    W = torch.linalg.solve(gram, Xf.transpose(1, 2) @ Y[fit])  # [L+1, d+1, C]
+    scores = X[:, ~fit] @ W  # [L+1, n_test, C]
+    return (scores.argmax(-1) == targets[~fit]).double().mean(-1).float()
+
+
+def split(n: int, seed: int) -> torch.Tensor:
+    """A random half of n prompts [n] bool (the probe's fitting half), fixed by `seed`."""
+    fit = torch.zeros(n, dtype=torch.bool)
+    fit[torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:n // 2]] = True
+    return fit
+
+
+def readout_table(resid: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor, bridges: torch.Tensor,
+                  answers: torch.Tensor, fit: torch.Tensor) -> pd.DataFrame:
+    """Per layer (index 0..L): the bridge's mean lens rank and the share where it is the top
+    entity, the answer's likewise, and the linear probe's held-out accuracy on the bridge."""
+    bridge_rank = lens_ranks(resid, W_U, b_U, bridges).float()  # [L+1, n]
+    answer_rank = lens_ranks(resid, W_U, b_U, answers).float()
+    table = pd.DataFrame({
+        "bridge_rank": bridge_rank.mean(-1).numpy(),
+        "bridge_top1": (bridge_rank == 0).float().mean(-1).numpy(),
+        "answer_rank": answer_rank.mean(-1).numpy(),
+        "answer_top1": (answer_rank == 0).float().mean(-1).numpy(),
+        "probe_accuracy": probe_accuracy(resid, bridges, W_U.shape[1], fit).numpy(),
+        "chance": 1.0 / W_U.shape[1],
+    })
+    table.index.name = "layer"
+    return table
+
+
+def bridge_readout(model, batch, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per layer, per prompt) readouts of the bridges of a two-hop `batch` (tasks.two_hop's
+    TwoHopBatch, every prompt two-hop) on a TransformerBridge `model`. Per prompt: s, r1, r2,
+    bridge, answer, whether the model answers right, and `bridge_layer`, the first layer whose
+    lens puts the bridge on top (-1: none)."""
+    if bool((batch.hops != 2).any()):
+        raise ValueError("the bridge is read on two-hop prompts only.")
+    device = model.W_U.device
+    resid = last_residuals(model, batch.tokens.to(device)).cpu()  # [L+1, n, d]
+    W_U, b_U = model.W_U.detach().float().cpu(), model.b_U.detach().float().cpu()
+    bridges, answers = batch.bridges.cpu(), batch.answers.cpu()
+    layers = readout_table(resid, W_U, b_U, bridges, answers, split(len(bridges), seed))
+    ranks = lens_ranks(resid, W_U, b_U, bridges)  # [L+1, n]
+    top = ranks == RESOLVED_RANK
+    first = torch.where(top.any(0), top.float().argmax(0), -1)  # [n]
+    final = lens_ranks(resid[-1:], W_U, b_U, answers)[0]  # [n] the model's own readout
+    prompts = pd.DataFrame({"subject": batch.subjects.cpu().numpy(), "r1": batch.relations[:, 0].cpu().numpy(),
+                            "r2": batch.relations[:, 1].cpu().numpy(), "bridge": bridges.numpy(),
+                            "answer": answers.numpy(), "correct": (final == 0).numpy(),
+                            "bridge_layer": first.numpy()})
+    return layers, prompts
+
+
+def resolution_by_outcome(prompts: pd.DataFrame) -> pd.DataFrame:
+    """Per outcome (correct, wrong): prompts, the share whose bridge the lens resolves at some
+    layer, and the mean layer where it first does (over those it resolves)."""
+    resolved = prompts["bridge_layer"] >= 0
+    rows = {}
+    for outcome, group in (("correct", prompts[prompts["correct"]]), ("wrong", prompts[~prompts["correct"]])):
+        seen = group[resolved[group.index]]
+        rows[outcome] = {"prompts": len(group), "resolved_share": len(seen) / len(group) if len(group) else None,
+                         "mean_bridge_layer": float(seen["bridge_layer"].mean()) if len(seen) else None}
+    return pd.DataFrame.from_dict(rows, orient="index")
