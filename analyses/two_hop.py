@@ -21,7 +21,7 @@ from analyses.sweeps import cli
 from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models import load
 from models.checkpoint import read_metrics
-from probe.bridge import bridge_readout, resolution_by_outcome
+from probe.bridge import bridge_readout, resolution_by_outcome, shortcuts
 
 SETS = {"two_hop": "trained compositions", "held_out": "held-out compositions"}
 CURVES = {"one_hop": "one-hop facts", **SETS}
@@ -64,7 +64,8 @@ def study(model, task, n_prompts: int, seed: int) -> tuple[pd.DataFrame, pd.Data
         numbers[name] = {"label": label, "accuracy": float(per_prompt["correct"].mean()),
                          "probe_layer": first_layer(per_layer["probe_accuracy"], READABLE),
                          "lens_layer": first_layer(per_layer["bridge_top1"], 0.5),
-                         "by_outcome": resolution_by_outcome(per_prompt).to_dict(orient="index")}
+                         "by_outcome": resolution_by_outcome(per_prompt).to_dict(orient="index"),
+                         "predicted": shortcuts(per_prompt, task.facts)}
     return pd.concat(layers, ignore_index=True), pd.concat(prompts, ignore_index=True), numbers
 
 

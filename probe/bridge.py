@@ -4,8 +4,8 @@ At the last position, the residual stream after each layer (layer 0 the embeddin
 the output of block l) is read two ways: the logit lens (the residual through the
 unembedding, as if the model stopped there: the bridge's rank among the S entities, 0 = the
 top; and the answer's) and a linear probe (least squares from the residual to the bridge's
-one-hot vector, fitted on one half of the prompts and scored on the other: the share whose
-largest output is the bridge). The models have no layer norm, so the lens is the model's own
+one-hot vector, fitted on the prompts of half the pairs (s, r1) and scored on the others':
+the share whose largest output is the bridge). The models have no layer norm, so the lens is the model's own
 readout: at the last layer it is the model's logits.
 """
 from __future__ import annotations
@@ -53,11 +53,13 @@ def probe_accuracy(resid: torch.Tensor, targets: torch.Tensor, n_classes: int, f
     return (scores.argmax(-1) == targets[~fit]).double().mean(-1).float()
 
 
-def split(n: int, seed: int) -> torch.Tensor:
-    """A random half of n prompts [n] bool (the probe's fitting half), fixed by `seed`."""
-    fit = torch.zeros(n, dtype=torch.bool)
-    fit[torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:n // 2]] = True
-    return fit
+def split(groups: torch.Tensor, seed: int) -> torch.Tensor:
+    """The probe's fitting prompts [n] bool: those whose group (groups [n], the pair (s, r1)) is in
+    a random half of the groups, fixed by `seed`; the probe is scored on the other groups' prompts,
+    whose (s, r1) it never saw, so it reads the bridge, not the prompt's pair."""
+    names = groups.unique()  # [G] sorted
+    chosen = names[torch.randperm(len(names), generator=torch.Generator().manual_seed(seed))[:len(names) // 2]]
+    return torch.isin(groups, chosen)
 
 
 def readout_table(resid: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor, bridges: torch.Tensor,
@@ -89,16 +91,32 @@ def bridge_readout(model, batch, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFr
     resid = last_residuals(model, batch.tokens.to(device)).cpu()  # [L+1, n, d]
     W_U, b_U = model.W_U.detach().float().cpu(), model.b_U.detach().float().cpu()
     bridges, answers = batch.bridges.cpu(), batch.answers.cpu()
-    layers = readout_table(resid, W_U, b_U, bridges, answers, split(len(bridges), seed))
+    pairs = batch.subjects.cpu() * (int(batch.relations.max()) + 1) + batch.relations[:, 0].cpu()  # [n] (s, r1)
+    layers = readout_table(resid, W_U, b_U, bridges, answers, split(pairs, seed))
     ranks = lens_ranks(resid, W_U, b_U, bridges)  # [L+1, n]
     top = ranks == RESOLVED_RANK
     first = torch.where(top.any(0), top.float().argmax(0), -1)  # [n]
     final = lens_ranks(resid[-1:], W_U, b_U, answers)[0]  # [n] the model's own readout
+    predicted = (resid[-1] @ W_U + b_U).argmax(-1)  # [n]
     prompts = pd.DataFrame({"subject": batch.subjects.cpu().numpy(), "r1": batch.relations[:, 0].cpu().numpy(),
                             "r2": batch.relations[:, 1].cpu().numpy(), "bridge": bridges.numpy(),
-                            "answer": answers.numpy(), "correct": (final == 0).numpy(),
+                            "answer": answers.numpy(), "predicted": predicted.numpy(), "correct": (final == 0).numpy(),
                             "bridge_layer": first.numpy()})
     return layers, prompts
+
+
+def shortcuts(prompts: pd.DataFrame, facts) -> dict:
+    """What the model answers where it is wrong: of the wrong prompts, the share whose predicted
+    entity is the bridge r1(s), r2(s) (the first hop skipped) or r1(r2(s)) (the hops swapped),
+    each counted only where that reading differs from the answer; `facts` [S, R] entity ids."""
+    facts = torch.as_tensor(facts)
+    s, r1, r2, predicted = (torch.tensor(prompts[c].to_numpy()) for c in ("subject", "r1", "r2", "predicted"))
+    answer = facts[facts[s, r1], r2]
+    wrong = predicted != answer  # [n]
+    readings = {"bridge": facts[s, r1], "first_hop_skipped": facts[s, r2], "hops_swapped": facts[facts[s, r2], r1]}
+    shares = {name: int((wrong & (predicted == value)).sum()) / int(wrong.sum()) if wrong.any() else None
+              for name, value in readings.items()}
+    return {"wrong": int(wrong.sum()), **shares}
 
 
 def resolution_by_outcome(prompts: pd.DataFrame) -> pd.DataFrame:

@@ -8,11 +8,26 @@ import pandas as pd
 import pytest
 import torch
 
-from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, TwoHopTaskConfig, run_record
-from models.recall.config import with_hops
+from models.recall.config import (
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    TwoHopTaskConfig,
+    run_record,
+    with_hops,
+)
 from models.recall.trainer import train
 from models.recall.training_data import TrainingData
-from probe.bridge import bridge_readout, lens_ranks, probe_accuracy, readout_table, resolution_by_outcome, split
+from probe.bridge import (
+    bridge_readout,
+    lens_ranks,
+    probe_accuracy,
+    readout_table,
+    resolution_by_outcome,
+    shortcuts,
+    split,
+)
 from tasks import TASKS, TwoHopTask, task_from_config
 from tests.conftest import run_main
 
@@ -22,7 +37,8 @@ S, R, N, T = 8, 3, 8, 8
 def decode(task: TwoHopTask, tokens: torch.Tensor):
     """(entities, first-set relations, second-set relations) found in each prompt [B, T]: lists of ids."""
     S, R = task.n_subjects, task.n_relations
-    return ([row[row < S].tolist() for row in tokens], [(row[(row >= S) & (row < S + R)] - S).tolist() for row in tokens],
+    return ([row[row < S].tolist() for row in tokens],
+            [(row[(row >= S) & (row < S + R)] - S).tolist() for row in tokens],
             [(row[(row >= S + R) & (row < S + 2 * R)] - S - R).tolist() for row in tokens])
 
 
@@ -113,7 +129,8 @@ def test_the_config_records_hops_and_the_held_out_set():
 @pytest.mark.parametrize("argv, said", [
     (["--hops", "3"], "hops must be 1 or 2, got 3"),
     (["--hops", "2"], "two-hop prompts need --n-layers 2 or more"),
-    (["--hops", "2", "--n-layers", "2", "--held-out-compositions", "1"], "held_out_fraction must be a number in [0, 1)"),
+    (["--hops", "2", "--n-layers", "2", "--held-out-compositions", "1"],
+     "held_out_fraction must be a number in [0, 1)"),
     (["--held-out-compositions", "0.1"], "--held-out-compositions is an option of --hops 2"),
     (["--hops", "2", "--n-layers", "2", "--facts", "structured"], "drop --subject-zipf, --relation-zipf and --facts"),
 ])
@@ -187,8 +204,9 @@ def hand_built(n: int = 400, d: int = 24, classes: int = 6, seed: int = 0):
 
 def test_the_probe_finds_the_bridge_where_it_was_put():
     resid, W_U, bridges, answers = hand_built()
-    fit = split(len(bridges), 0)
-    assert fit.sum() == len(bridges) // 2
+    groups = torch.arange(len(bridges)) % 10
+    fit = split(groups, 0)
+    assert set(groups[fit].tolist()).isdisjoint(groups[~fit].tolist()) and len(set(groups[fit].tolist())) == 5
     table = readout_table(resid, W_U, torch.zeros(W_U.shape[1]), bridges, answers, fit)
     assert list(table.index) == [0, 1, 2]
     assert table.loc[1, "bridge_top1"] == 1 and table.loc[1, "bridge_rank"] == 0 and table.loc[0, "bridge_top1"] < 0.5
@@ -207,7 +225,7 @@ def test_a_rank_counts_the_strictly_larger_logits():
 
 def test_a_probe_of_a_constant_residual_reads_the_commonest_bridge_only():
     targets = torch.tensor([0, 0, 0, 1] * 50)
-    fit = split(len(targets), 1)
+    fit = split(torch.arange(len(targets)) % 7, 1)
     accuracy = probe_accuracy(torch.ones(1, len(targets), 4), targets, 2, fit)
     assert accuracy.item() == (targets[~fit] == 0).float().mean().item()
 
@@ -232,3 +250,12 @@ def test_resolution_by_outcome_counts_the_resolved_prompts():
     table = resolution_by_outcome(prompts)
     assert table.loc["correct", "prompts"] == 3 and table.loc["correct", "resolved_share"] == pytest.approx(2 / 3)
     assert table.loc["correct", "mean_bridge_layer"] == 1.5 and table.loc["wrong", "mean_bridge_layer"] == 2
+
+
+def test_a_wrong_answer_is_read_as_the_bridge_a_skipped_or_a_swapped_hop():
+    facts = torch.tensor([[1, 2], [2, 0], [0, 1]])  # [S=3, R=2]: r(s) = facts[s, r]
+    # (s, r1, r2) = (0, 0, 1): bridge 1, answer facts[1, 1] = 0, r2(s) = 2, r1(r2(s)) = facts[2, 0] = 0 (= the answer)
+    prompts = pd.DataFrame({"subject": [0, 0, 0, 0], "r1": [0, 0, 0, 0], "r2": [1, 1, 1, 1], "predicted": [0, 1, 2, 2]})
+    found = shortcuts(prompts, facts)
+    assert found == {"wrong": 3, "bridge": 1 / 3, "first_hop_skipped": 2 / 3, "hops_swapped": 0.0}
+    assert shortcuts(prompts.iloc[:1], facts)["bridge"] is None
