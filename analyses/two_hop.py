@@ -74,6 +74,9 @@ def figure(training: pd.DataFrame, layers: pd.DataFrame, path: Path | None = Non
     for name, label in CURVES.items():
         if training[name].notna().any():
             left.plot(training["step"], training[name], label=label)
+    chance = float(layers["chance"].iloc[0])
+    for ax in (left, right):
+        ax.axhline(chance, ls=":", color="grey", label="chance (1/S)")
     left.set(xlabel="training step", ylabel="accuracy", title="accuracy over training", ylim=(-0.02, 1.02))
     left.legend(fontsize=8)
     for name, group in layers.groupby("prompts", sort=False):

@@ -83,8 +83,9 @@ def readout_table(resid: torch.Tensor, W_U: torch.Tensor, b_U: torch.Tensor, bri
 def bridge_readout(model, batch, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per layer, per prompt) readouts of the bridges of a two-hop `batch` (tasks.two_hop's
     TwoHopBatch, every prompt two-hop) on a TransformerBridge `model`. Per prompt: s, r1, r2,
-    bridge, answer, whether the model answers right, and `bridge_layer`, the first layer whose
-    lens puts the bridge on top (-1: none)."""
+    bridge, answer, the model's answer and whether it is right, and `bridge_layer`, the first
+    intermediate layer (1..L-1) whose lens puts the bridge on top (-1: none; the last layer is
+    the model's answer, the embedding the same EOS vector for every prompt)."""
     if bool((batch.hops != 2).any()):
         raise ValueError("the bridge is read on two-hop prompts only.")
     device = model.W_U.device
@@ -94,8 +95,8 @@ def bridge_readout(model, batch, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFr
     pairs = batch.subjects.cpu() * (int(batch.relations.max()) + 1) + batch.relations[:, 0].cpu()  # [n] (s, r1)
     layers = readout_table(resid, W_U, b_U, bridges, answers, split(pairs, seed))
     ranks = lens_ranks(resid, W_U, b_U, bridges)  # [L+1, n]
-    top = ranks == RESOLVED_RANK
-    first = torch.where(top.any(0), top.float().argmax(0), -1)  # [n]
+    top = ranks[1:-1] == RESOLVED_RANK  # [L-1, n] the intermediate layers: 0 is the EOS embedding, L the output
+    first = torch.where(top.any(0), top.float().argmax(0) + 1, -1)  # [n]
     final = lens_ranks(resid[-1:], W_U, b_U, answers)[0]  # [n] the model's own readout
     predicted = (resid[-1] @ W_U + b_U).argmax(-1)  # [n]
     prompts = pd.DataFrame({"subject": batch.subjects.cpu().numpy(), "r1": batch.relations[:, 0].cpu().numpy(),
