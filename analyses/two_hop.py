@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from analyses import recorded
 from analyses.sweeps import cli
@@ -49,6 +50,21 @@ def first_layer(values: pd.Series, at_least: float) -> int | None:
     """The first layer whose value reaches `at_least` (None: none does)."""
     reached = values[values >= at_least]
     return int(reached.index[0]) if len(reached) else None
+
+
+def baselines(task) -> dict[str, float]:
+    """Accuracy on the held-out compositions of answers that need no composition: relation r2's
+    commonest output over all entities (ties: a guess among the tied ones, its expected accuracy),
+    r2(s) (the first hop skipped), the bridge r1(s)."""
+    if len(task.held_out) == 0:
+        return {}
+    s, _, r2, bridge, answer = task.composition(task.held_out)  # [n] each
+    counts = torch.nn.functional.one_hot(task.facts, task.n_subjects).sum(0)  # [R, S] outputs of each relation
+    commonest = counts == counts.max(-1, keepdim=True).values  # [R, S]
+    guess = commonest[r2, answer].double() / commonest.sum(-1)[r2].double()  # [n] P(a tied guess is right)
+    return {"r2_commonest": float(guess.double().mean()),
+            **{name: float((value == answer).double().mean()) for name, value in
+               (("first_hop_skipped", task.facts[s, r2]), ("bridge", bridge))}}
 
 
 def study(model, task, n_prompts: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -94,6 +110,9 @@ def report(numbers: dict, training: pd.DataFrame, out: Path) -> str:
     lines = [f"{numbers['checkpoint']}: L = {numbers['n_layers']}, at step {int(last['step'])} one-hop "
              f"{last['one_hop']:.3f}, trained compositions {last['two_hop']:.3f}, held-out compositions "
              + ("none" if pd.isna(last["held_out"]) else f"{last['held_out']:.3f}")]
+    if numbers["baselines"]:
+        lines.append("held-out compositions without composing: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.3f}" for k, v in numbers["baselines"].items()))
     for found in numbers["sets"].values():
         lines.append(f"{found['label']}: answered {found['accuracy']:.3f}; the probe reads the bridge from layer "
                      f"{found['probe_layer']}, the lens from layer {found['lens_layer']}")
@@ -120,7 +139,8 @@ def main(argv=None) -> int:
     training = curves(args.ckpt)
     layers, prompts, sets = study(model, task, settings.prompts, args.seed)
     numbers = {**origin, "settings": wanted["settings"], "n_layers": model.cfg.n_layers,
-               "held_out_compositions": len(task.held_out), "final": training.iloc[-1].to_dict(), "sets": sets,
+               "held_out_compositions": len(task.held_out), "baselines": baselines(task),
+               "final": training.iloc[-1].to_dict(), "sets": sets,
                "seconds": round(time.perf_counter() - start, 2)}
     write_csv(out / "training.csv", training)
     write_csv(out / "bridge_layers.csv", layers)

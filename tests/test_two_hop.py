@@ -259,3 +259,15 @@ def test_a_wrong_answer_is_read_as_the_bridge_a_skipped_or_a_swapped_hop():
     found = shortcuts(prompts, facts)
     assert found == {"wrong": 3, "bridge": 1 / 3, "first_hop_skipped": 2 / 3, "hops_swapped": 0.0}
     assert shortcuts(prompts.iloc[:1], facts)["bridge"] is None
+
+
+def test_the_baselines_need_no_composition():
+    """Relation 1's outputs (2, 0, 0) have one commonest (0); relation 0's (1, 2, 0) tie three ways."""
+    from analyses.two_hop import baselines
+
+    task = TwoHopTask(3, 2, 4, 6, facts=[[1, 2], [2, 0], [0, 0]], held_out=[[0, 0, 1], [1, 1, 0]])
+    # (0, 0, 1): bridge 1, answer facts[1, 1] = 0 = relation 1's commonest; (1, 1, 0): bridge 0, answer 1, a 1/3 guess
+    found = baselines(task)
+    assert found["r2_commonest"] == pytest.approx(2 / 3, abs=1e-12)
+    assert found["first_hop_skipped"] == 0 and found["bridge"] == 0
+    assert baselines(TwoHopTask(3, 2, 4, 6, held_out_fraction=0)) == {}
