@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-RIDGE = 1e-3  # the least-squares probe's ridge, relative to the residuals' mean square
+RIDGE = 1e-3  # the least-squares probe's ridge, relative to the residuals' mean square (a scale-free probe)
 RESOLVED_RANK = 0  # the lens resolves the bridge at a layer where it is the top entity
 
 
@@ -46,8 +46,9 @@ def probe_accuracy(resid: torch.Tensor, targets: torch.Tensor, n_classes: int, f
     X = torch.cat([resid, torch.ones_like(resid[..., :1])], -1).double()  # [L+1, n, d+1]
     Y = torch.nn.functional.one_hot(targets, n_classes).double()  # [n, C]
     Xf = X[:, fit]  # [L+1, n_fit, d+1]
-    scale = Xf.pow(2).mean((1, 2), keepdim=True).clamp(min=1e-12)  # [L+1, 1, 1]
-    gram = Xf.transpose(1, 2) @ Xf + RIDGE * scale * len(Xf[0]) * torch.eye(X.shape[-1], dtype=X.dtype)
+    scale = Xf[..., :-1].pow(2).mean((1, 2), keepdim=True).clamp(min=1e-30)  # [L+1, 1, 1] the residuals' mean square
+    penalty = torch.diag(torch.cat([torch.ones(X.shape[-1] - 1), torch.zeros(1)])).double()  # the constant's free
+    gram = Xf.transpose(1, 2) @ Xf + RIDGE * scale * Xf.shape[1] * penalty
     W = torch.linalg.solve(gram, Xf.transpose(1, 2) @ Y[fit])  # [L+1, d+1, C]
     scores = X[:, ~fit] @ W  # [L+1, n_test, C]
     return (scores.argmax(-1) == targets[~fit]).double().mean(-1).float()

@@ -210,7 +210,8 @@ def test_the_probe_finds_the_bridge_where_it_was_put():
     table = readout_table(resid, W_U, torch.zeros(W_U.shape[1]), bridges, answers, fit)
     assert list(table.index) == [0, 1, 2]
     assert table.loc[1, "bridge_top1"] == 1 and table.loc[1, "bridge_rank"] == 0 and table.loc[0, "bridge_top1"] < 0.5
-    assert table.loc[2, "answer_top1"] == 1 and table.loc[1, "answer_top1"] < 0.5
+    assert table.loc[2, "answer_top1"] == 1 and table.loc[2, "answer_rank"] == 0 and table.loc[1, "answer_top1"] < 0.5
+    assert table.loc[0, "answer_rank"] > 1 and (table["chance"] == 1 / 6).all()
     assert table.loc[1, "probe_accuracy"] == 1 and table.loc[0, "probe_accuracy"] < 0.5
     assert table.loc[2, "probe_accuracy"] < 0.5  # layer 2 holds the answer, independent of the bridge
 
@@ -271,3 +272,46 @@ def test_the_baselines_need_no_composition():
     assert found["r2_commonest"] == pytest.approx(2 / 3, abs=1e-12)
     assert found["first_hop_skipped"] == 0 and found["bridge"] == 0
     assert baselines(TwoHopTask(3, 2, 4, 6, held_out_fraction=0)) == {}
+
+
+def test_each_prompts_row_is_its_prompt_and_its_first_intermediate_layer(two_hop_ckpt):
+    """bridge_readout's per-prompt table against the model's own cache: the prompt's fields, the
+    model's answer, and bridge_layer = the first of layers 1..L-1 whose residual at the last
+    position puts the bridge on top through the unembedding (-1: none)."""
+    from models import load
+
+    _, ckpt = two_hop_ckpt
+    model, task = load(ckpt, "cpu", kind="two_hop")
+    batch = task.eval_set(200, 5, mode="held_out")
+    layers, prompts = bridge_readout(model, batch)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(batch.tokens)
+    for column, field in (("subject", batch.subjects), ("answer", batch.answers), ("bridge", batch.bridges),
+                          ("r1", batch.relations[:, 0]), ("r2", batch.relations[:, 1])):
+        assert prompts[column].tolist() == field.tolist(), column
+    assert prompts["predicted"].tolist() == logits[:, -1].argmax(-1).tolist()
+    with torch.no_grad():
+        top = (cache["blocks.0.hook_resid_post"][:, -1] @ model.W_U + model.b_U).argmax(-1)  # layer 1 of L = 2
+        embedding_top = (cache["blocks.0.hook_resid_pre"][:, -1] @ model.W_U + model.b_U).argmax(-1)
+    assert prompts["bridge_layer"].tolist() == torch.where(top == batch.bridges, 1, -1).tolist()
+    assert layers.loc[0, "bridge_top1"] == pytest.approx((embedding_top == batch.bridges).float().mean().item())
+    assert layers.loc[1, "bridge_top1"] == pytest.approx((top == batch.bridges).float().mean().item())
+
+
+def test_the_probes_split_is_fixed_by_its_seed_and_keeps_groups_whole():
+    groups = torch.arange(300) % 30
+    assert torch.equal(split(groups, 4), split(groups, 4)) and not torch.equal(split(groups, 4), split(groups, 5))
+    for seed in range(3):
+        fit = split(groups, seed)
+        assert len(set(groups[fit].tolist())) == 15 and set(groups[fit].tolist()).isdisjoint(groups[~fit].tolist())
+
+
+def test_a_probe_reads_the_same_at_any_scale_of_the_residual():
+    """The ridge is relative to the residuals' mean square: scaling them changes nothing."""
+    resid, W_U, bridges, _ = hand_built(n=300, d=8, classes=6, seed=2)
+    resid = resid + 0.8 * torch.randn(resid.shape, generator=torch.Generator().manual_seed(3))  # not separable
+    fit = split(torch.arange(300) % 12, 0)
+    base = probe_accuracy(resid, bridges, 6, fit)
+    assert 0.3 < base[1] < 1
+    for factor in (1e-3, 1e3):
+        assert torch.equal(probe_accuracy(resid * factor, bridges, 6, fit), base)
