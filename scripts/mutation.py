@@ -31,7 +31,8 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 # module -> the tests that cover it (pytest arguments)
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
-    "tasks/two_hop.py": ["tests/test_two_hop.py", "-k", "not study and not records_each and not lens_at_the_last"],
+    "tasks/two_hop.py": ["tests/test_two_hop.py", "-k", "not study and not records_each and not lens_at_the_last and "
+                         "not each_prompts_row"],
     "probe/bridge.py": ["tests/test_two_hop.py", "-k", "probe or rank or resolution or lens_at_the_last or "
                         "wrong_answer or each_prompts_row"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],

@@ -315,3 +315,52 @@ def test_a_probe_reads_the_same_at_any_scale_of_the_residual():
     assert 0.3 < base[1] < 1
     for factor in (1e-3, 1e3):
         assert torch.equal(probe_accuracy(resid * factor, bridges, 6, fit), base)
+
+
+def test_tokens_and_answers_are_named_by_their_side():
+    task = TwoHopTask(S, R, N, T)  # entities 0..7, first relations 8..10, second 11..13, noise 14..21, EOS 22
+    assert [task.token_label(t) for t in (0, 7, 8, 10, 11, 13, 14, 21, 22)] == \
+        ["S0", "S7", "R0", "R2", "R0'", "R2'", "n0", "n7", "EOS"]
+    assert task.eos == 22 and task.relation_token(2) == 10 and task.relation_token(2, hop=2) == 13
+    assert task.answer_label(7) == "E7" and task.n_facts == S * R
+    for outside in (-1, S):
+        with pytest.raises(ValueError, match="outside the task's answers 0..7"):
+            task.answer_label(outside)
+    assert repr(task) == "TwoHopTask(S=8, R=3, N=8, T=8, held out 14 of 72 compositions)"
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"n_subjects": 1}, "n_subjects must be an integer >= 2"),
+    ({"n_relations": 0}, "n_relations must be an integer >= 1"),
+    ({"n_noise": 0}, "n_noise must be an integer >= 1"),
+    ({"seq_len": 3}, "seq_len must be an integer >= 4"),
+    ({"n_subjects": 2.0}, "n_subjects must be an integer"),
+    ({"one_hop_share": 1.0}, r"one_hop_share must be a number in \[0, 1\)"),
+    ({"held_out_fraction": -0.1}, r"held_out_fraction must be a number in \[0, 1\)"),
+    ({"held_out_fraction": True}, "held_out_fraction must be a number"),
+    ({"facts": "structured"}, "two-hop facts must be 'random' or an S x R table"),
+    ({"facts": [[0, 1, 2]] * 7}, "facts must be an S x R = 8 x 3 table of entity ids 0..7"),
+    ({"facts": [[0, 1, 8]] * 8}, "facts must be an S x R = 8 x 3 table"),
+    ({"facts": [[0, 1, -1]] * 8}, "facts must be an S x R = 8 x 3 table"),
+    ({"facts": [[0.0, 1.0, 2.0]] * 8}, "facts must be an S x R = 8 x 3 table"),
+    ({"held_out": [[8, 0, 0]]}, r"held-out compositions must be \(s, r1, r2\) with s < 8, r < 3"),
+    ({"held_out": [[0, 3, 0]]}, "held-out compositions must be"),
+    ({"held_out": [[0, 0, -1]]}, "held-out compositions must be"),
+    ({"held_out": [[s, a, b] for s in range(S) for a in range(R) for b in range(R)]}, "every composition is held out"),
+])
+def test_a_bad_two_hop_task_is_refused(kwargs, said):
+    sizes = {"n_subjects": S, "n_relations": R, "n_noise": N, "seq_len": T, **kwargs}
+    with pytest.raises(ValueError, match=said):
+        TwoHopTask(**sizes)
+
+
+def test_a_task_section_lacking_its_tables_is_refused_and_no_held_out_prompt_is_drawn_from_none():
+    config = TwoHopTask(S, R, N, T).to_config()
+    for key in ("facts", "held_out", "n_noise"):
+        with pytest.raises(ValueError, match=f"task section lacks {key}"):
+            TwoHopTask.from_config({k: v for k, v in config.items() if k != key})
+    again = TwoHopTask.from_config({**config, "one_hop_share": 0.25, "held_out": [[1, 2, 0]]})
+    assert again.one_hop_share == 0.25 and again.held_out.tolist() == [1 * R * R + 2 * R + 0]
+    assert TwoHopTask.from_config({k: v for k, v in config.items() if k != "hops"}).hops == 2
+    with pytest.raises(ValueError, match="holds out no composition"):
+        TwoHopTask(S, R, N, T, held_out_fraction=0).eval_set(4, mode="held_out")
