@@ -364,3 +364,18 @@ def test_a_task_section_lacking_its_tables_is_refused_and_no_held_out_prompt_is_
     assert TwoHopTask.from_config({k: v for k, v in config.items() if k != "hops"}).hops == 2
     with pytest.raises(ValueError, match="holds out no composition"):
         TwoHopTask(S, R, N, T, held_out_fraction=0).eval_set(4, mode="held_out")
+
+
+def test_a_two_hop_run_reads_back_its_settings_for_resume(tmp_path, capsys):
+    from models.recall.train import read_run
+    from models.train import main
+
+    argv = ["--hops", "2", "--n-layers", "2", "--held-out-compositions", "0.5", "--n-subjects", "6",
+            "--n-relations", "2", "--steps", "2", "--eval-every", "1", "--eval-size", "16", "--batch-size", "16",
+            "--device", "cpu", "--quiet", "--out", tmp_path / "run"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    assert "two-hop   one-hop facts" in out and "held-out compositions" in out
+    run, _ = read_run(tmp_path / "run")
+    assert run.task == TwoHopTaskConfig(n_subjects=6, n_relations=2, held_out_compositions=0.5)
+    assert len(json.loads((tmp_path / "run" / "config.json").read_text())["task"]["held_out"]) == 12
