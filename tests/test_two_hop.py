@@ -208,7 +208,7 @@ def test_the_probe_finds_the_bridge_where_it_was_put():
     fit = split(groups, 0)
     assert set(groups[fit].tolist()).isdisjoint(groups[~fit].tolist()) and len(set(groups[fit].tolist())) == 5
     table = readout_table(resid, W_U, torch.zeros(W_U.shape[1]), bridges, answers, fit)
-    assert list(table.index) == [0, 1, 2]
+    assert list(table.index) == [0, 1, 2] and table.index.name == "layer"
     assert table.loc[1, "bridge_top1"] == 1 and table.loc[1, "bridge_rank"] == 0 and table.loc[0, "bridge_top1"] < 0.5
     assert table.loc[2, "answer_top1"] == 1 and table.loc[2, "answer_rank"] == 0 and table.loc[1, "answer_top1"] < 0.5
     assert table.loc[0, "answer_rank"] > 1 and (table["chance"] == 1 / 6).all()
@@ -242,7 +242,7 @@ def test_the_lens_at_the_last_layer_is_the_models_own_answer(two_hop_ckpt):
         right = model(batch.tokens)[:, -1].argmax(-1) == batch.answers
     assert list(prompts["correct"]) == right.tolist() and list(layers.index) == [0, 1, 2]
     assert layers.loc[2, "answer_top1"] == pytest.approx(right.float().mean().item())
-    with pytest.raises(ValueError, match="two-hop prompts only"):
+    with pytest.raises(ValueError, match="^the bridge is read on two-hop prompts only"):
         bridge_readout(model, task.eval_set(8, mode="one_hop"))
 
 
@@ -251,6 +251,9 @@ def test_resolution_by_outcome_counts_the_resolved_prompts():
     table = resolution_by_outcome(prompts)
     assert table.loc["correct", "prompts"] == 3 and table.loc["correct", "resolved_share"] == pytest.approx(2 / 3)
     assert table.loc["correct", "mean_bridge_layer"] == 1.5 and table.loc["wrong", "mean_bridge_layer"] == 2
+    unresolved = resolution_by_outcome(pd.DataFrame({"correct": [True, True], "bridge_layer": [-1, -1]}))
+    assert unresolved.loc["correct", "resolved_share"] == 0 and pd.isna(unresolved.loc["correct", "mean_bridge_layer"])
+    assert unresolved.loc["wrong", "prompts"] == 0 and pd.isna(unresolved.loc["wrong", "resolved_share"])
 
 
 def test_a_wrong_answer_is_read_as_the_bridge_a_skipped_or_a_swapped_hop():
