@@ -382,3 +382,33 @@ def test_a_two_hop_run_reads_back_its_settings_for_resume(tmp_path, capsys):
     run, _ = read_run(tmp_path / "run")
     assert run.task == TwoHopTaskConfig(n_subjects=6, n_relations=2, held_out_compositions=0.5)
     assert len(json.loads((tmp_path / "run" / "config.json").read_text())["task"]["held_out"]) == 12
+
+
+def test_a_seed_fixes_the_facts_the_held_out_set_and_the_prompts():
+    task, again, other = (TwoHopTask(S, R, N, T, fact_seed=seed) for seed in (3, 3, 4))
+    assert torch.equal(task.facts, again.facts) and torch.equal(task.held_out, again.held_out)
+    assert not torch.equal(task.facts, other.facts) and not torch.equal(task.held_out, other.held_out)
+    assert torch.equal(task.eval_set(32, 7).tokens, again.eval_set(32, 7).tokens)
+    assert not torch.equal(task.eval_set(32, 7).tokens, task.eval_set(32, 8).tokens)
+    assert set(TwoHopTask(S, 8, N, T).facts.flatten().tolist()) == set(range(S))  # every entity an answer
+    assert TwoHopTask(2, 1, 1, 4).d_vocab == 2 + 2 + 1 + 1  # the smallest task
+
+
+def test_the_config_and_the_batches_have_their_documented_fields():
+    task = TwoHopTask(S, R, N, T)
+    config = task.to_config()
+    assert set(config) == {"kind", "hops", "n_subjects", "n_relations", "n_noise", "seq_len", "one_hop_share",
+                           "held_out_fraction", "facts", "held_out"}
+    assert config["held_out_fraction"] == 14 / 72 and config["one_hop_share"] == 0.5
+    assert TwoHopTask.from_config({k: v for k, v in config.items() if k != "one_hop_share"}).one_hop_share == 0.5
+    assert task.answer_label(0) == "E0"
+    batch = task.sample_counter(20, torch.tensor([1, 2]), 0)  # [K=2, B=20, ...]
+    assert batch.relations.shape == (2, 20, 2) and batch.positions.shape == (2, 20, 3) and len(batch) == 20
+    second = batch.relations[..., 1]
+    assert (second[batch.hops == 1] == -1).all() and (second[batch.hops == 2] >= 0).all()
+    with pytest.raises(ValueError, match="^every composition is held out"):
+        TwoHopTask(2, 1, 1, 4, held_out=[[0, 0, 0], [1, 0, 0]])
+    with pytest.raises(ValueError, match="^the task holds out no composition"):
+        TwoHopTask(S, R, N, T, held_out_fraction=0).eval_set(4, mode="held_out")
+    with pytest.raises(ValueError, match="^one_hop_share must be a number"):
+        TwoHopTask(S, R, N, T, one_hop_share="half")
