@@ -32,6 +32,10 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
     "probe/paths.py": ["tests/test_locate_depth.py", "-k", "not command_line"],
+    "tasks/two_hop.py": ["tests/test_two_hop.py", "-k", "not study and not records_each and not lens_at_the_last and "
+                         "not each_prompts_row"],
+    "probe/bridge.py": ["tests/test_two_hop.py", "-k", "probe or rank or resolution or lens_at_the_last or "
+                        "wrong_answer or each_prompts_row"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py"],

@@ -4,6 +4,7 @@
 - association and distribution (Dana, Pydi & Chevaleyre): tasks.association.AssociationTask,
   tasks.association.DistributionTask
 - in-context associations, the induction-head task (Bietti et al. 2023): tasks.induction.InductionTask
+- two-hop recall (relations from entities to entities, composed): tasks.two_hop.TwoHopTask
 
 A checkpoint's config.json `task` section names its `kind` (absent: factual_recall);
 `task_from_config` builds the task of any kind from it (docs/checkpoint_format.md).
@@ -15,6 +16,7 @@ from typing import Protocol, runtime_checkable
 from tasks.association import AssociationTask, DistributionTask, SequenceBatch, SequenceTask
 from tasks.factual_recall import Batch, FactualRecallTask, zipf_probs
 from tasks.induction import InductionBatch, InductionTask
+from tasks.two_hop import TwoHopBatch, TwoHopTask
 
 
 @runtime_checkable
@@ -56,7 +58,7 @@ class Task(Protocol):
 
 
 TASKS: dict[str, type[Task]] = {task.kind: task for task in (FactualRecallTask, AssociationTask, DistributionTask,
-                                                              InductionTask)}
+                                                              InductionTask, TwoHopTask)}
 DEFAULT_KIND = FactualRecallTask.kind  # the kind of a task section that names none
 
 
@@ -74,4 +76,5 @@ def task_from_config(cfg: dict) -> Task:
 
 
 __all__ = ["Task", "TASKS", "task_kind", "task_from_config", "Batch", "FactualRecallTask", "zipf_probs",
-           "SequenceTask", "SequenceBatch", "AssociationTask", "DistributionTask", "InductionTask", "InductionBatch"]
+           "SequenceTask", "SequenceBatch", "AssociationTask", "DistributionTask", "InductionTask", "InductionBatch",
+           "TwoHopTask", "TwoHopBatch"]

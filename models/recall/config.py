@@ -16,6 +16,7 @@ from models.recall import parameterisation as param
 from models.section import MAX_LAYERS, ModelSection
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.factual_recall import FactualRecallTask
+from tasks.two_hop import TwoHopTask
 
 SAMPLERS = ("generator", "counter")
 GIVE_UP = ("never", "milestones")
@@ -53,6 +54,57 @@ class TaskConfig:
         return FactualRecallTask(self.n_subjects, self.n_relations, self.answers_per_relation,
                                  self.n_noise, self.seq_len, self.subject_zipf,
                                  self.relation_zipf, facts=self.facts, fact_seed=self.fact_seed)
+
+
+@dataclass(frozen=True)
+class HopsConfig:
+    """The two-hop options (flags of models.train); a one-hop run records none of them."""
+
+    hops: int = setting(1, "relations per prompt: 1 (factual recall) | 2 (two-hop recall, the answer r2(r1(s)) with "
+                        "entity-valued relations: tasks/two_hop.py; needs --n-layers >= 2)")
+    held_out_compositions: float = setting(0.2, "with --hops 2: share of the compositions (s, r1, r2) never drawn as "
+                                           "two-hop prompts in training (their one-hop facts are)")
+    one_hop_share: float = setting(0.5, "with --hops 2: share of the training prompts that are one-hop")
+
+
+@dataclass(frozen=True)
+class TwoHopTaskConfig(TaskConfig):
+    """A two-hop task (tasks.two_hop.TwoHopTask): S entities, R relations, N noise, T; the
+    answers are entities, so answers_per_relation, the Zipf exponents and `facts` are unused."""
+
+    hops: int = 2
+    held_out_compositions: float = 0.2
+    one_hop_share: float = 0.5
+
+    @property
+    def d_vocab(self) -> int:
+        return self.n_subjects + 2 * self.n_relations + self.n_noise + 1
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.n_subjects
+
+    def build(self) -> TwoHopTask:
+        if self.hops != 2:
+            raise ValueError(f"hops must be 1 or 2, got {self.hops!r}.")
+        if self.subject_zipf or self.relation_zipf or self.facts != "random":
+            raise ValueError("two-hop prompts draw uniform subjects and relations from a random fact table: "
+                             "drop --subject-zipf, --relation-zipf and --facts.")
+        return TwoHopTask(self.n_subjects, self.n_relations, self.n_noise, self.seq_len, self.held_out_compositions,
+                          self.one_hop_share, fact_seed=self.fact_seed)
+
+
+def with_hops(task: TaskConfig, hops: dict) -> TaskConfig:
+    """`task` as the hops options given (HopsConfig's fields set on the command line) make it:
+    itself at one hop, a TwoHopTaskConfig at two; other values refused in one line."""
+    n = hops.get("hops", 1)
+    if isinstance(n, bool) or n not in (1, 2):
+        raise ValueError(f"hops must be 1 or 2, got {n!r}.")
+    if n == 1:
+        if len(hops) > ("hops" in hops):
+            raise ValueError(f"--{next(k for k in hops if k != 'hops').replace('_', '-')} is an option of --hops 2.")
+        return task
+    return TwoHopTaskConfig(**asdict(task), **hops)
 
 
 @dataclass(frozen=True)
@@ -142,6 +194,9 @@ class ModelConfig:
         """The `model` section of config.json for `task` (built, or its config), validated."""
         cfg = self.for_task(task)
         cfg.validate()
+        if getattr(task, "hops", 1) > 1 and cfg.n_layers < 2:
+            raise ValueError(f"two-hop prompts need --n-layers 2 or more (one layer cannot compose), "
+                             f"got {cfg.n_layers}.")
         return ModelSection(cfg.d_model, cfg.n_heads, cfg.d_head, None if cfg.attn_only else cfg.d_mlp,
                             cfg.attn_only, "relu", task.seq_len, task.d_vocab, task.d_vocab_out,
                             cfg.attention, cfg.parameterisation, n_layers=cfg.n_layers)

@@ -19,7 +19,16 @@ from models.bridge import resolve_device
 from models.checkpoint import interrupted_run, load_checkpoint, write_json
 from models.cli import override
 from models.out_folder import FORCE_HELP, prepare_out
-from models.recall.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, run_record
+from models.recall.config import (
+    HopsConfig,
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+    TwoHopTaskConfig,
+    run_record,
+    with_hops,
+)
 from models.recall.fits import check_fits
 from models.recall.presets import PRESETS, preset
 from models.recall.trainer import best_so_far, train
@@ -49,6 +58,7 @@ def parser() -> cli.Parser:
                    help="log to Weights & Biases (offline unless WANDB_MODE=online)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     cli.add_config_flags(p, TaskConfig, "task")
+    cli.add_config_flags(p, HopsConfig, "two-hop recall", default_label="default")
     cli.add_config_flags(p, ModelConfig, "model")
     cli.add_config_flags(p, TrainConfig, "training")
     return p
@@ -56,7 +66,7 @@ def parser() -> cli.Parser:
 
 def run_config(args: argparse.Namespace) -> RunConfig:
     base = preset(args.preset or DEFAULT_PRESET)
-    return RunConfig(task=override(base.task, cli.given(args, TaskConfig)),
+    return RunConfig(task=with_hops(override(base.task, cli.given(args, TaskConfig)), cli.given(args, HopsConfig)),
                      model=override(base.model, cli.given(args, ModelConfig)),
                      train=override(base.train, cli.given(args, TrainConfig)))
 
@@ -78,6 +88,11 @@ def summary(result, out: Path) -> str:
     lines += [f"kept      lr={t['lr']:g} seed={t['seed']}: held-out accuracy {t['final_accuracy']:.4f}, "
               f"loss {t['final_loss']:.4f}" + ("" if t["reached_target"] or t["target_accuracy"] > 1 else
                                              f"  (target {t['target_accuracy']} not reached)")]
+    last = result.metrics[-1]
+    if "two_hop" in last:  # the kept model's accuracy on each kind of prompt at the last evaluation
+        held = "none held out" if last.get("held_out") is None else f"{last['held_out']:.4f}"
+        lines.append(f"two-hop   one-hop facts {last['one_hop']:.4f}, trained compositions {last['two_hop']:.4f}, "
+                     f"held-out compositions {held}")
     if t["stopped_by"].startswith("milestones"):
         best = best_so_far(result.metrics)
         fraction, accuracy = TrainConfig(steps=t["steps"], give_up="milestones").missed_milestone(t["steps_run"], best)
@@ -109,7 +124,8 @@ def read_run(ckpt: Path) -> tuple[RunConfig, str]:
             other_family(ckpt, "induction")  # models.induction.train's run.json
         train_cfg = {"sampler": "generator",  # runs started before the sampler was a setting drew with generators
                      **saved["train"], "lr": tuple(saved["train"]["lr"]), "seed": tuple(saved["train"]["seed"])}
-        run = RunConfig(TaskConfig(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
+        task_cls = TwoHopTaskConfig if "hops" in saved["task"] else TaskConfig
+        run = RunConfig(task_cls(**saved["task"]), ModelConfig(**saved["model"]), TrainConfig(**train_cfg))
         return run, saved["preset"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"{path}: not a valid run description.") from None
@@ -143,7 +159,7 @@ def same_settings(out: Path, run: RunConfig) -> bool:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.resume:
-        overrides = [name for cls in (TaskConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
+        overrides = [name for cls in (TaskConfig, HopsConfig, ModelConfig, TrainConfig) for name in cli.given(args, cls)
                      if name not in MOVABLE]
         overrides += [name for name in ("preset", "out", "force", "reuse") if getattr(args, name)]
         if overrides:

@@ -101,6 +101,7 @@ class _Training:
     dropped: list[dict]  # the models that diverged: model, lr, seed, step, reason
     first_step: int = 0  # the step this call started from (a resumed run's last saved state)
     session_start: float = 0.0  # time.perf_counter() when this call's training began
+    prompt_sets: dict = None  # two-hop: the prompt sets whose accuracy each evaluation records (eval_sets)
 
 
 def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _Training:
@@ -133,8 +134,9 @@ def _start(run: RunConfig, device: torch.device, state_folder: Path | None) -> _
             drop(gone["model"], params, optimizer)
     now = time.perf_counter()
     start = now - (metrics[-1]["seconds"] if metrics else 0.0)
+    prompt_sets = task.eval_sets(cfg.eval_size, EVAL_SEED + 1, device) if hasattr(task, "eval_sets") else {}
     return _Training(run, task, device, weights, params, positional, optimizer, data, step_once, held_out,
-                     schedule, step, metrics, snapshots, start, dropped, step, now)
+                     schedule, step, metrics, snapshots, start, dropped, step, now, prompt_sets)
 
 
 def _loop(state: _Training, state_folder: Path | None, progress: bool, logger) -> None:
@@ -208,6 +210,11 @@ def _evaluate(state: _Training, logger) -> dict:
            "models": [{"lr": lr, "seed": s, "loss": None if k in gone else float(l),
                        "accuracy": None if k in gone else float(a)}
                       for k, ((lr, s), l, a) in enumerate(zip(runs, loss.tolist(), acc.tolist()))]}
+    for name, prompts in state.prompt_sets.items():  # two-hop: one-hop, two-hop and held-out compositions
+        accuracy = evaluate(state.weights, prompts.tokens, prompts.answers, state.run.model.attention,
+                            state.positional)[1].tolist()
+        for k, m in enumerate(row["models"]):
+            m[name] = None if k in gone else accuracy[k]
     state.metrics.append(row)
     if logger:
         logger.log({f"model{k}/{key}": m[key] for k, m in enumerate(row["models"])
@@ -242,7 +249,7 @@ def kept_result(run: RunConfig, task: FactualRecallTask, device: str, stacked: d
     kept = max((k for k in range(len(runs)) if final[k]["accuracy"] is not None),
                key=lambda k: (final[k]["accuracy"], -final[k]["loss"]))
     for row in metrics:  # the kept model's curve is the checkpoint's curve; all K stay under "models"
-        row.update(loss=row["models"][kept]["loss"], accuracy=row["models"][kept]["accuracy"])
+        row.update({key: value for key, value in row["models"][kept].items() if key not in ("lr", "seed")})
     kept_weights = model_weights(stacked, kept)
     training = {
         **{k: v for k, v in asdict(cfg).items() if k not in ("lr", "seed")},
