@@ -32,9 +32,11 @@ PACKAGES = ["tasks/", "probe/", "models/", "analyses/"]
 MODULES = {
     "probe/metrics.py": ["tests/test_patching_metrics.py"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
-    "probe/editing.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
+    "probe/editing.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py", "tests/test_editing_mutants.py"],
     "probe/edit_keys.py": ["tests/test_editing.py"],
     "probe/edit_effects.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
+    "analyses/edit_facts.py": ["tests/test_edit_facts_cli.py"],
+    "analyses/edit_view.py": ["tests/test_edit_study.py", "-k", "report_s_edit"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
     "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                      "not equals_its_run_alone and not stay_zero"],
