@@ -8,7 +8,7 @@ import io
 import pandas as pd
 import pytest
 import torch
-from matplotlib.image import imread
+from PIL import Image
 
 from analyses import edit_view
 from analyses.edit_view import before_after, chosen_fact, edit_section
@@ -112,10 +112,12 @@ def test_the_section_shows_each_store_s_write_its_figure_and_its_table(theorem4,
                          "</figure><table><thead><tr><th>store</th><th>efficacy</th><th>other facts kept</th>"
                          f"<th>boost</th></tr></thead><tbody>{rows}</tbody></table>")
     assert "<tr><td>mlp</td><td>1.00</td><td>1.000</td><td>1</td></tr>" in rows and "<td>ov</td>" in rows
-    png = page.split('src="data:image/png;base64,')[1].split('"')[0]
-    height, width = imread(io.BytesIO(base64.b64decode(png)), format="png").shape[:2]
-    assert 300 < width < 700 and 150 < height < 400  # 6 x 3 inches at 100 dpi, cropped to the drawing
+    png = Image.open(io.BytesIO(base64.b64decode(page.split('src="data:image/png;base64,')[1].split('"')[0])))
     (ax,) = drawn
+    assert tuple(ax.figure.get_size_inches()) == (6, 3) and png.format == "PNG"
+    assert tuple(round(d) for d in png.info["dpi"]) == (100, 100)
+    assert png.size != (600, 300) and 300 < png.size[0] < 700  # 6 x 3 inches at 100 dpi, cropped to the drawing
+    assert {t.get_fontsize() for t in [*ax.get_xticklabels(), *ax.get_legend().get_texts()]} == {8}
     bars = ax.patches  # one group per answer, one bar per column, centred on the answer's tick
     assert len(bars) == 4 * 3 and all(b.get_width() == pytest.approx(0.8 / 3) for b in bars)
     for i, column in enumerate(logits.columns):
