@@ -3,12 +3,13 @@ its mutation score): the folder of a set of edits, the columns and records it wr
 line it prints, an ov write at the head asked, the saved model's record of its edits, each
 option's help, and each refusal's whole line."""
 import json
+import sys
 
 import pandas as pd
 import pytest
 import torch
 
-from analyses.edit_facts import edits_folder, main
+from analyses.edit_facts import edits_folder, main, parser
 from models import load
 from models.checkpoint import read_config, write_checkpoint
 from models.cli import override
@@ -124,26 +125,45 @@ def test_study_goes_to_the_editing_study(capsys):
     assert code == 0 and out.startswith("usage: python -m analyses.edit_study")
 
 
-HELP = {
-    "--fact": "the fact to edit, as locate_facts --facts names it (3:1); once per edited fact",
-    "--to": "its new answer: a name the toolkit prints (R1:a2) or an answer id; once per --fact",
-    "--at": "the store written: the MLP's W_out, a head's W_O, or where the fact lives (default mlp)",
-    "--head": "the head an ov write goes to (needed with more than one head, but for --at auto)",
-    "--save": "write the edited model as a checkpoint to DIR (never the checkpoint read)",
-    "--contexts": "noise contexts per fact for the keys (and, held out, for the measurements)",
-    "--margin": "logits by which the new answer should win",
-    "--form": "several facts at once: exact (each key mapped to its value) | memit (MEMIT's (C + K K^T)^-1 form)",
+OPTIONS = {  # option: its help, metavar, whether it is required, its choices and its default
+    "--fact": ("the fact to edit, as locate_facts --facts names it (3:1); once per edited fact", "S:R", True, None,
+               None),
+    "--to": ("its new answer: a name the toolkit prints (R1:a2) or an answer id; once per --fact", "ANSWER", True,
+             None, None),
+    "--at": ("the store written: the MLP's W_out, a head's W_O, or where the fact lives (default mlp)", None, False,
+             ("mlp", "ov", "auto"), "mlp"),
+    "--head": ("the head an ov write goes to (needed with more than one head, but for --at auto)", None, False, None,
+               None),
+    "--save": ("write the edited model as a checkpoint to DIR (never the checkpoint read)", "DIR", False, None, None),
+    "--force": ("replace the checkpoint at --save: its model's files only (a user's files stay, its analysis/ is "
+                "moved aside); a folder that is not a checkpoint is refused", None, False, None, False),
 }
 
 
-def test_each_option_s_help_says_what_it_does(capsys):
-    code, out, _ = run_main(main, ["--help"], capsys)
-    assert code == 0
-    text = " ".join(out.split())
-    for option, said in HELP.items():
-        assert said in text, option
-    assert "--at {mlp,ov,auto}" in text and "--form {exact,memit}" in text and "--save DIR" in text
-    assert "edited model to --save" in text or "--force" in text
+def test_each_option_says_what_it_does_and_takes_what_it_says():
+    p = parser()
+    actions = {a.option_strings[0]: a for a in p._actions if a.option_strings}
+    for option, (said, metavar, required, choices, default) in OPTIONS.items():
+        a = actions[option]
+        assert (a.help, a.metavar, a.required, a.choices, a.default) == (said, metavar, required, choices, default)
+    assert p.prog == "python -m analyses.edit_facts" and p.description.startswith("python -m analyses.edit_facts CKPT")
+    assert "the noise contexts of the keys" in actions["--seed"].help
+    group = next(g for g in p._action_groups if "--margin" in [o for a in g._group_actions for o in a.option_strings])
+    assert group.title == "the edit"
+
+
+def test_a_run_from_the_command_line_reads_sys_argv(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["edit_facts", "study", "--help"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m analyses.edit_study")
+
+
+def test_one_context_and_a_margin_below_one_are_taken(checkpoints, tmp_path, capsys):
+    code, _, err = run_main(main, [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--contexts", "1",
+                                   "--margin", "0.5", "--out", tmp_path, *QUIET], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "summary.json").read_text())["settings"]["contexts"] == 1
 
 
 @pytest.mark.parametrize("kind, args, said", [
@@ -156,15 +176,13 @@ def test_each_option_s_help_says_what_it_does(capsys):
      "--fact takes one fact (give --fact/--to once per fact), got '3:1,0:0'."),
     ("attention", ["--fact", "3:1", "--to", "R1:a0", "--at", "ov"],
      "an ov write needs a head: the model has 4 heads (--head H)."),
+    ("mlp", ["--fact", "3", "--to", "R1:a0"], "--fact: SUBJECT:RELATION pairs like 3:1,7:0 expected, got '3'."),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--head", "x"], "argument --head: a head is an integer >= 0, got 'x'"),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--contexts", "0"], "--contexts must be >= 1, got 0."),
 ])
 def test_each_refusal_is_its_whole_line(checkpoints, kind, args, said, capsys):
     code, _, err = run_main(main, [checkpoints[kind], *args, *QUIET], capsys)
     assert code == 2 and err.strip() == f"error: {said}", err
-
-
-def test_a_fact_named_by_the_other_rule_says_fact_not_facts(checkpoints, capsys):
-    code, _, err = run_main(main, [checkpoints["mlp"], "--fact", "3", "--to", "R1:a0", *QUIET], capsys)
-    assert code == 2 and err.startswith("error: --fact:") and "--facts" not in err, err
 
 
 def test_the_checkpoint_read_or_a_folder_inside_it_is_refused_as_save(checkpoints, capsys):
