@@ -191,3 +191,12 @@ def test_the_checkpoint_read_or_a_folder_inside_it_is_refused_as_save(checkpoint
         code, _, err = run_main(main, [ckpt, "--fact", "3:1", "--to", "R1:a0", "--save", save, *QUIET], capsys)
         assert err.strip() == (f"error: --save {save} is the checkpoint read (or inside it): the edited model goes "
                                "to a folder of its own.")
+
+
+def test_a_folder_of_a_user_s_files_is_not_written_into(checkpoints, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("keep\n")
+    code, _, err = run_main(main, [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET],
+                            capsys)
+    assert code == 2 and err.strip() == (f"error: {tmp_path} holds files that are not edit_facts results (notes.txt), "
+                                         "which edit_facts does not write over; move them, or choose another --out.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
