@@ -100,8 +100,9 @@ def test_the_section_shows_each_store_s_write_its_figure_and_its_table(theorem4,
         return fig, ax
 
     monkeypatch.setattr(edit_view, "subplots", subplots)
-    restored = [[0.0, 0.1, 0.9, 0.0]]  # head 2 carries subject 3 here
-    page = edit_section(theorem4, TASK, facts([(3, 1, "mlp")], restored), contexts=4, seed=0)
+    restored = [[0.9, 0.0, 0.0, 0.0], [0.0, 0.1, 0.9, 0.0], [0.9, 0.0, 0.0, 0.0]]  # head 2 carries subject 3 here
+    rows = [(0, 1, "not_stored"), (3, 1, "mlp"), (3, 0, "attention")]  # shown: 3:1 (its relation's, its subject's)
+    page = edit_section(theorem4, TASK, facts(rows, restored), contexts=4, seed=0)
     logits, effects = before_after(theorem4, TASK, 3, 1, 2, 4, 0)
     assert page.startswith("<h2>Editing</h2><h3>S3 R1 (stored in: mlp) given another answer</h3>"
                            "<p>A rank-one write (ROME) at each store, the ov write at head 2; logits on held-out "
