@@ -109,15 +109,15 @@ def test_the_same_edits_again_find_their_own_results(checkpoints, tmp_path, caps
     assert code == 0, err
 
 
-def test_auto_writes_a_fact_at_the_head_asked_without_a_progress_bar(checkpoints, tmp_path, capsys):
+def test_auto_writes_a_fact_at_the_head_carrying_its_subject_or_at_the_head_asked(checkpoints, tmp_path, capsys):
     ckpt = checkpoints["planned"]
-    s, r = 0, 0  # the plan's attention
-    new = (int(STRUCTURED.facts[s, r]) + 1) % 4
-    code, _, err = run_main(main, [ckpt, "--fact", "0:0", "--to", str(new), "--at", "auto", "--head", "0",
-                                   "--out", tmp_path, *QUIET], capsys)
-    assert code == 0 and err == "", err
-    edits = pd.read_csv(tmp_path / "edits.csv")
-    assert edits[["at", "head"]].values.tolist() == [["ov", 0]]
+    new = (int(STRUCTURED.facts[0, 0]) + 1) % 4  # fact 0:0 lives in the attention: subject 0 is head 0's
+    for head, chosen in ((None, 0), ("1", 1)):
+        out = tmp_path / f"head-{head}"
+        code, _, err = run_main(main, [ckpt, "--fact", "0:0", "--to", str(new), "--at", "auto",
+                                       *(["--head", head] if head else []), "--out", out, *QUIET], capsys)
+        assert code == 0 and err == "", err
+        assert pd.read_csv(out / "edits.csv")[["at", "head"]].values.tolist() == [["ov", chosen]]
 
 
 def test_study_goes_to_the_editing_study(capsys):
@@ -147,7 +147,7 @@ def test_each_option_says_what_it_does_and_takes_what_it_says():
         a = actions[option]
         assert (a.help, a.metavar, a.required, a.choices, a.default) == (said, metavar, required, choices, default)
     assert p.prog == "python -m analyses.edit_facts" and p.description.startswith("python -m analyses.edit_facts CKPT")
-    assert "the noise contexts of the keys" in actions["--seed"].help
+    assert actions["--seed"].help == "seed of the noise contexts of the keys (default 0)"
     group = next(g for g in p._action_groups if "--margin" in [o for a in g._group_actions for o in a.option_strings])
     assert group.title == "the edit"
 
