@@ -79,8 +79,9 @@ def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_l
 
 def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(checkpoints, tmp_path, capsys):
     ckpt, saved = checkpoints["mlp"], tmp_path / "edited"
-    argv = [ckpt, "--fact", "3:1", "--to", "R1:a0", "--fact", "0:2", "--to", "11", "--save", saved, *QUIET]
-    assert run_main(main, [*argv, "--out", tmp_path / "first"], capsys)[0] == 0
+    argv = [ckpt, "--fact", "3:1", "--to", "R1:a0", "--fact", "0:2", "--to", "11", "--head", "2", "--save", saved,
+            *QUIET]  # --head: an mlp write has none
+    assert run_main(main, [*argv, "--out", tmp_path / "first", "--form", "memit"], capsys)[0] == 0
     code, out, err = run_main(main, [*argv, "--force", "--out", tmp_path / "run"], capsys)
     assert code == 0, err
     lines = out.splitlines()
@@ -96,7 +97,13 @@ def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(che
     original, _ = load(ckpt, "cpu")
     edited, _ = load(saved, "cpu")
     change = (edited.W_out - original.W_out)[0].detach()
-    assert change.norm().item() == pytest.approx(summary["weight_change"]["W_out"]["norm"], rel=1e-4)
+    weight = summary["weight_change"]["W_out"]
+    assert change.norm().item() == pytest.approx(weight["norm"], rel=1e-4)
+    assert weight["relative"] == pytest.approx(weight["norm"] / original.W_out[0].detach().norm().item(), rel=1e-5)
+    memit = json.loads((tmp_path / "first" / "summary.json").read_text())["weight_change"]["W_out"]["norm"]
+    assert memit < 0.99 * weight["norm"]  # MEMIT's form reaches each key's value only in part
+    assert isinstance(summary["seconds"], float) and 0 <= summary["seconds"] < 600
+    assert round(summary["seconds"], 2) == summary["seconds"]
     assert torch.equal(edited.W_O, original.W_O)
 
 
