@@ -1,0 +1,209 @@
+"""python -m analyses.edit_facts held to what it documents (docs/editing.md; docs/testing.md,
+its mutation score): the folder of a set of edits, the columns and records it writes, each
+line it prints, an ov write at the head asked, the saved model's record of its edits, each
+option's help, and each refusal's whole line."""
+import json
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from analyses.edit_facts import edits_folder, main, parser
+from models import load
+from models.checkpoint import read_config, write_checkpoint
+from models.cli import override
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
+from probe.editing import FactEdit
+from tests.conftest import run_main
+
+TASK = CONSTRUCTION_TASK.build()
+STRUCTURED = override(CONSTRUCTION_TASK, {"facts": "structured"}).build()
+QUIET = ["--quiet", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Theorem 4 (mlp), Theorem 3 (attention), and a model keeping each fact where a plan says."""
+    root = tmp_path_factory.mktemp("edit_mutants")
+    ckpts = {}
+    for kind in ("mlp", "attention"):
+        cfg = override(CONSTRUCTION_MODEL, {"attn_only": kind == "attention"})
+        ckpts[kind] = write_checkpoint(root / kind, cfg.checkpoint_section(TASK), TASK, {}, build(kind, TASK, cfg))
+    pattern = ["attention", "mlp", "both", "mlp"]
+    plan = [[pattern[(s + r) % 4] for r in range(4)] for s in range(8)]
+    ckpts["planned"] = write_checkpoint(root / "planned", CONSTRUCTION_MODEL.checkpoint_section(STRUCTURED),
+                                        STRUCTURED, {}, build_storage(STRUCTURED, CONSTRUCTION_MODEL, plan, 5.0, 5.0))
+    return ckpts
+
+
+def test_a_set_of_edits_is_named_by_its_first_four_and_how_many_more():
+    edits = [FactEdit(s, 1, 4 + s % 4) for s in range(6)]
+    assert edits_folder(edits[:4], "mlp") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_at-mlp"
+    assert edits_folder(edits[:5], "ov") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_and_1_more_at-ov"
+    assert edits_folder(edits, "auto") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_and_2_more_at-auto"
+
+
+def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_line(checkpoints, capsys):
+    ckpt = checkpoints["attention"]
+    code, out, err = run_main(main, [ckpt, "--fact", "3:1", "--to", "R1:a0", "--at", "ov", "--head", "0",
+                                     "--margin", "3", *QUIET], capsys)
+    assert code == 0 and err == "", err
+    folder = ckpt / "analysis" / "edit_facts" / "3-1_to_4_at-ov" / "margin-3"
+    edits = pd.read_csv(folder / "edits.csv")
+    assert list(edits.columns) == ["subject", "relation", "at", "head", "old_answer", "new_answer", "efficacy",
+                                   "efficacy_low", "efficacy_high", "old_rank", "new_margin", "leak", "old_name",
+                                   "new_name", "boost"]
+    e = edits.iloc[0]
+    assert (e["at"], e["head"], e["old_name"], e["new_name"], e["boost"], e["efficacy"]) == \
+        ("ov", 0, "R1:a3", "R1:a0", 1.0, 1.0)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["settings"] == {"contexts": 8, "margin": 3.0, "form": "exact", "seed": 0, "at": "ov", "head": 0,
+                                   "edits": [[3, 1, 4]]}
+    assert summary["step"] is None and summary["efficacy"] == 1.0 and list(summary["weight_change"]) == ["W_O"]
+    model, _ = load(ckpt, "cpu")
+    change = summary["weight_change"]["W_O"]
+    assert change["relative"] == pytest.approx(change["norm"] / model.W_O[0].detach().norm().item(), rel=1e-5)
+    spec = summary["specificity"]
+    lines = [f"{ckpt}: 1 edit",
+             f"  S3 R1: R1:a3 -> R1:a0 at ov (head 0): efficacy 1.00 [{e['efficacy_low']:.2f}, 1.00], old answer's "
+             f"rank {e['old_rank']:.1f}, margin {e['new_margin']:+.2f}, leak {e['leak']:.2f}",
+             *(f"  other facts unchanged, {group.replace('_', ' ')}: {spec[group]['share']:.3f} "
+               f"[{spec[group]['low']:.3f}, {spec[group]['high']:.3f}] of {spec[group]['facts']}"
+               for group in ("same_subject", "same_relation", "other", "all")),
+             f"  weight change W_O: {change['norm']:.3g} ({100 * change['relative']:.1f}% of its norm)",
+             f"wrote {folder}/ (edits.csv, summary.json)"]
+    assert out.splitlines() == lines
+    assert "margin +3.00" in lines[1] and "same relation: 1.000" in out
+
+
+def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(checkpoints, tmp_path, capsys):
+    ckpt, saved = checkpoints["mlp"], tmp_path / "edited"
+    argv = [ckpt, "--fact", "3:1", "--to", "R1:a0", "--fact", "0:2", "--to", "11", "--head", "2", "--save", saved,
+            *QUIET]  # --head: an mlp write has none
+    assert run_main(main, [*argv, "--out", tmp_path / "first", "--form", "memit"], capsys)[0] == 0
+    code, out, err = run_main(main, [*argv, "--force", "--out", tmp_path / "run"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == [f"--force: replaced the model in {saved}.", f"{ckpt}: 2 edits"]
+    assert " at mlp: efficacy 1.00" in lines[2] and lines[2].endswith("leak 0.00")
+    assert lines[-1] == f"wrote {tmp_path / 'run'}/ (edits.csv, summary.json) and the edited model to {saved}/"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    config, _ = read_config(saved)
+    assert config["training"]["edited"] == {k: summary[k] for k in ("checkpoint", "step", "weights_sha256", "settings")}
+    assert summary["settings"]["edits"] == [[3, 1, 4], [0, 2, 11]] and summary["checkpoint"] == str(ckpt)
+    edits = pd.read_csv(tmp_path / "run" / "edits.csv")
+    assert edits["head"].isna().all() and edits["at"].tolist() == ["mlp", "mlp"]
+    original, _ = load(ckpt, "cpu")
+    edited, _ = load(saved, "cpu")
+    change = (edited.W_out - original.W_out)[0].detach()
+    weight = summary["weight_change"]["W_out"]
+    assert change.norm().item() == pytest.approx(weight["norm"], rel=1e-4)
+    assert weight["relative"] == pytest.approx(weight["norm"] / original.W_out[0].detach().norm().item(), rel=1e-5)
+    memit = json.loads((tmp_path / "first" / "summary.json").read_text())["weight_change"]["W_out"]["norm"]
+    assert memit < 0.99 * weight["norm"]  # MEMIT's form reaches each key's value only in part
+    assert isinstance(summary["seconds"], float) and 0 <= summary["seconds"] < 600
+    assert round(summary["seconds"], 2) == summary["seconds"]
+    assert torch.equal(edited.W_O, original.W_O)
+
+
+@pytest.mark.xfail(strict=True, reason="recorded.RESULT_FILES does not name edit_facts' edits.csv: its own "
+                                      "results are taken for a user's files")
+def test_the_same_edits_again_find_their_own_results(checkpoints, tmp_path, capsys):
+    argv = [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET]
+    assert run_main(main, argv, capsys)[0] == 0
+    code, _, err = run_main(main, argv, capsys)
+    assert code == 0, err
+
+
+def test_auto_writes_a_fact_at_the_head_carrying_its_subject_or_at_the_head_asked(checkpoints, tmp_path, capsys):
+    ckpt = checkpoints["planned"]
+    new = (int(STRUCTURED.facts[0, 0]) + 1) % 4  # fact 0:0 lives in the attention: subject 0 is head 0's
+    for head, chosen in ((None, 0), ("1", 1)):
+        out = tmp_path / f"head-{head}"
+        code, _, err = run_main(main, [ckpt, "--fact", "0:0", "--to", str(new), "--at", "auto",
+                                       *(["--head", head] if head else []), "--out", out, *QUIET], capsys)
+        assert code == 0 and err == "", err
+        assert pd.read_csv(out / "edits.csv")[["at", "head"]].values.tolist() == [["ov", chosen]]
+
+
+def test_study_goes_to_the_editing_study(capsys):
+    code, out, _ = run_main(main, ["study", "--help"], capsys)
+    assert code == 0 and out.startswith("usage: python -m analyses.edit_study")
+
+
+OPTIONS = {  # option: its help, metavar, whether it is required, its choices and its default
+    "--fact": ("the fact to edit, as locate_facts --facts names it (3:1); once per edited fact", "S:R", True, None,
+               None),
+    "--to": ("its new answer: a name the toolkit prints (R1:a2) or an answer id; once per --fact", "ANSWER", True,
+             None, None),
+    "--at": ("the store written: the MLP's W_out, a head's W_O, or where the fact lives (default mlp)", None, False,
+             ("mlp", "ov", "auto"), "mlp"),
+    "--head": ("the head an ov write goes to (needed with more than one head, but for --at auto)", None, False, None,
+               None),
+    "--save": ("write the edited model as a checkpoint to DIR (never the checkpoint read)", "DIR", False, None, None),
+    "--force": ("replace the checkpoint at --save: its model's files only (a user's files stay, its analysis/ is "
+                "moved aside); a folder that is not a checkpoint is refused", None, False, None, False),
+}
+
+
+def test_each_option_says_what_it_does_and_takes_what_it_says():
+    p = parser()
+    actions = {a.option_strings[0]: a for a in p._actions if a.option_strings}
+    for option, (said, metavar, required, choices, default) in OPTIONS.items():
+        a = actions[option]
+        assert (a.help, a.metavar, a.required, a.choices, a.default) == (said, metavar, required, choices, default)
+    assert p.prog == "python -m analyses.edit_facts" and p.description.startswith("python -m analyses.edit_facts CKPT")
+    assert actions["--seed"].help == "seed of the noise contexts of the keys (default 0)"
+    group = next(g for g in p._action_groups if "--margin" in [o for a in g._group_actions for o in a.option_strings])
+    assert group.title == "the edit"
+
+
+def test_a_run_from_the_command_line_reads_sys_argv(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["edit_facts", "study", "--help"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m analyses.edit_study")
+
+
+def test_one_context_and_a_margin_below_one_are_taken(checkpoints, tmp_path, capsys):
+    code, _, err = run_main(main, [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--contexts", "1",
+                                   "--margin", "0.5", "--out", tmp_path, *QUIET], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "summary.json").read_text())["settings"]["contexts"] == 1
+
+
+@pytest.mark.parametrize("kind, args, said", [
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--fact", "0:0"], "give one --to per --fact: 2 --fact, 1 --to."),
+    ("mlp", ["--fact", "3:1", "--to", "R2:a0"],
+     "--to R2:a0: not one of relation R1's answers (R1:a0, R1:a1, R1:a2, R1:a3, or ids 4..7)."),
+    ("mlp", ["--fact", "3:1", "--to", "12"],
+     "--to 12: not one of relation R1's answers (R1:a0, R1:a1, R1:a2, R1:a3, or ids 4..7)."),
+    ("mlp", ["--fact", "3:1,0:0", "--to", "R1:a0"],
+     "--fact takes one fact (give --fact/--to once per fact), got '3:1,0:0'."),
+    ("attention", ["--fact", "3:1", "--to", "R1:a0", "--at", "ov"],
+     "an ov write needs a head: the model has 4 heads (--head H)."),
+    ("mlp", ["--fact", "3", "--to", "R1:a0"], "--fact: SUBJECT:RELATION pairs like 3:1,7:0 expected, got '3'."),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--head", "x"], "argument --head: a head is an integer >= 0, got 'x'"),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--contexts", "0"], "--contexts must be >= 1, got 0."),
+])
+def test_each_refusal_is_its_whole_line(checkpoints, kind, args, said, capsys):
+    code, _, err = run_main(main, [checkpoints[kind], *args, *QUIET], capsys)
+    assert code == 2 and err.strip() == f"error: {said}", err
+
+
+def test_the_checkpoint_read_or_a_folder_inside_it_is_refused_as_save(checkpoints, capsys):
+    ckpt = checkpoints["mlp"]
+    for save in (ckpt, ckpt / "edited"):
+        code, _, err = run_main(main, [ckpt, "--fact", "3:1", "--to", "R1:a0", "--save", save, *QUIET], capsys)
+        assert err.strip() == (f"error: --save {save} is the checkpoint read (or inside it): the edited model goes "
+                               "to a folder of its own.")
+
+
+def test_a_folder_of_a_user_s_files_is_not_written_into(checkpoints, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("keep\n")
+    code, _, err = run_main(main, [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET],
+                            capsys)
+    assert code == 2 and err.strip() == (f"error: {tmp_path} holds files that are not edit_facts results (notes.txt), "
+                                         "which edit_facts does not write over; move them, or choose another --out.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
