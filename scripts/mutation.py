@@ -88,7 +88,8 @@ MODULES = {
     "tasks/triton_kernels.py": ["tests/test_triton_kernels.py", "tests/test_counter.py"],
     "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_docs.py::test_shown_output_is_what_the_"
                                  "command_prints", "-k", "not cli_writes and not bad_checkpoint and not trained_model"],
-    "probe/causal_tracing.py": ["tests/test_causal_tracing.py", "tests/test_causal_tracing_parts.py"],
+    "probe/causal_tracing.py": ["tests/test_causal_tracing.py", "tests/test_causal_tracing_parts.py", "-k",
+                                "not cli and not summary_and_report and not second_run"],
     "analyses/causal_tracing.py": ["tests/test_causal_tracing.py", "tests/test_causal_tracing_parts.py"],
     "models/aot/train.py": ["tests/test_aot_models.py", "tests/test_docs.py", "-k",
                             "command_line or task_seed or shown_output_is"],

@@ -117,12 +117,12 @@ def rows(fact, component, layer, position, effect):
 
 def test_the_peak_is_the_largest_output_and_a_tie_within_a_thousandth():
     effects = pd.DataFrame([
-        rows("a", "mlp", 2, "last", 0.5), rows("a", "attn", 1, "last", 0.3), rows("a", "resid", 0, "subject", 0.9),
-        rows("b", "attn", 2, "last", 0.4), rows("b", "mlp", 1, "subject", 0.3995), rows("b", "mlp", 2, "last", 0.1),
-        rows("c", "mlp", 1, "subject", 0.2), rows("c", "attn", 2, "last", 0.6), rows("c", "attn", 1, "last", 0.5),
-        rows("d", "attn", 1, "last", 0.3015), rows("d", "mlp", 1, "last", 0.3)])
+        rows("x", "mlp", 2, "last", 0.5), rows("x", "attn", 1, "last", 0.3), rows("x", "resid", 0, "subject", 0.9),
+        rows("w", "attn", 2, "last", 0.4), rows("w", "mlp", 1, "subject", 0.3995), rows("w", "mlp", 2, "last", 0.1),
+        rows("v", "mlp", 1, "subject", 0.2), rows("v", "attn", 2, "last", 0.6), rows("v", "attn", 1, "last", 0.5),
+        rows("u", "attn", 1, "last", 0.3015), rows("u", "mlp", 1, "last", 0.3)])
     top = peaks(effects)
-    assert list(top.index) == ["a", "b", "c", "d"]
+    assert list(top.index) == ["x", "w", "v", "u"] and top.index.name == "fact"  # the effects' order, not sorted
     assert top["store"].tolist() == ["mlp", "tie", "attention", "attention"]
     assert top["layer"].tolist() == [2, 2, 2, 1] and top["position"].tolist() == ["last"] * 4
     assert top["indirect_effect"].tolist() == [0.5, 0.4, 0.6, 0.3015]
@@ -138,8 +138,8 @@ def test_the_severed_reading_is_the_share_of_the_embedding_s_effect_lost_with_th
     table += [rows("m", "resid", 0, "relation", 0.0), rows("m", "resid_severed_mlp", 0, "relation", 0.0)]
     table += [rows("m", "resid", 1, "subject", 0.3), rows("m", "resid_severed_mlp", 1, "subject", 0.3)]
     labels = severed_stores(pd.DataFrame(table))
-    assert labels.to_dict() == {"m": "mlp", "edge_m": "mlp", "b": "both", "edge_a": "attention", "a": "attention",
-                                "n": "none"}
+    assert list(labels.items()) == [("m", "mlp"), ("edge_m", "mlp"), ("b", "both"), ("edge_a", "attention"),
+                                    ("a", "attention"), ("n", "none")]  # the effects' order, not sorted
     assert severed_stores(pd.DataFrame(table), band=0.1).to_dict()["edge_m"] == "both"
     on_relation = severed_stores(pd.DataFrame(table), "relation")
     assert on_relation.to_dict() == {"m": "none"}
