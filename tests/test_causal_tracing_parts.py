@@ -44,6 +44,7 @@ def test_the_noise_is_three_times_the_corrupted_kind_s_embedding_std_added_at_it
     rows = list(range(8)) if corrupt == "subject" else [8 + r for r in range(4)]  # relation r is token S + r
     sigma = float(model.W_E.detach()[rows].std())
     assert tracing.noise_std(model, TASK, corrupt) == pytest.approx(sigma, rel=1e-6)
+    assert tracing.noise_std(model, TASK) == tracing.noise_std(model, TASK, "subject")  # the subject by default
     effects = causal_trace(model, TASK, torch.Generator().manual_seed(7), 1, 0, FACTS, 1, corrupt)
     batch, _ = tracing_prompts(TASK, 1, 0, FACTS)
     draw = torch.randn(len(batch), model.cfg.d_model, generator=torch.Generator().manual_seed(7)) * 3 * sigma
@@ -190,7 +191,9 @@ def test_the_summary_and_report_are_the_means_of_the_effects_written(thm4, capsy
                           "severed (share of the effect through the MLPs): mlp 2"]
     assert lines[3].startswith(f"wrote {out}/ (effects.csv, peaks.csv, summary.json, heat maps) in ")
     assert len(lines) == 4
-    assert {p.name for p in out.glob("heatmap_*.png")} == {f"heatmap_{c}.png" for c in tracing.COMPONENTS}
+    maps = {p.name: p.read_bytes() for p in out.glob("heatmap_*.png")}
+    assert maps.keys() == {f"heatmap_{c}.png" for c in tracing.COMPONENTS}
+    assert len(set(maps.values())) == len(maps)  # each its own component's map
 
 
 def test_trace_shows_one_step_per_chunk_and_draw_and_reads_the_severed_effect_at_the_corrupted_token(monkeypatch):
@@ -267,14 +270,14 @@ def test_the_report_names_both_agreements_when_recorded():
     from analyses.causal_tracing import report
 
     facts = {"n_facts": 3, "clean_probability": 0.99949, "corrupted_probability": 0.25, "peak_stores": {"mlp": 2,
-             "tie": 1}, "severed_stores": {"both": 3}, "seconds": 1.25,
+             "tie": 1}, "severed_stores": {"both": 2, "mlp": 1}, "seconds": 1.25,
              "storage_rule_agreement": {"of": 3, "peak_agrees": 2, "severed_agrees": 0},
              "known_store_agreement": {"of": 3, "peak_component_agrees": 2, "peak_place_agrees": 1,
                                        "severed_agrees": 0}}
     assert report(facts, "ckpt/x", Path("out")).splitlines() == [
         "ckpt/x: 3 facts, P(answer) clean 0.999, corrupted 0.250",
         "peak of the indirect effect (MLP or attention output): mlp 2, tie 1",
-        "severed (share of the effect through the MLPs): both 3",
+        "severed (share of the effect through the MLPs): both 2, mlp 1",
         "against the storage rule (locate_facts): the peak agrees on 2 of 3 facts, the severed reading on 0",
         "against the construction's known stores: the peak names the component on 2 of 3 facts (also the layer "
         "and position on 1), the severed reading on 0",
@@ -284,8 +287,9 @@ def test_the_report_names_both_agreements_when_recorded():
 def test_a_construction_s_known_stores_are_named_by_tracing_s_layer_and_position(tmp_path):
     from analyses.causal_tracing import known_agreement, with_known_stores
 
-    top = pd.DataFrame({"store": ["mlp", "attention", "tie"], "layer": [1, 1, 2], "position": ["last", "last", "last"],
-                        "severed_store": ["mlp", "mlp", "both"]}, index=pd.Index(["1:1", "2:3", "0:0"], name="fact"))
+    top = pd.DataFrame({"store": ["mlp", "attention", "tie"], "layer": [1, 1, 2],
+                        "position": ["subject", "last", "last"], "severed_store": ["mlp", "mlp", "both"]},
+                       index=pd.Index(["1:1", "2:3", "0:0"], name="fact"))
     assert with_known_stores(top, tmp_path) is top  # no config.json: nothing known
     (tmp_path / "config.json").write_text(json.dumps({"training": {"steps": 3}}))
     assert with_known_stores(top, tmp_path) is top and known_agreement(top) == {}
@@ -297,7 +301,7 @@ def test_a_construction_s_known_stores_are_named_by_tracing_s_layer_and_position
     assert known["known_layer"].tolist()[:2] == [1, 1] and known["known_layer"].isna().tolist()[2]
     assert known["known_position"].tolist()[:2] == ["subject", "last"]
     assert known_agreement(known) == {"of": 3, "known_stores": {"mlp": 1, "attention": 1, "none": 1},
-                                      "peak_component_agrees": 2, "peak_place_agrees": 1, "severed_agrees": 1}
+                                      "peak_component_agrees": 2, "peak_place_agrees": 2, "severed_agrees": 1}
 
 
 def test_the_storage_rule_s_labels_are_read_only_from_results_of_the_same_weights(tmp_path):
