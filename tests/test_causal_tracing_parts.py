@@ -331,3 +331,45 @@ def test_a_second_run_of_other_settings_into_the_same_folder_is_refused_and_keep
     assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1 and "noise" in err
     assert (tmp_path / "out" / "effects.csv").read_bytes() == before
     assert run_main(main, argv, capsys)[0] == 0  # the same settings again: its own results, rewritten
+
+
+def test_the_resampled_tokens_come_from_the_generator_passed_in():
+    model = constructed("mlp")
+
+    def resampled(seed):
+        return causal_trace(model, TASK, torch.Generator().manual_seed(seed), 2, 0, FACTS, 1, noise="resample")
+
+    torch.manual_seed(1)
+    first = resampled(5)
+    torch.manual_seed(2)  # the global generator plays no part
+    pd.testing.assert_frame_equal(first, resampled(5))
+
+
+def test_every_fact_is_traced_by_default_into_a_folder_named_after_the_settings(thm4, capsys):
+    from analyses.causal_tracing import main
+
+    code, said, _ = run_main(main, [thm4, "--draws", "1", "--contexts", "1", "--noise", "resample", "--quiet",
+                                    "--device", "cpu"], capsys)
+    folder = thm4 / "analysis" / "causal_tracing" / "contexts-1_draws-1_noise-resample"
+    assert code == 0 and said.startswith(f"{thm4}: 32 facts,") and f"wrote {folder}/ " in said
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["n_facts"] == 32 and "facts" not in summary["settings"] and summary["step"] is None
+    assert len(pd.read_csv(folder / "peaks.csv")) == 32
+
+
+@pytest.mark.parametrize("case, says", [("--step", "no snapshot"),
+                                        ("association", "task kind 'association' is not a factual-recall task")])
+def test_the_cli_refuses_a_missing_snapshot_and_another_task_kind(thm4, tmp_path, capsys, case, says):
+    import shutil
+
+    from analyses.causal_tracing import main
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(thm4, ckpt, ignore=shutil.ignore_patterns("analysis"))
+    if case == "association":
+        config = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**config, "task": {**config["task"], "kind": "association"}}))
+    code, _, err = run_main(main, [ckpt, *(["--step", "5"] if case == "--step" else []), "--facts", "1:1", "--draws",
+                                   "1", "--contexts", "1", "--quiet", "--device", "cpu"], capsys)
+    assert code == 2 and err.startswith("error:") and says in err and len(err.strip().splitlines()) == 1
+    assert not (ckpt / "analysis").exists()
