@@ -36,12 +36,28 @@ def test_chosen_facts_get_the_prompts_they_get_among_all_in_the_order_given():
     assert torch.equal(whole.tokens, every.tokens) and len(all_index) == 32
 
 
+def smooth_model():
+    """Two blocks of random weights whose P(a*) moves smoothly with the embeddings (a construction's
+    saturates: 3 sigma of noise or 6 leave it at 0 or 1 alike)."""
+    from models import build_bridge
+    from models.section import InductionSection
+
+    section = InductionSection("generic", 2, 16, 2, 8, 32, "all", None, TASK.seq_len, TASK.d_vocab, TASK.d_vocab_out)
+    generator = torch.Generator().manual_seed(0)
+    weights = {k: 0.3 * torch.randn(shape, generator=generator) for k, shape in section.weight_shapes().items()}
+    weights["unembed.W_U"] *= 0.1  # logits of order 1
+    return build_bridge(section, weights)
+
+
 @pytest.mark.parametrize("corrupt", ["subject", "relation"])
 def test_the_noise_is_three_times_the_corrupted_kind_s_embedding_std_added_at_its_token(corrupt):
     """One draw by hand: the corrupted probability is P(a*) with N(0, (3 sigma)^2) added to the
     token's embedding, sigma the std of every subject's (relation's) W_E row entries."""
-    model = constructed("mlp")
+    model = smooth_model()
     rows = list(range(8)) if corrupt == "subject" else [8 + r for r in range(4)]  # relation r is token S + r
+    other = [8 + r for r in range(4)] if corrupt == "subject" else list(range(8))
+    with torch.no_grad():
+        model.W_E[other] *= 2  # the other kind's embeddings spread twice as wide: a std of the wrong rows shows
     sigma = float(model.W_E.detach()[rows].std())
     assert tracing.noise_std(model, TASK, corrupt) == pytest.approx(sigma, rel=1e-6)
     assert tracing.noise_std(model, TASK) == tracing.noise_std(model, TASK, "subject")  # the subject by default
@@ -64,7 +80,14 @@ def test_the_noise_is_three_times_the_corrupted_kind_s_embedding_std_added_at_it
     per_fact = effects.drop_duplicates("fact")
     assert (per_fact["clean_probability"].to_numpy() - clean.numpy()).max() < FLOAT
     assert abs(per_fact["corrupted_probability"].to_numpy() - corrupted.numpy()).max() < FLOAT
-    assert (clean - corrupted).max() > 0.3  # the noise matters: a wrong scale or place shows
+    assert (clean - corrupted).abs().max() > 1e-3  # the noise matters: a wrong scale or place shows
+
+
+def test_the_function_s_defaults_are_the_command_s_two_contexts_and_seed_0():
+    model = constructed("mlp")
+    default = causal_trace(model, TASK, torch.Generator().manual_seed(0), facts=[(2, 1)], draws=1, noise="resample")
+    given = causal_trace(model, TASK, torch.Generator().manual_seed(0), 2, 0, [(2, 1)], 1, noise="resample")
+    pd.testing.assert_frame_equal(default, given)
 
 
 def test_prompts_are_traced_in_chunks_that_meet_inside_a_fact(monkeypatch):
@@ -373,3 +396,54 @@ def test_the_cli_refuses_a_missing_snapshot_and_another_task_kind(thm4, tmp_path
                                    "1", "--contexts", "1", "--quiet", "--device", "cpu"], capsys)
     assert code == 2 and err.startswith("error:") and says in err and len(err.strip().splitlines()) == 1
     assert not (ckpt / "analysis").exists()
+
+
+def test_a_snapshot_is_traced_by_its_step_and_results_of_another_step_are_not_written_over(thm4, tmp_path, capsys):
+    import shutil
+
+    from analyses.causal_tracing import main
+    from models.checkpoint import snapshot_path
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(thm4, ckpt, ignore=shutil.ignore_patterns("analysis"))
+    snapshot_path(ckpt, 0).parent.mkdir()
+    shutil.copy(ckpt / "model.safetensors", snapshot_path(ckpt, 0))
+    argv = [ckpt, "--facts", "1:1", "--draws", "1", "--contexts", "1", "--quiet", "--device", "cpu", "--out",
+            tmp_path / "out"]
+    assert run_main(main, [*argv, "--step", "0"], capsys)[0] == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["step"] == 0 and isinstance(summary["seconds"], float) and 0 < summary["seconds"] < 600
+    assert round(summary["seconds"], 2) == summary["seconds"]
+    code, _, err = run_main(main, argv, capsys)  # the final weights: other results
+    assert code == 2 and "step" in err and "which causal_tracing does not write over" in err
+
+
+def test_the_cli_shows_progress_unless_quiet(thm4, tmp_path, capsys, monkeypatch):
+    import analyses.causal_tracing as command
+
+    shown = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            shown.append(not kwargs["disable"])
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(command, "progress_bar", Bar)
+    argv = [thm4, "--facts", "1:1", "--draws", "1", "--contexts", "1", "--device", "cpu"]
+    assert run_main(command.main, [*argv, "--out", tmp_path / "a"], capsys)[0] == 0
+    assert run_main(command.main, [*argv, "--quiet", "--out", tmp_path / "b"], capsys)[0] == 0
+    assert shown == [True, False]
+
+
+def test_the_help_names_the_command_and_what_it_does():
+    from analyses.causal_tracing import parser
+
+    shown = parser().format_help()
+    assert shown.startswith("usage: python -m analyses.causal_tracing")
+    assert "causal tracing (ROME) of every fact" in shown
+    assert "CKPT/analysis/causal_tracing" in shown
