@@ -97,10 +97,17 @@ def test_prompts_are_traced_in_chunks_that_meet_inside_a_fact(monkeypatch):
     facts = [(1, 1), (6, 3)]
     whole = causal_trace(model, TASK, torch.Generator().manual_seed(0), 2, 0, facts, 2, noise="resample")
     monkeypatch.setattr(tracing, "PROMPTS_PER_RUN", 3)
-    calls = []
+    calls, sizes, run_with_cache = [], [], model.run_with_cache
+
+    def counted(tokens, **kwargs):  # [n, T]
+        sizes.append(len(tokens))
+        return run_with_cache(tokens, **kwargs)
+
+    monkeypatch.setattr(model, "run_with_cache", counted)
     chunked = causal_trace(model, TASK, torch.Generator().manual_seed(0), 2, 0, facts, 2, noise="resample",
                            progress=lambda: calls.append(1))
     assert len(calls) == tracing.n_steps(2, 2, 2) == 4
+    assert sizes == [3, 3, 3, 1, 1, 1]  # per chunk: the clean run, then one corrupted run per draw
     pd.testing.assert_series_equal(chunked["clean_probability"], whole["clean_probability"])
     per_fact = chunked.drop_duplicates("fact").set_index("fact")
     assert list(per_fact.index) == ["1:1", "6:3"]
