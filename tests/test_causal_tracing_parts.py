@@ -84,10 +84,14 @@ def test_the_noise_is_three_times_the_corrupted_kind_s_embedding_std_added_at_it
 
 
 def test_the_function_s_defaults_are_the_command_s_two_contexts_and_seed_0():
-    model = constructed("mlp")
+    model = smooth_model()  # a construction's P(a*) is the same 0 or 1 in every context
     default = causal_trace(model, TASK, torch.Generator().manual_seed(0), facts=[(2, 1)], draws=1, noise="resample")
     given = causal_trace(model, TASK, torch.Generator().manual_seed(0), 2, 0, [(2, 1)], 1, noise="resample")
-    pd.testing.assert_frame_equal(default, given)
+    pd.testing.assert_frame_equal(default, given, check_exact=True)
+    other = causal_trace(model, TASK, torch.Generator().manual_seed(0), 3, 0, [(2, 1)], 1, noise="resample")
+    seeded = causal_trace(model, TASK, torch.Generator().manual_seed(0), 2, 1, [(2, 1)], 1, noise="resample")
+    assert not other["clean_probability"].equals(given["clean_probability"])  # the contexts matter
+    assert not seeded["clean_probability"].equals(given["clean_probability"])  # and the prompts' seed
 
 
 def test_prompts_are_traced_in_chunks_that_meet_inside_a_fact(monkeypatch):
