@@ -253,6 +253,7 @@ def test_trace_shows_one_step_per_chunk_and_draw_and_reads_the_severed_effect_at
     assert bars[0].steps == 3 and bars[0].closed
     assert top["severed_store"].tolist() == ["mlp", "mlp"]  # read at the relation: the subject was not touched
     assert top["store"].tolist() == ["tie", "tie"] and set(effects["fact"]) == {"0:0", "3:1"}
+    assert effects["corrupted_probability"].max() < 0.01  # resampled, as asked: the answer is gone
     command.trace(constructed("mlp"), TASK, settings, facts=FACTS[:1], progress=False)
     assert bars[1].kwargs["disable"] is True and bars[1].kwargs["total"] == 3
 
@@ -458,3 +459,12 @@ def test_the_help_names_the_command_and_what_it_does():
     assert shown.startswith("usage: python -m analyses.causal_tracing")
     assert "causal tracing (ROME) of every fact" in shown
     assert "CKPT/analysis/causal_tracing" in shown
+
+
+@pytest.mark.parametrize("field, value, says", [("corrupt", "object", "corrupt must be subject or relation"),
+                                                ("noise", "uniform", "noise must be gaussian or resample")])
+def test_the_settings_refuse_a_token_or_noise_they_do_not_know(field, value, says):
+    from analyses.causal_tracing import TracingSettings
+
+    with pytest.raises(ValueError, match=says):
+        TracingSettings(**{field: value})
