@@ -418,13 +418,17 @@ def test_a_snapshot_is_traced_by_its_step_and_results_of_another_step_are_not_wr
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(thm4, ckpt, ignore=shutil.ignore_patterns("analysis"))
-    snapshot_path(ckpt, 0).parent.mkdir()
-    shutil.copy(ckpt / "model.safetensors", snapshot_path(ckpt, 0))
+    from safetensors.torch import load_file, save_file
+
+    snapshot_path(ckpt, 0).parent.mkdir()  # step 0: every weight zero, P(a*) = 1/|A| on every prompt
+    final = load_file(ckpt / "model.safetensors")
+    save_file({k: torch.zeros_like(v) for k, v in final.items()}, snapshot_path(ckpt, 0))
     argv = [ckpt, "--facts", "1:1", "--draws", "1", "--contexts", "1", "--quiet", "--device", "cpu", "--out",
             tmp_path / "out"]
     assert run_main(main, [*argv, "--step", "0"], capsys)[0] == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["step"] == 0 and isinstance(summary["seconds"], float) and 0 < summary["seconds"] < 600
+    assert summary["clean_probability"] == pytest.approx(1 / TASK.d_vocab_out)  # the snapshot's weights were read
     assert round(summary["seconds"], 2) == summary["seconds"]
     code, _, err = run_main(main, argv, capsys)  # the final weights: other results
     assert code == 2 and "step" in err and "which causal_tracing does not write over" in err
