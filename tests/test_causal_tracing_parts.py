@@ -287,15 +287,15 @@ def test_the_heat_map_shows_each_layer_s_mean_effect_by_role():
     effects = pd.DataFrame([rows("a", "mlp", 1, "last", 0.6), rows("b", "mlp", 1, "last", 0.2),
                             rows("a", "mlp", 1, "subject", 0.1), rows("b", "mlp", 1, "subject", 0.3),
                             rows("a", "mlp", 2, "last", 0.5), rows("b", "mlp", 2, "last", 0.5),
-                            rows("a", "mlp", 2, "subject", 0.0), rows("b", "mlp", 2, "subject", 0.0),
+                            rows("a", "mlp", 2, "subject", -0.1), rows("b", "mlp", 2, "subject", 0.0),
                             rows("a", "attn", 1, "last", 0.9), rows("b", "attn", 1, "last", 0.9)])
     fig = heatmap(effects, "mlp")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["subject", "last"]  # roles in order
     assert [t.get_text() for t in ax.get_yticklabels()] == ["layer 1", "layer 2"]
     image = ax.get_images()[0]
-    assert image.get_array().tolist() == [[0.2, 0.4], [0.0, 0.5]]
-    assert image.get_clim() == (0.0, 0.5) and ax.get_title() == "causal tracing: mlp"
+    assert image.get_array().tolist() == [[0.2, 0.4], [-0.05, 0.5]]
+    assert image.get_clim() == (0.0, 0.5) and ax.get_title() == "causal tracing: mlp"  # a negative effect: black
     assert fig.axes[1].get_ylabel() == "indirect effect (probability)"
 
 
