@@ -102,6 +102,9 @@ MODULES = {
     # L-layer models
     "models/cores/deep.py": ["tests/test_depth.py", "tests/test_deep_constructions.py"],
     "models/recall/deep_constructions.py": ["tests/test_deep_constructions.py"],
+    "probe/causal_tracing.py": ["tests/test_causal_tracing.py", "tests/test_causal_tracing_parts.py", "-k",
+                                "not cli and not summary_and_report and not second_run"],
+    "analyses/causal_tracing.py": ["tests/test_causal_tracing.py", "tests/test_causal_tracing_parts.py"],
     "models/aot/train.py": ["tests/test_aot_models.py", "tests/test_docs.py", "-k",
                             "command_line or task_seed or shown_output_is"],
 }
