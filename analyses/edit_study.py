@@ -227,7 +227,10 @@ def main(argv=None) -> int:
                                                                            fill=capacity["fill"])
         singles.append(single)
         masses.append(mass)
-        checkpoints[str(ckpt)] = {"facts": task.n_facts, "held": int(located["held"].sum()),
+        cfg = model.cfg
+        checkpoints[str(ckpt)] = {"shape": {"d": cfg.d_model, "H": cfg.n_heads, "d_h": cfg.d_head,
+                                            "m": cfg.d_mlp if has_mlp(model) else 0},
+                                  "facts": task.n_facts, "held": int(located["held"].sum()),
                                   "labels": located["label"].value_counts().to_dict(), **capacity,
                                   **summarize(single, mass)}
     single, mass = pd.concat(singles, ignore_index=True), pd.concat(masses, ignore_index=True)
