@@ -35,6 +35,7 @@ MODULES = {
     "probe/editing.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
     "probe/edit_keys.py": ["tests/test_editing.py"],
     "probe/edit_effects.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
+    "analyses/edit_counts.py": ["tests/test_edit_counts.py"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
     "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                      "not equals_its_run_alone and not stay_zero"],
