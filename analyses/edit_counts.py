@@ -32,7 +32,7 @@ def single_counts(row, specificity: dict, contexts: int) -> dict:
     out = {**counted("efficacy", won, contexts), **counted("won", int(won == contexts), 1)}
     for group, spec in specificity.items():
         n = spec["facts"] * contexts
-        out.update(counted(f"kept_{group}", round((spec["share"] or 0.0) * n), n))
+        out.update(counted(f"kept_{group}", round(spec["share"] * n) if n else 0, n))
     return out
 
 
@@ -43,16 +43,16 @@ def batch_counts(table: pd.DataFrame, specificity: dict, contexts: int) -> dict:
     n = specificity["all"]["facts"] * contexts
     return {**counted("efficacy", sum(wins), contexts * len(wins)),
             **counted("won", sum(w == contexts for w in wins), len(wins)),
-            **counted("kept", round((specificity["all"]["share"] or 0.0) * n), n)}
+            **counted("kept", round(specificity["all"]["share"] * n) if n else 0, n)}
 
 
 def pooled(frame: pd.DataFrame, by: list[str], shares=SHARES) -> list[dict]:
-    """Per group of `by`: each share's counts added over the group's rows (k/n of all its
-    prompts or edits) with their Wilson interval, and the number of rows."""
+    """Per group of `by` (plain Python values, for JSON): each share's counts added over the
+    group's rows (k/n of all its prompts or edits) with their Wilson interval, and the number
+    of rows."""
     rows = []
     for key, part in frame.groupby(by):
-        key = key if isinstance(key, tuple) else (key,)
-        row = {name: (k.item() if hasattr(k, "item") else k) for name, k in zip(by, key)} | {"rows": len(part)}
+        row = dict(zip(by, key)) | {"rows": len(part)}  # pandas gives the keys as Python values
         for share in shares:
             if f"{share}_k" in part:
                 row.update(counted(share, int(part[f"{share}_k"].sum()), int(part[f"{share}_n"].sum())))
@@ -70,8 +70,8 @@ def difference(a: dict, b: dict, share: str) -> dict:
 
 
 def cell(row: dict, share: str, digits: int = 3) -> str:
-    """`0.984 [0.92, 1.00] 63/64`: a share, its interval and its count, for the tables."""
+    """`0.984 [0.917, 0.997] 63/64`: a share, its interval and its count, for the tables."""
     if not row.get(f"{share}_n"):
         return "—"
-    return (f"{row[share]:.{digits}f} [{row[f'{share}_low']:.2f}, {row[f'{share}_high']:.2f}] "
+    return (f"{row[share]:.{digits}f} [{row[f'{share}_low']:.{digits}f}, {row[f'{share}_high']:.{digits}f}] "
             f"{row[f'{share}_k']}/{row[f'{share}_n']}")

@@ -1,5 +1,6 @@
 """analyses/edit_counts.py: the editing study's shares as k of n with Wilson's interval, held
 to the published numbers of Wilson's and Newcombe's intervals."""
+import json
 import math
 
 import pandas as pd
@@ -36,6 +37,8 @@ def test_a_batch_counts_its_facts_prompts_and_the_others():
     row = batch_counts(table, {"all": {"share": 0.75, "facts": 5}}, contexts=4)
     assert (row["efficacy_k"], row["efficacy_n"]) == (7, 12) and (row["won_k"], row["won_n"]) == (1, 3)
     assert (row["kept_k"], row["kept_n"]) == (15, 20)
+    every = batch_counts(table, {"all": {"share": None, "facts": 0}}, contexts=4)  # no other fact left to keep
+    assert every["kept_n"] == 0 and math.isnan(every["kept"]) and every["won_n"] == 3
 
 
 def test_pooled_cells_add_the_counts():
@@ -49,6 +52,8 @@ def test_pooled_cells_add_the_counts():
     assert "kept" not in mlp and cells["attention"]["efficacy"] == 0.0 and cells["attention"]["rows"] == 1
     single = pooled(frame, ["label"], ("efficacy",))
     assert [c["label"] for c in single] == ["attention", "mlp"] and isinstance(single[0]["label"], str)
+    sizes = pooled(frame.assign(n=[4, 4, 16], lives=[True, True, False]), ["n", "lives"], ("won",))
+    assert json.loads(json.dumps(sizes))[0] == {"n": 4, "lives": True, "rows": 2, **counted("won", 1, 2)}  # plain JSON
 
 
 def test_the_difference_takes_newcombe_s_interval():
@@ -59,6 +64,6 @@ def test_the_difference_takes_newcombe_s_interval():
 
 
 def test_a_table_cell_shows_share_interval_and_count():
-    assert cell(counted("s", 63, 64), "s") == "0.984 [0.92, 1.00] 63/64"
+    assert cell(counted("s", 63, 64), "s") == "0.984 [0.917, 0.997] 63/64"
     assert cell(counted("s", 1, 3), "s", digits=2) == "0.33 [0.06, 0.79] 1/3"
     assert cell(counted("s", 0, 0), "s") == "—" and cell({}, "s") == "—"

@@ -129,4 +129,4 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
     assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
     assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
-    assert "where the fact lives  : 2 edits, efficacy 1.000 [0.68, 1.00] 8/8," in out  # share [interval] k/n
+    assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
