@@ -1,9 +1,9 @@
 """Print the editing study's tables (results/editing/README.md) as Markdown from a study folder
-(python -m analyses.edit_study ... --out DIR): the models with their spare capacity, label x
+(python -m analyses.edit_study ... --out DIR), or several: the models with their spare capacity, label x
 store edited, where it lives against elsewhere, and mass editing; each share as
 `share [95% Wilson interval] k/n` (analyses/edit_counts.py).
 
-usage: python scripts/edit_study_tables.py DIR
+usage: python scripts/edit_study_tables.py DIR [DIR ...]   (one table over all the folders)
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def shape(ckpt: Path) -> dict:
             "m": 0 if model["attn_only"] else model["d_mlp"]}
 
 
-def tables(folder: Path) -> str:
-    summary = json.loads((folder / "summary.json").read_text())["edit_study"]
-    study, mass = pd.read_csv(folder / "study.csv"), pd.read_csv(folder / "mass.csv")
+def tables(folders: list[Path]) -> str:
+    summary = {k: v for f in folders for k, v in json.loads((f / "summary.json").read_text())["edit_study"].items()}
+    study = pd.concat([pd.read_csv(f / "study.csv") for f in folders], ignore_index=True)
+    mass = pd.concat([pd.read_csv(f / "mass.csv") for f in folders], ignore_index=True)
     models, labels, where, batches = [], [], [], []
     for ckpt, r in summary.items():
         name, s = Path(ckpt).name, r.get("shape") or shape(Path(ckpt))
@@ -70,7 +71,8 @@ def tables(folder: Path) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "summary.json").is_file():
-        print("error: give one edit_study folder (holding summary.json, study.csv, mass.csv)", file=sys.stderr)
+    given = [Path(a) for a in sys.argv[1:]]
+    if not given or not all((f / "summary.json").is_file() for f in given):
+        print("error: give edit_study folders (each holding summary.json, study.csv, mass.csv)", file=sys.stderr)
         sys.exit(2)
-    print(tables(Path(sys.argv[1])))
+    print(tables(given))
