@@ -5,8 +5,9 @@ What localization is worth: per checkpoint, a sample of the facts of each storag
 carries the subject), so that editing where the fact lives can be set against editing
 elsewhere; then mass editing: 1, 4, 16, 64 facts written at once (capped at half the facts
 held, so that others remain to be kept) at the MLP and where each lives, against the share
-of the other facts kept, beside the memory's spare capacity (0.15 facts per parameter, the
-paper's Figure 4 line). Writes
+of the other facts kept, beside the memory's spare capacity (0.15 facts per parameter of
+4*H*d_h*d + 2*m*d, the paper's Figure 4 left law). Every share is counted, k of n held-out
+prompts (won: of n edits), with its Wilson 95% interval (analyses/edit_counts.py). Writes
 study.csv (one row per edit), mass.csv (one row per batch), summary.json (means by label x
 store and by batch size) and study.png to DIR (default CKPT/analysis/edit_study; --out is
 needed for several checkpoints). The checkpoints are never changed (docs/editing.md).
@@ -22,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from analyses import edit_counts
 from analyses.sweeps import cli
 from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models import load
@@ -36,7 +38,7 @@ from probe.prompts import fact_batch
 from probe.storage import LABELS, StorageRule
 
 WHERE = {"attention": "ov", "mlp": "mlp", "both": "both", "distributed": "both"}  # label -> where it lives
-FACTS_PER_PARAMETER = 0.15  # the paper's Figure 4 line (docs: REFERENCE section 4)
+FACTS_PER_PARAMETER = 0.15  # the paper's Figure 4 left line (docs: REFERENCE section 4)
 FILES = ("study.csv", "mass.csv", "summary.json", "study.png")
 
 
@@ -64,13 +66,16 @@ class StudySettings:
         return tuple(int(t) for t in self.sizes.split(","))
 
 
-def parameters(model) -> dict:
-    """The paper's parameter count (Figure 4's axes: attention d*d_h*H, MLP d*m) and the
-    facts it can hold at FACTS_PER_PARAMETER."""
+def parameters(model, facts: int) -> dict:
+    """The parameter count of the capacity law (Figure 4 left: attention 4*H*d_h*d, MLP 2*m*d,
+    models.recall.weights.parameter_count), the facts it can hold at FACTS_PER_PARAMETER, the
+    spare capacity (those minus the task's facts) and the fill (facts over capacity)."""
     cfg = model.cfg
-    attention = cfg.d_model * cfg.d_head * cfg.n_heads
-    mlp = cfg.d_model * cfg.d_mlp if has_mlp(model) else 0
-    return {"attention": attention, "mlp": mlp, "capacity": FACTS_PER_PARAMETER * (attention + mlp)}
+    attention = 4 * cfg.n_heads * cfg.d_head * cfg.d_model
+    mlp = 2 * cfg.d_mlp * cfg.d_model if has_mlp(model) else 0
+    capacity = FACTS_PER_PARAMETER * (attention + mlp)
+    return {"attention": attention, "mlp": mlp, "capacity": capacity, "spare_capacity": capacity - facts,
+            "fill": facts / capacity}
 
 
 def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
@@ -124,9 +129,8 @@ def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, se
                 row = table.iloc[0]
                 rows.append({"label": label, "subject": s, "relation": r, "store": store,
                              "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store,
-                             "efficacy": row["efficacy"], "old_rank": row["old_rank"], "leak": row["leak"],
-                             "boost": row["boost"], "weight_change": row["weight_change"],
-                             **{f"kept_{g}": spec[g]["share"] for g in spec}})
+                             **edit_counts.single_counts(row, spec, settings.contexts), "old_rank": row["old_rank"],
+                             "leak": row["leak"], "boost": row["boost"], "weight_change": row["weight_change"]})
     return pd.DataFrame(rows)
 
 
@@ -144,42 +148,40 @@ def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed
                                   int(located.loc[(s, r), "head"])) for (s, r), a in zip(chosen, answers)]
                 table, spec = measure(model, task, edits, settings, seed)
                 rows.append({"facts_edited": n, "draw": draw, "store": store,
-                             "efficacy": float(table["efficacy"].mean()),
-                             "won": float((table["efficacy"] == 1.0).mean()),
-                             "kept": spec["all"]["share"], "kept_low": spec["all"]["low"],
-                             "kept_high": spec["all"]["high"], "others": spec["all"]["facts"],
-                             "weight_change": float(table["weight_change"].iloc[0])})
+                             **edit_counts.batch_counts(table, spec, settings.contexts),
+                             "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0])})
     return pd.DataFrame(rows)
 
 
 def summarize(single: pd.DataFrame, mass: pd.DataFrame) -> dict:
-    """Means by label x store (and lives vs elsewhere) and by batch size x store."""
-    kept = [c for c in single.columns if c.startswith("kept_")]
-    by_label = (single.groupby(["label", "store"])[["efficacy", *kept]].mean()
-                .join(single.groupby(["label", "store"]).size().rename("edits")))
-    where = single.groupby("lives")[["efficacy", *kept]].mean()
-    where.index = ["elsewhere" if not lives else "where_it_lives" for lives in where.index]
-    by_size = mass.groupby(["facts_edited", "store"])[["efficacy", "won", "kept"]].mean()
-    return {"by_label_store": [{"label": k[0], "store": k[1], **v} for k, v in by_label.to_dict("index").items()],
-            "by_where": where.to_dict("index"),
-            "mass": [{"facts_edited": int(k[0]), "store": k[1], **v} for k, v in by_size.to_dict("index").items()]}
+    """Counts added (k/n, Wilson intervals) by label x store, by where it lives against
+    elsewhere (with the difference, Newcombe's interval), and by batch size x store."""
+    where = {"where_it_lives" if row.pop("lives") else "elsewhere": row
+             for row in edit_counts.pooled(single, ["lives"])}
+    if len(where) == 2:
+        where["difference"] = {s: edit_counts.difference(where["where_it_lives"], where["elsewhere"], s)
+                               for s in ("efficacy", "won", "kept_all")}
+    return {"by_label_store": edit_counts.pooled(single, ["label", "store"]), "by_where": where,
+            "mass": edit_counts.pooled(mass, ["facts_edited", "store"], ("efficacy", "won", "kept"))}
 
 
 def figure(single: pd.DataFrame, mass: pd.DataFrame, path: Path | None = None):
     """Left: efficacy and the other facts kept by label x store; right: facts kept against
     facts edited at once, per checkpoint and store."""
     fig, (left, right) = subplots(1, 2, figsize=(11, 4))
-    table = single.groupby(["label", "store"])[["efficacy", "kept_all"]].mean()
-    names = [f"{label}\n@{store}" for label, store in table.index]
+    table = pd.DataFrame(edit_counts.pooled(single, ["label", "store"]))
+    names = [f"{label}\n@{store}" for label, store in zip(table["label"], table["store"])]
     x = range(len(table))
-    left.bar([i - 0.2 for i in x], table["efficacy"], width=0.4, label="efficacy")
-    left.bar([i + 0.2 for i in x], table["kept_all"], width=0.4, label="other facts kept")
+    for shift, share, name in ((-0.2, "efficacy", "efficacy"), (0.2, "kept_all", "other facts kept")):
+        bars = [table[share] - table[f"{share}_low"], table[f"{share}_high"] - table[share]]  # Wilson 95%
+        left.bar([i + shift for i in x], table[share], width=0.4, yerr=bars, capsize=2, label=name)
     left.set_xticks(list(x), names, fontsize=7, rotation=90)
     left.set(ylim=(0, 1.05), ylabel="share", title="One fact edited: by storage label @ store")
     left.legend(fontsize=8, loc="lower left")
     for (ckpt, store), part in mass.groupby(["checkpoint", "store"]):
         means = part.groupby("facts_edited")["kept"].mean()
-        right.plot(means.index, means.values, marker="o", label=f"{Path(ckpt).name} @ {store}")
+        right.plot(means.index, means.values, marker="o",
+                   label=f"{Path(ckpt).name} (fill {part['fill'].iloc[0]:.2f}) @ {store}")
     right.set(xscale="log", ylim=(0, 1.05), xlabel="facts edited at once", ylabel="other facts kept",
               title="Mass editing")
     right.legend(fontsize=7)
@@ -224,13 +226,17 @@ def main(argv=None) -> int:
     for ckpt, model, task in loaded:
         located = facts_located(model, task, settings.contexts, args.seed)
         single = single_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt))
-        mass = mass_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt))
+        capacity = parameters(model, task.n_facts)
+        mass = mass_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt),
+                                                                           fill=capacity["fill"])
         singles.append(single)
         masses.append(mass)
-        checkpoints[str(ckpt)] = {"facts": task.n_facts, "held": int(located["held"].sum()),
-                                  "labels": located["label"].value_counts().to_dict(), **parameters(model),
+        cfg = model.cfg
+        checkpoints[str(ckpt)] = {"shape": {"d": cfg.d_model, "H": cfg.n_heads, "d_h": cfg.d_head,
+                                            "m": cfg.d_mlp if has_mlp(model) else 0},
+                                  "facts": task.n_facts, "held": int(located["held"].sum()),
+                                  "labels": located["label"].value_counts().to_dict(), **capacity,
                                   **summarize(single, mass)}
-        checkpoints[str(ckpt)]["spare_capacity"] = checkpoints[str(ckpt)]["capacity"] - task.n_facts
     single, mass = pd.concat(singles, ignore_index=True), pd.concat(masses, ignore_index=True)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "study.csv", single)
@@ -244,13 +250,13 @@ def main(argv=None) -> int:
 
 
 def report(single: pd.DataFrame, mass: pd.DataFrame, out: Path) -> str:
-    lines = []
-    for lives, part in single.groupby("lives"):
-        lines.append(f"edited {'where the fact lives' if lives else 'elsewhere':22s}: {len(part)} edits, efficacy "
-                     f"{part['efficacy'].mean():.3f}, other facts kept {part['kept_all'].mean():.3f}")
-    for (n, store), part in mass.groupby(["facts_edited", "store"]):
-        lines.append(f"{n:4d} facts at once @ {store:5s}: efficacy {part['efficacy'].mean():.3f}, other facts kept "
-                     f"{part['kept'].mean():.3f}")
+    lines, cell = [], edit_counts.cell
+    for row in edit_counts.pooled(single, ["lives"]):
+        lines.append(f"edited {'where the fact lives' if row['lives'] else 'elsewhere':22s}: {row['rows']} edits, "
+                     f"efficacy {cell(row, 'efficacy')}, other facts kept {cell(row, 'kept_all')}")
+    for row in edit_counts.pooled(mass, ["facts_edited", "store"], ("efficacy", "kept")):
+        lines.append(f"{row['facts_edited']:4d} facts at once @ {row['store']:5s}: efficacy {cell(row, 'efficacy')}, "
+                     f"other facts kept {cell(row, 'kept')}")
     lines.append(f"wrote {out}/ ({', '.join(FILES)})")
     return "\n".join(lines)
 

@@ -45,6 +45,7 @@ MODULES = {
                                "tests/test_depth.py::test_one_layer_tools_refuse_a_deeper_model_in_one_line"],
     "analyses/edit_view.py": ["tests/test_edit_study.py", "tests/test_edit_view_mutants.py", "-k",
                               "report_s_edit or view"],
+    "analyses/edit_counts.py": ["tests/test_edit_counts.py"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
     "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                      "not equals_its_run_alone and not stay_zero"],

@@ -108,3 +108,50 @@ def test_the_report_s_edit_goes_to_the_head_that_reads_the_subject():
     facts = pd.DataFrame({columns.SUBJECT: [4], columns.RELATION: [1], columns.LABEL: ["mlp"],
                           **{columns.patch("subject", columns.head(h)): [x] for h, x in enumerate(restored)}})
     assert chosen_fact(model, TASK, facts, contexts=4, seed=0) == (4, 1, subject_head(4)) == (4, 1, 1)
+
+
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of k of n, from its formula."""
+    z, p = 1.959963984540054, k / n
+    centre, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, capsys):
+    """Each share of study.csv, mass.csv and summary.json is k of n held-out prompts (won: of
+    n edits) with Wilson's interval of k/n; pooled cells add the counts; the spare capacity is
+    the law's 0.15 facts per parameter of 4*H*d_h*d + 2*m*d."""
+    contexts, facts = 4, TASK.n_facts
+    argv = [theorem4, "--per-label", "2", "--sizes", "1,4", "--draws", "1", "--contexts", str(contexts),
+            "--out", tmp_path, "--quiet", "--device", "cpu"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    study = pd.read_csv(tmp_path / "study.csv")
+    assert (study["efficacy_n"] == contexts).all() and (study["kept_all_n"] == (facts - 1) * contexts).all()
+    assert (study["kept_same_subject_n"] == (TASK.n_relations - 1) * contexts).all()
+    assert (study["won_n"] == 1).all() and (study["won_k"] == (study["efficacy_k"] == contexts)).all()
+    for share in ("efficacy", "kept_all", "kept_same_relation"):
+        assert (study[share] == study[f"{share}_k"] / study[f"{share}_n"]).all()
+        for _, row in study.iterrows():
+            low, high = _wilson(row[f"{share}_k"], row[f"{share}_n"])
+            assert abs(row[f"{share}_low"] - low) < 1e-5 and abs(row[f"{share}_high"] - high) < 1e-5
+    lost = study[study["kept_all"] < 1].iloc[0]  # a head write that loses others: an interval inside (0, 1)
+    assert 0 < lost["kept_all_low"] < lost["kept_all"] < lost["kept_all_high"] < 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    record = summary["edit_study"][str(theorem4)]
+    mlp = next(c for c in record["by_label_store"] if c["store"] == "mlp")
+    assert mlp["rows"] == 2 and mlp["efficacy_k"] == mlp["efficacy_n"] == 2 * contexts  # 8 of 8 prompts
+    assert abs(mlp["efficacy_low"] - 8 / (8 + 1.959963984540054 ** 2)) < 1e-5 and mlp["efficacy_high"] == 1.0
+    assert mlp["kept_all_k"] == mlp["kept_all_n"] == 2 * (facts - 1) * contexts
+    ov = next(c for c in record["by_label_store"] if c["store"] == "ov")
+    part = study[study["store"] == "ov"]
+    assert ov["kept_all_k"] == part["kept_all_k"].sum() and ov["kept_all_n"] == part["kept_all_n"].sum()
+    difference = record["by_where"]["difference"]["kept_all"]
+    assert difference["low"] < difference["difference"] < difference["high"] and difference["difference"] > 0
+    mass = pd.read_csv(tmp_path / "mass.csv")
+    assert (mass["won_n"] == mass["facts_edited"]).all()
+    assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
+    attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
+    assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
+    assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
+    assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
