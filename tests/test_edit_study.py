@@ -135,8 +135,9 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
         for _, row in study.iterrows():
             low, high = _wilson(row[f"{share}_k"], row[f"{share}_n"])
             assert abs(row[f"{share}_low"] - low) < 1e-5 and abs(row[f"{share}_high"] - high) < 1e-5
-    lost = study[study["kept_all"] < 1].iloc[0]  # a head write that loses others: an interval inside (0, 1)
-    assert 0 < lost["kept_all_low"] < lost["kept_all"] < lost["kept_all_high"] < 1
+    # every write, at the head carrying the subject too, keeps every other fact: k = n, the interval ends at 1
+    assert (study["kept_all_k"] == study["kept_all_n"]).all() and (study["kept_all_high"] == 1.0).all()
+    assert (study["kept_all_low"] < 1).all()
     summary = json.loads((tmp_path / "summary.json").read_text())
     record = summary["edit_study"][str(theorem4)]
     mlp = next(c for c in record["by_label_store"] if c["store"] == "mlp")
@@ -147,7 +148,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     part = study[study["store"] == "ov"]
     assert ov["kept_all_k"] == part["kept_all_k"].sum() and ov["kept_all_n"] == part["kept_all_n"].sum()
     difference = record["by_where"]["difference"]["kept_all"]
-    assert difference["low"] < difference["difference"] < difference["high"] and difference["difference"] > 0
+    assert difference["difference"] == 0 and difference["low"] < 0 < difference["high"]  # Newcombe's: 1 - 1
     mass = pd.read_csv(tmp_path / "mass.csv")
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
