@@ -161,13 +161,7 @@ def report(located: Located, ckpt: str, out: Path) -> str:
         return deep_report(located, ckpt, out)
     if "facts" in s.settings:
         return fact_report(located, ckpt, out)
-    acc = s.accuracy_interval
-    lines = [f"{ckpt}: {s.n_facts} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
-             "where the facts live:"]
-    for label in LABELS:
-        ci = s.label_share_intervals[label]
-        lines.append(f"  {label:<12}{s.label_counts[label]:>6}  {100 * s.label_shares[label]:5.1f}%"
-                     f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
+    lines = _label_lines(s, ckpt)
     lines.append("top heads by denoising score (1 = all attention on the token, 0 = uniform):")
     heads = located.heads.set_index("head")
     for h in s.top_heads[:4]:
@@ -203,10 +197,9 @@ def fact_report(located: Located, ckpt: str, out: Path) -> str:
     return "\n".join(lines)
 
 
-def deep_report(located: Located, ckpt: str, out: Path) -> str:
-    """At depth: the accuracy, the labels, the share of facts per (layer, component) and per store
-    (with its route), and the chosen facts' stores when some were chosen."""
-    s = located.summary
+
+def _label_lines(s: LocateSummary, ckpt: str) -> list[str]:
+    """The report's first lines: the accuracy and each label's count and share with its interval."""
     acc = s.accuracy_interval
     lines = [f"{ckpt}: {s.n_facts} facts, accuracy {acc.value:.3f} [95% CI {acc.low:.3f}, {acc.high:.3f}]",
              "where the facts live:"]
@@ -214,6 +207,13 @@ def deep_report(located: Located, ckpt: str, out: Path) -> str:
         ci = s.label_share_intervals[label]
         lines.append(f"  {label:<12}{s.label_counts[label]:>6}  {100 * s.label_shares[label]:5.1f}%"
                      f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
+    return lines
+
+def deep_report(located: Located, ckpt: str, out: Path) -> str:
+    """At depth: the accuracy, the labels, the share of facts per (layer, component) and per store
+    (with its route), and the chosen facts' stores when some were chosen."""
+    s = located.summary
+    lines = _label_lines(s, ckpt)
     lines.append("by layer and component (layers from 0; a fact kept in several stores counts in each):")
     for place, ci in s.layer_components.items():
         lines.append(f"  {place:<16}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"

@@ -48,6 +48,17 @@ CONFIGS = {"config-a": ("config-a", 1, {}, "vocab"),  # name: preset, K, model f
 DEPTH = {f"{variant}-l{L}": (variant, L) for variant in ("ours", "tl") for L in (2, 4)}  # asked for by name only
 
 
+def profiled(step, steps: int, device: torch.device):
+    """torch.profiler's record of `steps` calls of `step` on `device` (CUDA kernels too on a GPU)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return prof
+
+
 def profile_depth(name: str, device: torch.device, batch: int, steps: int, rows: int) -> None:
     """One step at depth L, ours or the TransformerLens loop's (config A, one model, eager): its FLOPs,
     its CPU seconds a step, and the top operators by self time over `steps` profiled steps."""
@@ -63,12 +74,7 @@ def profile_depth(name: str, device: torch.device, batch: int, steps: int, rows:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     cpu, wall = (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    prof = profiled(step, steps, device)
     flops = counter.get_total_flops()
     by_op = sorted(counter.get_flop_counts().get("Global", {}).items(), key=lambda kv: -kv[1])
     print(f"== {name}: config-a n_layers={n_layers} B={batch}, {'ours' if variant == 'ours' else 'TransformerLens'}, "
@@ -93,12 +99,7 @@ def profile_config(name: str, device: torch.device, batch: int, steps: int, rows
     rate = steps_per_second(step, steps, device, seconds=1.0)
     matmul = matmul_flops_per_second(device)
     useful = step_flops(StepShape.of(bench_run(preset_name, model=model), batch, k), core) * rate
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    prof = profiled(step, steps, device)
     print(f"== {name}: {preset_name}{' ' + str(model) if model else ''} K={k} B={batch}, attention core {core}, "
           f"{'graphed' if graphed else 'eager'}, device {device}")
     print(f"model_flop_utilisation {name} {100 * useful / matmul:.1f}%  ({rate:.1f} steps/s, "

@@ -27,6 +27,12 @@ MODES = ("mixed", "one_hop", "two_hop", "held_out")  # what a prompt set draws (
 N_VALUES_EXTRA = 5  # counter values per prompt beyond the T-1 noise ones: hops, the pick, three positions
 
 
+def vocab_sizes(n_subjects: int, n_relations: int, n_noise: int) -> tuple[int, int]:
+    """(input ids, output ids): S entities, R first-hop and R second-hop relation tokens, N noise
+    and EOS in; the S entities out."""
+    return n_subjects + 2 * n_relations + n_noise + 1, n_subjects
+
+
 @dataclass(frozen=True)
 class TwoHopBatch:
     """Prompts and targets (a leading model axis [K, ...] on every field from sample_counter)."""
@@ -87,11 +93,11 @@ class TwoHopTask:
     # ----------------------------------------------------------------- vocabulary
     @property
     def d_vocab(self) -> int:
-        return self.n_subjects + 2 * self.n_relations + self.n_noise + 1
+        return vocab_sizes(self.n_subjects, self.n_relations, self.n_noise)[0]
 
     @property
     def d_vocab_out(self) -> int:
-        return self.n_subjects
+        return vocab_sizes(self.n_subjects, self.n_relations, self.n_noise)[1]
 
     @property
     def eos(self) -> int:

@@ -16,7 +16,7 @@ from models.recall import parameterisation as param
 from models.section import MAX_LAYERS, ModelSection
 from models.training.graphed import CUDA_GRAPH_HELP, CUDA_GRAPH_MODES
 from tasks.factual_recall import FactualRecallTask
-from tasks.two_hop import TwoHopTask
+from tasks.two_hop import TwoHopTask, vocab_sizes
 
 SAMPLERS = ("generator", "counter")
 GIVE_UP = ("never", "milestones")
@@ -78,11 +78,11 @@ class TwoHopTaskConfig(TaskConfig):
 
     @property
     def d_vocab(self) -> int:
-        return self.n_subjects + 2 * self.n_relations + self.n_noise + 1
+        return vocab_sizes(self.n_subjects, self.n_relations, self.n_noise)[0]
 
     @property
     def d_vocab_out(self) -> int:
-        return self.n_subjects
+        return vocab_sizes(self.n_subjects, self.n_relations, self.n_noise)[1]
 
     def build(self) -> TwoHopTask:
         if self.hops != 2:
