@@ -61,9 +61,19 @@ A31 = other_answer(3, 1)
     ("two heads", [FactEdit(3, 1, A31, "ov")], "an ov write needs a head: the model has 2 heads (--head H)."),
     ("mlp", [FactEdit(3, 1, A31, "ov", 4)], "head 4 is outside the model (heads 0..3)."),
     ("mlp", [], "no edits given: give at least one fact and its new answer."),
+    ("mlp", [FactEdit(3, 1, A31, "ov", 0, position="subject")], "a key at the subject's position is an MLP's "
+     "(--at mlp): a head's key is read at the last position."),
+    ("mlp", [FactEdit(3, 1, A31, position="subject")], "an MLP write at the subject's position needs a later "
+     "block's heads to carry it to the last position: layer 0 is the model's last."),
+    ("three layers", [FactEdit(3, 1, A31, layer=2, position="subject")], "an MLP write at the subject's position "
+     "needs a later block's heads to carry it to the last position: layer 2 is the model's last (use 0..1)."),
 ])
 def test_each_edit_the_model_or_the_task_cannot_take_is_refused_in_its_own_line(kind, edits, said):
-    model = random_model(2, 8) if kind == "two heads" else construction(kind)
+    if kind == "three layers":
+        cfg = override(CONSTRUCTION_MODEL, {"n_layers": 3})
+        model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    else:
+        model = random_model(2, 8) if kind == "two heads" else construction(kind)
     with pytest.raises(ValueError) as refused:
         checked_edits(model, TASK, edits)
     assert str(refused.value) == said
