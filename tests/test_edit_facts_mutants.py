@@ -51,23 +51,23 @@ def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_l
     assert code == 0 and err == "", err
     folder = ckpt / "analysis" / "edit_facts" / "3-1_to_4_at-ov" / "margin-3"
     edits = pd.read_csv(folder / "edits.csv")
-    assert list(edits.columns) == ["subject", "relation", "at", "head", "old_answer", "new_answer", "efficacy",
-                                   "efficacy_low", "efficacy_high", "old_rank", "new_margin", "leak", "old_name",
-                                   "new_name", "boost"]
+    assert list(edits.columns) == ["subject", "relation", "at", "head", "layer", "position", "old_answer",
+                                   "new_answer", "efficacy", "efficacy_low", "efficacy_high", "old_rank", "new_margin",
+                                   "leak", "old_name", "new_name", "boost"]
     e = edits.iloc[0]
-    assert (e["at"], e["head"], e["old_name"], e["new_name"], e["boost"], e["efficacy"]) == \
-        ("ov", 0, "R1:a3", "R1:a0", 1.0, 1.0)
+    assert (e["at"], e["head"], e["layer"], e["position"], e["old_name"], e["new_name"], e["boost"], e["efficacy"]) == \
+        ("ov", 0, 0, "last", "R1:a3", "R1:a0", 1.0, 1.0)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["settings"] == {"contexts": 8, "margin": 3.0, "form": "exact", "seed": 0, "at": "ov", "head": 0,
-                                   "edits": [[3, 1, 4]]}
+                                   "layer": None, "position": "last", "edits": [[3, 1, 4]]}
     assert summary["step"] is None and summary["efficacy"] == 1.0 and list(summary["weight_change"]) == ["W_O"]
     model, _ = load(ckpt, "cpu")
     change = summary["weight_change"]["W_O"]
     assert change["relative"] == pytest.approx(change["norm"] / model.W_O[0].detach().norm().item(), rel=1e-5)
     spec = summary["specificity"]
     lines = [f"{ckpt}: 1 edit",
-             f"  S3 R1: R1:a3 -> R1:a0 at ov (head 0): efficacy 1.00 [{e['efficacy_low']:.2f}, 1.00], old answer's "
-             f"rank {e['old_rank']:.1f}, margin {e['new_margin']:+.2f}, leak {e['leak']:.2f}",
+             f"  S3 R1: R1:a3 -> R1:a0 at ov (head 0), layer 0: efficacy 1.00 [{e['efficacy_low']:.2f}, 1.00], "
+             f"old answer's rank {e['old_rank']:.1f}, margin {e['new_margin']:+.2f}, leak {e['leak']:.2f}",
              *(f"  other facts unchanged, {group.replace('_', ' ')}: {spec[group]['share']:.3f} "
                f"[{spec[group]['low']:.3f}, {spec[group]['high']:.3f}] of {spec[group]['facts']}"
                for group in ("same_subject", "same_relation", "other", "all")),
@@ -86,7 +86,7 @@ def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(che
     assert code == 0, err
     lines = out.splitlines()
     assert lines[:2] == [f"--force: replaced the model in {saved}.", f"{ckpt}: 2 edits"]
-    assert " at mlp: efficacy 1.00" in lines[2] and lines[2].endswith("leak 0.00")
+    assert " at mlp, layer 0: efficacy 1.00" in lines[2] and lines[2].endswith("leak 0.00")
     assert lines[-1] == f"wrote {tmp_path / 'run'}/ (edits.csv, summary.json) and the edited model to {saved}/"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     config, _ = read_config(saved)
@@ -107,8 +107,6 @@ def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(che
     assert torch.equal(edited.W_O, original.W_O)
 
 
-@pytest.mark.xfail(strict=True, reason="recorded.RESULT_FILES does not name edit_facts' edits.csv: its own "
-                                      "results are taken for a user's files")
 def test_the_same_edits_again_find_their_own_results(checkpoints, tmp_path, capsys):
     argv = [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET]
     assert run_main(main, argv, capsys)[0] == 0
@@ -116,10 +114,21 @@ def test_the_same_edits_again_find_their_own_results(checkpoints, tmp_path, caps
     assert code == 0, err
 
 
+def test_the_same_edits_with_other_settings_are_refused_and_the_first_results_kept(checkpoints, tmp_path, capsys):
+    argv = [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET]
+    assert run_main(main, [*argv, "--margin", "3"], capsys)[0] == 0
+    first = (tmp_path / "summary.json").read_text()
+    code, _, err = run_main(main, [*argv, "--margin", "2", "--seed", "1"], capsys)
+    assert code == 2 and err.strip() == (f"error: {tmp_path} holds other edit_facts results (settings.margin: "
+                                         "recorded 3.0, now 2.0; settings.seed: recorded 0, now 1), which edit_facts "
+                                         "does not write over; move them, or choose another --out."), err
+    assert (tmp_path / "summary.json").read_text() == first
+
+
 def test_auto_writes_a_fact_at_the_head_carrying_its_subject_or_at_the_head_asked(checkpoints, tmp_path, capsys):
     ckpt = checkpoints["planned"]
     new = (int(STRUCTURED.facts[0, 0]) + 1) % 4  # fact 0:0 lives in the attention: subject 0 is head 0's
-    for head, chosen in ((None, 0), ("1", 1)):
+    for head, chosen in ((None, 0), ("3", 3)):  # head 3 reads every subject too: the head asked, not the best
         out = tmp_path / f"head-{head}"
         code, _, err = run_main(main, [ckpt, "--fact", "0:0", "--to", str(new), "--at", "auto",
                                        *(["--head", head] if head else []), "--out", out, *QUIET], capsys)

@@ -100,19 +100,20 @@ def test_the_section_shows_each_store_s_write_its_figure_and_its_table(theorem4,
         return fig, ax
 
     monkeypatch.setattr(edit_view, "subplots", subplots)
-    restored = [[0.9, 0.0, 0.0, 0.0], [0.0, 0.1, 0.9, 0.0], [0.9, 0.0, 0.0, 0.0]]  # head 2 carries subject 3 here
+    restored = [[0.9, 0.0, 0.0, 0.0], [0.0, 0.1, 0.2, 0.9], [0.9, 0.0, 0.0, 0.0]]  # head 3 carries subject 3 here
     rows = [(0, 1, "not_stored"), (3, 1, "mlp"), (3, 0, "attention")]  # shown: 3:1 (its relation's, its subject's)
     page = edit_section(theorem4, TASK, facts(rows, restored), contexts=4, seed=0)
-    logits, effects = before_after(theorem4, TASK, 3, 1, 2, 4, 0)
+    logits, effects = before_after(theorem4, TASK, 3, 1, 3, 4, 0)
     assert page.startswith("<h2>Editing</h2><h3>S3 R1 (stored in: mlp) given another answer</h3>"
-                           "<p>A rank-one write (ROME) at each store, the ov write at head 2; logits on held-out "
+                           "<p>A rank-one write (ROME) at each store, the ov write at head 3; logits on held-out "
                            "contexts of the edited prompt (docs/editing.md).</p>")
     rows = "".join(f"<tr><td>{at}</td><td>{e['efficacy']:.2f}</td><td>{e['kept']:.3f}</td><td>{e['boost']:g}</td>"
                    "</tr>" for at, e in effects.iterrows())
     assert page.endswith("<figcaption>The relation's answers' logits before and after each write</figcaption>"
                          "</figure><table><thead><tr><th>store</th><th>efficacy</th><th>other facts kept</th>"
                          f"<th>boost</th></tr></thead><tbody>{rows}</tbody></table>")
-    assert "<tr><td>mlp</td><td>1.00</td><td>1.000</td><td>1</td></tr>" in rows and "<td>ov</td>" in rows
+    assert "<tr><td>mlp</td><td>1.00</td><td>1.000</td><td>1</td></tr>" in rows
+    assert "<tr><td>ov</td><td>1.00</td>" in rows  # head 3 reads subject 3 (head 2's key for it is empty)
     png = Image.open(io.BytesIO(base64.b64decode(page.split('src="data:image/png;base64,')[1].split('"')[0])))
     (ax,) = drawn
     assert tuple(ax.figure.get_size_inches()) == (6, 3) and png.format == "PNG"

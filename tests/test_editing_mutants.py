@@ -61,9 +61,19 @@ A31 = other_answer(3, 1)
     ("two heads", [FactEdit(3, 1, A31, "ov")], "an ov write needs a head: the model has 2 heads (--head H)."),
     ("mlp", [FactEdit(3, 1, A31, "ov", 4)], "head 4 is outside the model (heads 0..3)."),
     ("mlp", [], "no edits given: give at least one fact and its new answer."),
+    ("mlp", [FactEdit(3, 1, A31, "ov", 0, position="subject")], "a key at the subject's position is an MLP's "
+     "(--at mlp): a head's key is read at the last position."),
+    ("mlp", [FactEdit(3, 1, A31, position="subject")], "an MLP write at the subject's position needs a later "
+     "block's heads to carry it to the last position: layer 0 is the model's last."),
+    ("three layers", [FactEdit(3, 1, A31, layer=2, position="subject")], "an MLP write at the subject's position "
+     "needs a later block's heads to carry it to the last position: layer 2 is the model's last (use 0..1)."),
 ])
 def test_each_edit_the_model_or_the_task_cannot_take_is_refused_in_its_own_line(kind, edits, said):
-    model = random_model(2, 8) if kind == "two heads" else construction(kind)
+    if kind == "three layers":
+        cfg = override(CONSTRUCTION_MODEL, {"n_layers": 3})
+        model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    else:
+        model = random_model(2, 8) if kind == "two heads" else construction(kind)
     with pytest.raises(ValueError) as refused:
         checked_edits(model, TASK, edits)
     assert str(refused.value) == said
@@ -72,7 +82,8 @@ def test_each_edit_the_model_or_the_task_cannot_take_is_refused_in_its_own_line(
 def test_a_one_head_model_s_ov_write_goes_to_its_only_head():
     model = random_model(1, 16)
     edits = [FactEdit(3, 1, A31, "ov"), FactEdit(0, 2, other_answer(0, 2))]
-    assert checked_edits(model, TASK, edits) == (FactEdit(3, 1, A31, "ov", 0), FactEdit(0, 2, other_answer(0, 2)))
+    assert checked_edits(model, TASK, edits) == (FactEdit(3, 1, A31, "ov", 0, 0),  # and the layer: the only one
+                                                 FactEdit(0, 2, other_answer(0, 2), layer=0))
 
 
 def test_a_fact_is_held_when_answered_in_the_known_share_and_the_refusal_counts_the_contexts():
@@ -85,12 +96,20 @@ def test_a_fact_is_held_when_answered_in_the_known_share_and_the_refusal_counts_
 
 
 def test_a_change_that_does_not_win_is_doubled_up_to_tries_times_and_one_that_wins_is_not():
-    """Head 1 does not attend to subject 3: its write for 3:1 wins on no prompt set entire,
-    however often doubled; subject 1's fact, on its own head, wins with the closed form."""
+    """A write asked to leave the new answer 1 logit short never wins: doubled tries - 1 times
+    (2^(tries-1)), it leaves it 8 short. MEMIT's write at head 3 (it reads every subject) falls
+    short of 3:1's margin by q / (1 + q) and is doubled once; 1:2 on its own head wins at once."""
     model = construction("attention")
-    edits = [FactEdit(3, 1, A31, "ov", 1), FactEdit(1, 2, other_answer(1, 2), "ov", 1)]
-    assert edit_facts(model, TASK, edits).boosts == (8.0, 1.0)  # 4 tries: 1, 2, 4, 8
-    assert edit_facts(model, TASK, edits, tries=2).boosts == (2.0, 1.0)
+    edits = [FactEdit(3, 1, A31, "ov", 0), FactEdit(1, 2, other_answer(1, 2), "ov", 1)]
+    short = edit_facts(model, TASK, edits, margin=-1.0)
+    assert short.boosts == (8.0, 8.0)  # 4 tries: 1, 2, 4, 8
+    assert (new_margin(short.model, 3, 1, A31) + 8.0).abs().max() < 1e-3
+    assert edit_facts(model, TASK, edits, margin=-1.0, tries=2).boosts == (2.0, 2.0)
+    edits = [FactEdit(3, 1, A31, "ov", 3), FactEdit(1, 2, other_answer(1, 2), "ov", 1)]
+    assert edit_facts(model, TASK, edits, form="memit", tries=1).boosts == (1.0, 1.0)
+    doubled = edit_facts(model, TASK, edits, form="memit")
+    assert doubled.boosts == (2.0, 1.0)
+    assert new_margin(doubled.model, 3, 1, A31).min() > 0.5  # won at twice the change (short at once: -0.43)
     chosen = [(0, 0), (3, 1), (5, 2), (7, 3), (3, 2)]  # Theorem 4: each fact's own unit, all exact at once
     mlp = construction("mlp")
     assert edit_facts(mlp, TASK, [FactEdit(s, r, other_answer(s, r)) for s, r in chosen]).boosts == (1.0,) * 5
@@ -156,7 +175,7 @@ def test_a_write_the_bridge_does_not_show_is_refused(monkeypatch):
     """add_to's check: were W_O's parameter another (a layout change), the bridge's W_O would
     not show the write, and the edit stops."""
     model = random_model(1, CONSTRUCTION_MODEL.d_model)  # W_O and W_V both [d_model, d_model]
-    monkeypatch.setitem(editing.PARAMETERS, W_O, "attn._original_component.v._original_component.weight")
+    monkeypatch.setitem(editing.PARAMETERS, "W_O", "attn._original_component.v._original_component.weight")
     with pytest.raises(RuntimeError) as refused:
         add_to(model, W_O, torch.ones(1, model.cfg.d_head, model.cfg.d_model))
     assert str(refused.value) == ("the bridge does not hold the write to blocks.0.attn.W_O: its weight layout "
