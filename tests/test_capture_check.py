@@ -13,7 +13,7 @@ import torch
 
 from models.aot.config import AoTModelConfig, AoTTrainConfig
 from models.aot.trainer import population_step, prepare
-from models.recall.config import RunConfig, TaskConfig, TrainConfig, shape_model
+from models.recall.config import RunConfig, TaskConfig, TrainConfig, TwoHopTaskConfig, shape_model
 from models.recall.presets import preset
 from models.recall.shape_trainer import _start_shapes
 from models.recall.trainer import _start
@@ -194,6 +194,7 @@ FACTUAL_RECALL = {
                                                                               n_layers=3)),
     "linear, one-hot, two layers": replace(preset("fig5-linear"), model=replace(preset("fig5-linear").model,
                                                                                  n_layers=2)),
+    "two-hop, two layers": replace(_tiny(), task=TwoHopTaskConfig(), model=replace(preset("tiny").model, n_layers=2)),
 }
 
 
