@@ -21,6 +21,7 @@ default), a user's notes. --force replaces the model's files and nothing else:
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import time
@@ -108,11 +109,11 @@ def refuse_inside_checkpoint(out: Path, ckpt: Path | str | None = None) -> None:
 
 
 def only(*names: str):
-    """A `holds` for `claim`: the folder may hold these names (the command's own files) and
-    atomic writes' temporary files, nothing else."""
+    """A `holds` for `claim`: the folder may hold these names (the command's own files; a name
+    may be a pattern, 'edits_margin*.csv') and atomic writes' temporary files, nothing else."""
     def holds(out: Path) -> None:
         other = sorted(p.name + "/" * p.is_dir() for p in out.iterdir()
-                       if p.name not in names and not TEMPORARY.match(p.name))
+                       if not any(fnmatch.fnmatchcase(p.name, n) for n in names) and not TEMPORARY.match(p.name))
         if other:
             raise ValueError(f"--out {out} holds files that are not this command's results ({shown(other)}), "
                              "which it does not write over; choose another --out.")

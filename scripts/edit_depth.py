@@ -20,6 +20,8 @@ import pandas as pd
 import torch
 
 from models import load
+from models.checkpoint import atomic_write
+from models.out_folder import claim, only
 from probe import edit_keys
 from probe.edit_effects import edit_effects
 from probe.editing import FactEdit, carrying_head, edit_facts, held
@@ -57,6 +59,10 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, default=8)
     p.add_argument("--margin", type=float, default=2.0)
     args = p.parse_args(argv)
+    try:  # the one --out rule: a folder of its own (a run per margin), refused before any edit
+        claim(args.out, only("edits_margin*.csv", "table_margin*.md"), ckpt=args.ckpt)
+    except ValueError as e:
+        p.exit(2, f"error: {e}\n")
     model, task = load(args.ckpt, "cpu")
     L, R = model.cfg.n_layers, task.n_relations
     training = json.loads((args.ckpt / "config.json").read_text())["training"]
@@ -92,9 +98,8 @@ def main(argv=None) -> int:
                          "boost": edited.boosts[0], **{f"kept_{g}": spec[g]["share"] for g in spec},
                          "weight_change": sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5})
     edits = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    edits.to_csv(args.out / f"edits_margin{args.margin:g}.csv", index=False)
-    (args.out / f"table_margin{args.margin:g}.md").write_text(tables(edits))
+    atomic_write(args.out / f"edits_margin{args.margin:g}.csv", lambda tmp: edits.to_csv(tmp, index=False))
+    atomic_write(args.out / f"table_margin{args.margin:g}.md", lambda tmp: Path(tmp).write_text(tables(edits)))
     print(tables(edits))
     return 0
 

@@ -1,10 +1,13 @@
 """Editing at depth (probe/editing.py with a layer): on the two-layer constructions whose
 store is known fact by fact, each write keyed where the model reads the fact is exact, and
 a store that does not read the fact is refused, not blown up."""
+from pathlib import Path
+
 import pytest
 import torch
 
 from models import build_bridge
+from models.checkpoint import write_checkpoint
 from models.recall.constructions import CONSTRUCTION_TASK
 from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for
 from probe import edit_keys
@@ -99,3 +102,24 @@ def test_the_output_map_is_the_unembedding_after_the_last_block_and_the_readers_
     code = fresh_directions(init_weights(DEPTH_MODEL, TASK, 0), S + R + O)[:, S + R:]  # [d, O]
     decoded = code.T @ edit_keys.output_map(mixed, tokens, 0, batch.subject_pos[:16])  # [O, O]
     assert torch.allclose(decoded, torch.eye(O), atol=1e-3)
+
+
+def test_the_depth_study_script_keeps_to_the_one_out_rule(tmp_path):
+    """scripts/edit_depth.py refuses a folder holding a user's file (kept) and the working
+    directory, before any edit, in one line with exit 2."""
+    import importlib.util
+
+    from models.recall.constructions import CONSTRUCTION_MODEL, build
+    spec = importlib.util.spec_from_file_location("edit_depth", Path(__file__).parents[1] / "scripts" / "edit_depth.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    task = CONSTRUCTION_TASK.build()
+    ckpt = write_checkpoint(tmp_path / "thm4", CONSTRUCTION_MODEL.checkpoint_section(task), task, {},
+                            build("mlp", task, CONSTRUCTION_MODEL))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    for out in (tmp_path / "mine", Path(".")):
+        with pytest.raises(SystemExit) as refused:
+            script.main([str(ckpt), "--out", str(out)])
+        assert refused.value.code == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and not list(Path(".").glob("edits_margin*"))
