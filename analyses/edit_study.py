@@ -70,12 +70,13 @@ class StudySettings:
 
 
 def parameters(model, facts: int) -> dict:
-    """The parameter count of the capacity law (Figure 4 left: attention 4*H*d_h*d, MLP 2*m*d,
-    models.recall.weights.parameter_count), the facts it can hold at FACTS_PER_PARAMETER, the
-    spare capacity (those minus the task's facts) and the fill (facts over capacity)."""
+    """The parameter count of the capacity law (Figure 4 left: attention 4*H*d_h*d, MLP 2*m*d
+    per block, models.recall.weights.parameter_count), the facts it can hold at
+    FACTS_PER_PARAMETER, the spare capacity (those minus the task's facts) and the fill (facts
+    over capacity)."""
     cfg = model.cfg
-    attention = 4 * cfg.n_heads * cfg.d_head * cfg.d_model
-    mlp = 2 * cfg.d_mlp * cfg.d_model if has_mlp(model) else 0
+    attention = 4 * cfg.n_heads * cfg.d_head * cfg.d_model * cfg.n_layers
+    mlp = 2 * cfg.d_mlp * cfg.d_model * cfg.n_layers if has_mlp(model) else 0
     capacity = FACTS_PER_PARAMETER * (attention + mlp)
     return {"attention": attention, "mlp": mlp, "capacity": capacity, "spare_capacity": capacity - facts,
             "fill": facts / capacity}

@@ -60,9 +60,9 @@ def pooled(frame: pd.DataFrame, by: list[str], shares=edit_counts.SHARES) -> lis
 
 
 def facts_at_depth(model, task, contexts: int, seed: int) -> pd.DataFrame:
-    """Per fact (subject, relation): its label and the edit stores where it lives (`lives`,
-    from locate_facts at depth), whether the model holds it, and per block l the head with
-    the largest key for it (`head{l}`)."""
+    """Per fact (subject, relation): its label and the edit stores where it lives (`lives`:
+    from locate_facts at depth, the store of the largest part of its margin first), whether
+    the model holds it, and per block l the head with the largest key for it (`head{l}`)."""
     from analyses.locate_facts import locate
 
     facts = locate(model, task, contexts=max(2, contexts), patch_contexts=1, seed=seed,
@@ -71,10 +71,19 @@ def facts_at_depth(model, task, contexts: int, seed: int) -> pd.DataFrame:
     H, R = model.cfg.n_heads, task.n_relations
     held = (facts[columns.ACCURACY] >= StorageRule.known).values
     out = pd.DataFrame({"label": facts[columns.LABEL].values, "held": held,
-                        "lives": [lives_in(s) for s in facts[columns.STORE_LIST]]}, index=facts.index)
+                        "lives": _lives(facts)}, index=facts.index)
     for layer in range(model.cfg.n_layers):
         norms = edit_keys.head_key_norms(model, tokens, contexts, layer).tolist()  # [F, H]
         out[f"head{layer}"] = [carrying_head([0.0] * H, norms[s * R + r]) for s, r in facts.index]
+    return out
+
+
+def _lives(facts: pd.DataFrame) -> list[tuple]:
+    """Each fact's edit stores, by the part of its margin each store writes, largest first."""
+    out = []
+    for names, (_, row) in zip(facts[columns.STORE_LIST], facts.iterrows()):
+        ranked = sorted(filter(None, str(names).split(";")), key=lambda n: -row[columns.margin(n)])
+        out.append(lives_in(";".join(ranked)))
     return out
 
 
@@ -116,8 +125,9 @@ def single_edits(model, task, located: pd.DataFrame, settings, seed: int) -> pd.
 
 
 def mass_edits(model, task, located: pd.DataFrame, settings, seed: int) -> pd.DataFrame:
-    """Batches of n facts written at once, at the last block's MLP and where each fact lives (its
-    first store with a key of ours), of the held facts that live in such a store."""
+    """Batches of n facts written at once, at the last block's MLP and where each fact lives (of
+    its stores with a key of ours, the one of the largest part of its margin), of the held facts
+    that live in such a store."""
     rng = random.Random(seed + 1)
     pool = [f for f in located.index[located["held"] & (located["lives"].map(len) > 0)]]
     last = ("mlp", model.cfg.n_layers - 1, "last")

@@ -156,3 +156,23 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
     assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
     assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
+
+
+def test_on_theorem_3_a_write_where_the_mlp_has_no_key_is_counted_as_refused(tmp_path, capsys):
+    """Theorem 3 keeps every fact in the heads and its MLP never fires: an mlp (or both) write has no
+    key for any fact. Those writes are counted as refused, apart from the shares, not as failures."""
+    ckpt = write_checkpoint(tmp_path / "attention", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {},
+                            build("attention", TASK, CONSTRUCTION_MODEL))
+    argv = [ckpt, "--per-label", "1", "--sizes", "1", "--draws", "1", "--contexts", "2", "--out", tmp_path / "study",
+            "--quiet", "--device", "cpu"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    study = pd.read_csv(tmp_path / "study" / "study.csv").set_index("store")
+    assert study["refused"].isna()["ov"] and study.loc[["mlp", "both"], "refused"].str.contains("has no key").all()
+    assert study.loc["ov", "efficacy"] == 1.0 and study.loc[["mlp", "both"], "efficacy_n"].isna().all()
+    where = json.loads((tmp_path / "study" / "summary.json").read_text())["overall"]["by_where"]
+    assert (where["elsewhere"]["rows"], where["elsewhere"]["refused"], where["elsewhere"]["efficacy_n"]) == (2, 2, 0)
+    assert where["where_it_lives"]["refused"] == 0
+    assert "edited elsewhere             : 2 edits, efficacy —, other facts kept —, 2 refused (no key)" in out
+    mass = pd.read_csv(tmp_path / "study" / "mass.csv").set_index("store")
+    assert mass.loc["mlp", "refused"].startswith("fact") and mass.loc["lives", "kept"] == 1.0

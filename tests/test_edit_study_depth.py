@@ -94,3 +94,27 @@ def test_at_two_layers_each_fact_lives_where_the_construction_keeps_it_and_keyle
     assert sum(c[REFUSED] for c in summary["by_label_store"]) == len(expected)
     assert "elsewhere             : 128 edits, efficacy 1.000" in out and f"{len(expected)} refused (no key)" in out
     assert "| mlp | mlp L0 at subject | **yes** |" in out
+
+
+def test_at_two_layers_a_small_study_edits_every_store_and_counts_every_block_s_parameters(mixed2, tmp_path, capsys):
+    """One fact a label (attention, mlp) at the 5 stores of the 2 blocks: the one store where each
+    lives is its known one, block 0's MLP at the last position refuses both; the capacity law
+    counts both blocks' parameters; the report's table by label x store says which lives there."""
+    code, out, err = run_main(main, [mixed2, "--per-label", "1", "--sizes", "1", "--draws", "1", "--contexts", "2",
+                                     "--out", tmp_path, "--quiet", "--device", "cpu"], capsys)
+    assert code == 0, err
+    truth = {(d["s"], d["r"]): d["store"]
+             for d in json.loads((mixed2 / "config.json").read_text())["training"]["stores"]}
+    study = pd.read_csv(tmp_path / "study.csv")
+    assert sorted(set(study["label"])) == ["attention", "mlp"] and len(study) == 2 * 5
+    for (s, r), edits in study.groupby(["subject", "relation"]):
+        assert edits["store"].tolist() == ["attention L0", "mlp L0", "mlp L0 at subject", "attention L1", "mlp L1"]
+        assert edits.loc[edits["lives"], "store"].tolist() == [TRUTH[truth[s, r]]]
+        assert edits.loc[edits["store"] == "mlp L0", REFUSED].str.contains("has no key").all()
+    record = json.loads((tmp_path / "summary.json").read_text())["edit_study"][str(mixed2)]
+    assert record["shape"] == {"d": 80, "H": 4, "d_h": 4, "m": 32, "L": 2}
+    assert record["attention"] == 2 * 4 * 4 * 4 * 80 and record["mlp"] == 2 * 2 * 32 * 80
+    cells = {(c["label"], c["store"], c["lives"]): c for c in record["by_label_store"]}
+    assert cells["attention", "attention L0", True]["rows"] == 1 and cells["attention", "mlp L0", False][REFUSED] == 1
+    assert "| attention | attention L0 | **yes** | 1 | — | 1.000 [0.342, 1.000] 2/2 |" in out
+    assert "| attention | mlp L0 | no | 1 | 1 | — |" in out
