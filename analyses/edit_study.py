@@ -84,7 +84,8 @@ def parameters(model, facts: int) -> dict:
 
 def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
     """Per fact (subject, relation): its storage label, the head carrying its subject
-    (editing.carrying_head: a tie goes to the largest key, then the lowest index), and
+    (editing.carrying_head: a tie goes to the largest key, then the lowest index; a share that
+    patching cannot measure counts as none restored), and
     whether the model holds it (answers it in at least the storage rule's `known` share)."""
     from analyses.locate_facts import locate
 
@@ -97,8 +98,8 @@ def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
     R = task.n_relations
     heads = [columns.patch("subject", columns.head(h)) for h in range(model.cfg.n_heads)]
     norms = edit_keys.head_key_norms(model, tokens, contexts).tolist()  # [F, H] each fact's key at each head
-    carrying = [carrying_head(list(restored), norms[s * R + r])
-                for (s, r), restored in zip(facts.index, facts[heads].values)]
+    restored = facts[heads].fillna(0.0).values  # [F, H]; NaN where patching moves nothing: no share restored
+    carrying = [carrying_head(list(shares), norms[s * R + r]) for (s, r), shares in zip(facts.index, restored)]
     return pd.DataFrame({"label": facts[columns.LABEL].values, "head": carrying,
                          "held": [held[s * R + r] for s, r in facts.index]}, index=facts.index)
 

@@ -197,3 +197,61 @@ def test_a_folder_is_the_study_s_own_when_it_holds_only_its_files_and_its_summar
     (tmp_path / "a.txt").write_text("")
     with pytest.raises(ValueError, match=r"not edit_study results \(a.txt, b.txt\); choose another --out"):
         _own(tmp_path)
+
+
+PLAN = [["none" if (s + r) % 4 == 3 else "both" for r in range(TASK.n_relations)] for s in range(TASK.n_subjects)]
+
+
+@pytest.fixture(scope="module")
+def half_known():
+    """A construction that does not know a quarter of its facts (`none`), and its facts located."""
+    from analyses.edit_study import facts_located
+    from models import build_bridge
+    from models.recall.constructions import build_storage
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build_storage(TASK, CONSTRUCTION_MODEL, PLAN),
+                         task=TASK)
+    return model, facts_located(model, TASK, 2, 0)
+
+
+def test_the_facts_sampled_are_held_each_edited_at_every_store_and_the_same_for_a_seed(half_known, monkeypatch):
+    """Each label's sample is of the facts the model holds (never one it does not know), each
+    fact written at mlp, ov and both (ov at the head that reads its subject); mass editing draws
+    batches of held facts, capped at half of them, written at the MLP and where each lives. With
+    every write refused (a stub), each row is counted as refused; a seed gives the same sample."""
+    from analyses import edit_study
+
+    model, located = half_known
+    assert located["held"].tolist() == [PLAN[s][r] != "none" for s, r in located.index]
+    written = []
+
+    def refuse(model, task, edits, settings, seed):
+        written.append(list(edits))
+        return (None, None), "no key (stub)"
+
+    monkeypatch.setattr(edit_study, "tried", refuse)
+    settings = edit_study.StudySettings(per_label=3, sizes="1,64", draws=2, contexts=2)
+    single = edit_study.single_edits(model, TASK, located, settings, 0)
+    held = int(located["held"].sum())
+    assert held == 24 and set(single["label"]) <= set(located.loc[located["held"], "label"])
+    for label, part in single.groupby("label"):
+        facts = list(dict.fromkeys(zip(part["subject"], part["relation"])))
+        assert len(facts) == min(3, int((located["held"] & (located["label"] == label)).sum()))
+        assert all(located.loc[f, "held"] for f in facts) and len(part) == 3 * len(facts)
+    assert [w[0].at for w in written] == ["mlp", "ov", "both"] * (len(single) // 3)
+    assert all(w[0].head == subject_head(w[0].subject) for w in written if w[0].at != "mlp")
+    assert (single["refused"] == "no key (stub)").all() and "efficacy" not in single  # counted apart, no shares
+    assert single.equals(edit_study.single_edits(model, TASK, located, settings, 0))
+    other = edit_study.single_edits(model, TASK, located, settings, 1)
+    assert set(zip(other["subject"], other["relation"])) != set(zip(single["subject"], single["relation"]))
+    written.clear()
+    mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    assert mass[["facts_edited", "store"]].values.tolist() == [[n, s] for n in (1, 12) for _ in range(2)
+                                                               for s in ("mlp", "lives")]
+    assert (mass["refused"] == "no key (stub)").all() and [len(w) for w in written] == [1, 1, 1, 1, 12, 12, 12, 12]
+    for batch, store in zip(written, ["mlp", "lives"] * 4):
+        assert all(located.loc[(e.subject, e.relation), "held"] for e in batch)
+        assert len({(e.subject, e.relation) for e in batch}) == len(batch)
+        lives = {"distributed": "both", "both": "both", "mlp": "mlp", "attention": "ov"}
+        assert [e.at for e in batch] == [store if store == "mlp" else lives[located.loc[(e.subject, e.relation),
+                                                                                      "label"]] for e in batch]
