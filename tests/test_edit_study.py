@@ -46,6 +46,9 @@ def test_on_theorem_4_every_store_is_written_at_a_key_that_reads_the_fact(theore
     assert ov["head"].tolist() == [subject_head(s) for s in ov["subject"]]
     assert (ov["weight_change"] < 20).all() and (ov["efficacy"] == 1.0).all() and (ov["kept_all"] == 1.0).all()
     assert (ov["leak"] > 0.99).all() and (study.loc[study["store"] == "mlp", "leak"].abs() < 0.01).all()
+    mlp = study[study["store"] == "mlp"]
+    assert mlp["head"].isna().all() and (mlp["boost"] == 1).all()  # an exact write: the closed form alone
+    assert (study.loc[study["efficacy"] == 1.0, "old_rank"] >= 2).all()  # the new answer first on every prompt
     summary = json.loads((folder / "summary.json").read_text())
     where = summary["overall"]["by_where"]
     assert where["where_it_lives"]["kept_all"] == where["elsewhere"]["kept_all"] == 1.0
@@ -246,6 +249,8 @@ def test_the_facts_sampled_are_held_each_edited_at_every_store_and_the_same_for_
     assert set(zip(other["subject"], other["relation"])) != set(zip(single["subject"], single["relation"]))
     written.clear()
     mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    first, written[:] = list(written), []
+    assert mass.equals(edit_study.mass_edits(model, TASK, located, settings, 0)) and written == first
     assert mass[["facts_edited", "store"]].values.tolist() == [[n, s] for n in (1, 12) for _ in range(2)
                                                                for s in ("mlp", "lives")]
     assert (mass["refused"] == "no key (stub)").all() and [len(w) for w in written] == [1, 1, 1, 1, 12, 12, 12, 12]
