@@ -155,6 +155,9 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     mass = pd.read_csv(tmp_path / "mass.csv")
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
+    assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
+    assert mass[["facts_edited", "draw", "store"]].values.tolist() == [[1, 0, "mlp"], [1, 0, "lives"], [4, 0, "mlp"],
+                                                                      [4, 0, "lives"]]
     attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
     assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
     assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
@@ -260,3 +263,18 @@ def test_the_facts_sampled_are_held_each_edited_at_every_store_and_the_same_for_
         lives = {"distributed": "both", "both": "both", "mlp": "mlp", "attention": "ov"}
         assert [e.at for e in batch] == [store if store == "mlp" else lives[located.loc[(e.subject, e.relation),
                                                                                       "label"]] for e in batch]
+
+
+def test_an_attention_only_model_s_capacity_counts_its_heads_alone():
+    """The law's parameters: 4*H*d_h*d of attention and 2*m*d of MLP per block; none of MLP without one."""
+    from analyses.edit_study import parameters
+    from models import build_bridge
+    from models.recall.config import ModelConfig
+    from models.recall.weights import init_weights
+
+    cfg = ModelConfig(d_model=48, n_heads=4, d_head=4, attn_only=True)
+    model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    got = parameters(model, TASK.n_facts)
+    assert (got["attention"], got["mlp"]) == (4 * 4 * 4 * 48, 0)
+    assert abs(got["capacity"] - 0.15 * 4 * 4 * 4 * 48) < 1e-9
+    assert abs(got["spare_capacity"] - (got["capacity"] - 32)) < 1e-9 and abs(got["fill"] * got["capacity"] - 32) < 1e-9
