@@ -145,6 +145,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     record = summary["edit_study"][str(theorem4)]
     mlp = next(c for c in record["by_label_store"] if c["store"] == "mlp")
     assert mlp["rows"] == 2 and mlp["efficacy_k"] == mlp["efficacy_n"] == 2 * contexts  # 8 of 8 prompts
+    assert "lives" not in mlp and "refused" not in mlp  # one layer, every write made: the cells as they were
     assert abs(mlp["efficacy_low"] - 8 / (8 + 1.959963984540054 ** 2)) < 1e-5 and mlp["efficacy_high"] == 1.0
     assert mlp["kept_all_k"] == mlp["kept_all_n"] == 2 * (facts - 1) * contexts
     ov = next(c for c in record["by_label_store"] if c["store"] == "ov")
