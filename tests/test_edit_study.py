@@ -157,6 +157,9 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
     assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
+    cells = {(c["facts_edited"], c["store"]): c for c in record["mass"]}  # each batch size's counts, added
+    assert (cells[4, "mlp"]["efficacy_n"], cells[4, "mlp"]["won_n"], cells[4, "mlp"]["kept_n"]) == (
+        4 * contexts, 4, (facts - 4) * contexts)
     assert mass[["facts_edited", "draw", "store"]].values.tolist() == [[1, 0, "mlp"], [1, 0, "lives"], [4, 0, "mlp"],
                                                                       [4, 0, "lives"]]
     attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
