@@ -282,3 +282,25 @@ def test_an_attention_only_model_s_capacity_counts_its_heads_alone():
     assert (got["attention"], got["mlp"]) == (4 * 4 * 4 * 48, 0)
     assert abs(got["capacity"] - 0.15 * 4 * 4 * 4 * 48) < 1e-9
     assert abs(got["spare_capacity"] - (got["capacity"] - 32)) < 1e-9 and abs(got["fill"] * got["capacity"] - 32) < 1e-9
+
+
+def test_a_model_without_an_mlp_is_written_at_its_heads_only(monkeypatch):
+    """No MLP: each fact is written at ov alone, and mass editing where each lives (its head) alone."""
+    from analyses import edit_study
+    from models import build_bridge
+    from models.recall.config import ModelConfig
+    from models.recall.weights import init_weights
+
+    cfg = ModelConfig(d_model=48, n_heads=4, d_head=4, attn_only=True)
+    model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    facts = pd.MultiIndex.from_tuples([(s, r) for s in range(TASK.n_subjects) for r in range(TASK.n_relations)])
+    located = pd.DataFrame({"label": "attention", "head": 2, "held": True}, index=facts)
+    written = []
+    monkeypatch.setattr(edit_study, "tried", lambda model, task, edits, settings, seed: (
+        written.append(list(edits)), ((None, None), "no key (stub)"))[1])
+    settings = edit_study.StudySettings(per_label=2, sizes="4", draws=1, contexts=2)
+    single = edit_study.single_edits(model, TASK, located, settings, 0)
+    assert single["store"].tolist() == ["ov", "ov"] and single["lives"].all() and (single["head"] == 2).all()
+    written.clear()
+    mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    assert mass["store"].tolist() == ["lives"] and [[(e.at, e.head) for e in w] for w in written] == [[("ov", 2)] * 4]
