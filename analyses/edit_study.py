@@ -11,6 +11,10 @@ prompts (won: of n edits), with its Wilson 95% interval (analyses/edit_counts.py
 study.csv (one row per edit), mass.csv (one row per batch), summary.json (means by label x
 store and by batch size) and study.png to DIR (default CKPT/analysis/edit_study; --out is
 needed for several checkpoints). The checkpoints are never changed (docs/editing.md).
+
+At depth (L > 1, analyses/edit_study_depth.py) each fact is edited at every store of every
+block, where locate_facts at depth puts it against elsewhere; a write whose store has no key
+for the fact is counted as refused (study.csv's `refused`), not as a failure.
 """
 from __future__ import annotations
 
@@ -23,16 +27,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from analyses import edit_counts
+from analyses import edit_counts, edit_study_depth
+from analyses.edit_study_depth import REFUSED, new_answer, pooled, tried
 from analyses.sweeps import cli
 from analyses.sweeps.output import save_figure, subplots, write_csv, write_summary
 from models import load
 from models.out_folder import claim
-from models.section import one_layer
 from probe import columns, edit_keys
 from probe.contexts import per_fact
-from probe.edit_effects import edit_effects
-from probe.editing import FactEdit, carrying_head, edit_facts
+from probe.editing import FactEdit, carrying_head
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
 from probe.storage import LABELS, StorageRule
@@ -67,12 +70,13 @@ class StudySettings:
 
 
 def parameters(model, facts: int) -> dict:
-    """The parameter count of the capacity law (Figure 4 left: attention 4*H*d_h*d, MLP 2*m*d,
-    models.recall.weights.parameter_count), the facts it can hold at FACTS_PER_PARAMETER, the
-    spare capacity (those minus the task's facts) and the fill (facts over capacity)."""
+    """The parameter count of the capacity law (Figure 4 left: attention 4*H*d_h*d, MLP 2*m*d
+    per block, models.recall.weights.parameter_count), the facts it can hold at
+    FACTS_PER_PARAMETER, the spare capacity (those minus the task's facts) and the fill (facts
+    over capacity)."""
     cfg = model.cfg
-    attention = 4 * cfg.n_heads * cfg.d_head * cfg.d_model
-    mlp = 2 * cfg.d_mlp * cfg.d_model if has_mlp(model) else 0
+    attention = 4 * cfg.n_heads * cfg.d_head * cfg.d_model * cfg.n_layers
+    mlp = 2 * cfg.d_mlp * cfg.d_model * cfg.n_layers if has_mlp(model) else 0
     capacity = FACTS_PER_PARAMETER * (attention + mlp)
     return {"attention": attention, "mlp": mlp, "capacity": capacity, "spare_capacity": capacity - facts,
             "fill": facts / capacity}
@@ -80,7 +84,8 @@ def parameters(model, facts: int) -> dict:
 
 def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
     """Per fact (subject, relation): its storage label, the head carrying its subject
-    (editing.carrying_head: a tie goes to the largest key, then the lowest index), and
+    (editing.carrying_head: a tie goes to the largest key, then the lowest index; a share that
+    patching cannot measure counts as none restored), and
     whether the model holds it (answers it in at least the storage rule's `known` share)."""
     from analyses.locate_facts import locate
 
@@ -93,26 +98,10 @@ def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
     R = task.n_relations
     heads = [columns.patch("subject", columns.head(h)) for h in range(model.cfg.n_heads)]
     norms = edit_keys.head_key_norms(model, tokens, contexts).tolist()  # [F, H] each fact's key at each head
-    carrying = [carrying_head(list(restored), norms[s * R + r])
-                for (s, r), restored in zip(facts.index, facts[heads].values)]
+    restored = facts[heads].fillna(0.0).values  # [F, H]; NaN where patching moves nothing: no share restored
+    carrying = [carrying_head(list(shares), norms[s * R + r]) for (s, r), shares in zip(facts.index, restored)]
     return pd.DataFrame({"label": facts[columns.LABEL].values, "head": carrying,
                          "held": [held[s * R + r] for s, r in facts.index]}, index=facts.index)
-
-
-def new_answer(task, s: int, r: int, rng: random.Random) -> int:
-    old = int(task.facts[s, r])
-    return rng.choice([a for a in task.relation_answers(r) if a != old])
-
-
-def measure(model, task, edits: list[FactEdit], settings: StudySettings, seed: int) -> tuple[pd.DataFrame, dict]:
-    """One write of `edits` at once: its edits table (with boost) and specificity."""
-    edited = edit_facts(model, task, edits, settings.contexts, seed, settings.margin)
-    table, specificity = edit_effects(model, edited.model, task, [(e.subject, e.relation, old, e.answer) for e, old
-                                                                  in zip(edited.edits, edited.old_answers)],
-                                      settings.contexts, seed)
-    table["boost"] = edited.boosts
-    table["weight_change"] = sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5
-    return table, specificity
 
 
 def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int) -> pd.DataFrame:
@@ -125,12 +114,16 @@ def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, se
         for s, r in rng.sample(pool, min(settings.per_label, len(pool))):
             answer, head = new_answer(task, s, r, rng), int(located.loc[(s, r), "head"])
             for store in stores:
-                table, spec = measure(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
-                row = table.iloc[0]
-                rows.append({"label": label, "subject": s, "relation": r, "store": store,
-                             "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store,
-                             **edit_counts.single_counts(row, spec, settings.contexts), "old_rank": row["old_rank"],
-                             "leak": row["leak"], "boost": row["boost"], "weight_change": row["weight_change"]})
+                (table, spec), refusal = tried(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
+                row = {"label": label, "subject": s, "relation": r, "store": store,
+                       "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store}
+                if refusal:  # the store has no key for the fact: counted as refused
+                    rows.append({**row, REFUSED: refusal})
+                    continue
+                one = table.iloc[0]
+                rows.append({**row, **edit_counts.single_counts(one, spec, settings.contexts),
+                             "old_rank": one["old_rank"], "leak": one["leak"], "boost": one["boost"],
+                             "weight_change": one["weight_change"]})
     return pd.DataFrame(rows)
 
 
@@ -146,9 +139,10 @@ def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed
             for store in (("mlp", "lives") if has_mlp(model) else ("lives",)):
                 edits = [FactEdit(s, r, a, WHERE[located.loc[(s, r), "label"]] if store == "lives" else store,
                                   int(located.loc[(s, r), "head"])) for (s, r), a in zip(chosen, answers)]
-                table, spec = measure(model, task, edits, settings, seed)
-                rows.append({"facts_edited": n, "draw": draw, "store": store,
-                             **edit_counts.batch_counts(table, spec, settings.contexts),
+                (table, spec), refusal = tried(model, task, edits, settings, seed)
+                row = {"facts_edited": n, "draw": draw, "store": store}
+                rows.append({**row, REFUSED: refusal} if refusal else
+                            {**row, **edit_counts.batch_counts(table, spec, settings.contexts),
                              "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0])})
     return pd.DataFrame(rows)
 
@@ -156,13 +150,13 @@ def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed
 def summarize(single: pd.DataFrame, mass: pd.DataFrame) -> dict:
     """Counts added (k/n, Wilson intervals) by label x store, by where it lives against
     elsewhere (with the difference, Newcombe's interval), and by batch size x store."""
-    where = {"where_it_lives" if row.pop("lives") else "elsewhere": row
-             for row in edit_counts.pooled(single, ["lives"])}
+    where = {"where_it_lives" if row.pop("lives") else "elsewhere": row for row in pooled(single, ["lives"])}
     if len(where) == 2:
         where["difference"] = {s: edit_counts.difference(where["where_it_lives"], where["elsewhere"], s)
                                for s in ("efficacy", "won", "kept_all")}
-    return {"by_label_store": edit_counts.pooled(single, ["label", "store"]), "by_where": where,
-            "mass": edit_counts.pooled(mass, ["facts_edited", "store"], ("efficacy", "won", "kept"))}
+    by = ["label", "store"] + (["lives"] if "layer" in single else [])  # at depth a label lives in several stores
+    return {"by_label_store": pooled(single, by), "by_where": where,
+            "mass": pooled(mass, ["facts_edited", "store"], ("efficacy", "won", "kept"))}
 
 
 def figure(single: pd.DataFrame, mass: pd.DataFrame, path: Path | None = None):
@@ -220,20 +214,25 @@ def main(argv=None) -> int:
     out = claim(args.out if args.out is not None else Path(ckpt_of) / "analysis" / "edit_study", _own,
                 ckpt=ckpt_of)
     loaded = [(ckpt, *load(ckpt, args.device, kind="factual_recall")) for ckpt in args.ckpt]
-    for ckpt, model, _ in loaded:
-        one_layer(model.cfg.n_layers, ckpt, "edit_study")  # the writes address block 0's stores
+    depths = {ckpt: model.cfg.n_layers for ckpt, model, _ in loaded}
+    if len(set(depths.values())) > 1:  # the stores' names differ with depth
+        raise ValueError("the study compares checkpoints of one depth (its stores are named by block): got "
+                         + ", ".join(f"{c} (L = {n})" for c, n in depths.items()) + "; run each depth apart.")
     start, singles, masses, checkpoints = time.perf_counter(), [], [], {}
     for ckpt, model, task in loaded:
-        located = facts_located(model, task, settings.contexts, args.seed)
-        single = single_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt))
+        deep = edit_study_depth if model.cfg.n_layers > 1 else None
+        located = (deep.facts_at_depth if deep else facts_located)(model, task, settings.contexts, args.seed)
+        single = (deep.single_edits if deep else single_edits)(model, task, located, settings, args.seed)
+        single = single.assign(checkpoint=str(ckpt))
         capacity = parameters(model, task.n_facts)
-        mass = mass_edits(model, task, located, settings, args.seed).assign(checkpoint=str(ckpt),
-                                                                           fill=capacity["fill"])
+        mass = (deep.mass_edits if deep else mass_edits)(model, task, located, settings, args.seed)
+        mass = mass.assign(checkpoint=str(ckpt), fill=capacity["fill"])
         singles.append(single)
         masses.append(mass)
         cfg = model.cfg
         checkpoints[str(ckpt)] = {"shape": {"d": cfg.d_model, "H": cfg.n_heads, "d_h": cfg.d_head,
-                                            "m": cfg.d_mlp if has_mlp(model) else 0},
+                                            "m": cfg.d_mlp if has_mlp(model) else 0,
+                                            **({"L": cfg.n_layers} if deep else {})},
                                   "facts": task.n_facts, "held": int(located["held"].sum()),
                                   "labels": located["label"].value_counts().to_dict(), **capacity,
                                   **summarize(single, mass)}
@@ -251,14 +250,20 @@ def main(argv=None) -> int:
 
 def report(single: pd.DataFrame, mass: pd.DataFrame, out: Path) -> str:
     lines, cell = [], edit_counts.cell
-    for row in edit_counts.pooled(single, ["lives"]):
+    for row in pooled(single, ["lives"]):
         lines.append(f"edited {'where the fact lives' if row['lives'] else 'elsewhere':22s}: {row['rows']} edits, "
-                     f"efficacy {cell(row, 'efficacy')}, other facts kept {cell(row, 'kept_all')}")
-    for row in edit_counts.pooled(mass, ["facts_edited", "store"], ("efficacy", "kept")):
+                     f"efficacy {cell(row, 'efficacy')}, other facts kept {cell(row, 'kept_all')}" + _no_key(row))
+    for row in pooled(mass, ["facts_edited", "store"], ("efficacy", "kept")):
         lines.append(f"{row['facts_edited']:4d} facts at once @ {row['store']:5s}: efficacy {cell(row, 'efficacy')}, "
-                     f"other facts kept {cell(row, 'kept')}")
+                     f"other facts kept {cell(row, 'kept')}" + _no_key(row))
+    if "layer" in single:  # at depth: the table by label x store
+        lines += edit_study_depth.table(single)
     lines.append(f"wrote {out}/ ({', '.join(FILES)})")
     return "\n".join(lines)
+
+
+def _no_key(row: dict) -> str:
+    return f", {row[REFUSED]} refused (no key)" if row.get(REFUSED) else ""
 
 
 if __name__ == "__main__":

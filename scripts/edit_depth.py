@@ -24,19 +24,11 @@ from models.checkpoint import atomic_write
 from models.out_folder import claim, only
 from probe import edit_keys
 from probe.edit_effects import edit_effects
+from probe.edit_stores import name, stores
 from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.prompts import fact_batch
 
 TRUTH = {"attention": ("ov", 0, "last"), "enriched": ("mlp", 0, "subject")}  # "mlp": the last block's, at the last
-
-
-def stores(n_layers: int) -> list[tuple[str, int, str]]:
-    """Every store an edit can be keyed at: (at, layer, position), block by block."""
-    out = []
-    for layer in range(n_layers):
-        out += [("ov", layer, "last"), ("mlp", layer, "last")] + ([("mlp", layer, "subject")]
-                                                                 if layer < n_layers - 1 else [])
-    return out
 
 
 def peak_store(row) -> tuple[str, int, str] | None:
@@ -45,11 +37,6 @@ def peak_store(row) -> tuple[str, int, str] | None:
     if row["store"] not in ("attention", "mlp") or (row["store"] == "attention" and row["position"] != "last"):
         return None
     return ("ov" if row["store"] == "attention" else "mlp", int(row["layer"]) - 1, row["position"])
-
-
-def name(store) -> str:
-    at, layer, position = store
-    return f"{'attention' if at == 'ov' else 'mlp'} L{layer}" + (" at subject" if position == "subject" else "")
 
 
 def main(argv=None) -> int:

@@ -46,6 +46,8 @@ MODULES = {
     "analyses/edit_view.py": ["tests/test_edit_study.py", "tests/test_edit_view_mutants.py", "-k",
                               "report_s_edit or view"],
     "analyses/edit_counts.py": ["tests/test_edit_counts.py"],
+    "analyses/edit_study.py": ["tests/test_edit_study.py", "tests/test_edit_study_depth.py", "-m", "not slow", "-k",
+                               "not report_s_edit"],
     "analyses/tradeoff/grid.py": ["tests/test_tradeoff_grid_tables.py"],
     "models/recall/shape_stack.py": ["tests/test_shape_stack.py", "tests/test_stack_buckets.py", "-k",
                                      "not equals_its_run_alone and not stay_zero"],

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from analyses import edit_study, hallucination, report, visualize
+from analyses import hallucination, report, visualize
 from models.bridge import build_bridge, load
 from models.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
 from models.cores.deep import deep_last_position_logits
@@ -188,8 +188,8 @@ def test_the_checkpoint_reader_wants_every_block(tmp_path):
         load_checkpoint(ckpt)
 
 
-@pytest.mark.parametrize("tool, extra", [(hallucination, []), (visualize, []), (report, []), (edit_study, [])],
-                         ids=["hallucination", "visualize", "report", "edit_study"])
+@pytest.mark.parametrize("tool, extra", [(hallucination, []), (visualize, []), (report, [])],
+                         ids=["hallucination", "visualize", "report"])
 def test_one_layer_tools_refuse_a_deeper_model_in_one_line(tool, extra, deep_ckpt, capsys):
     code, _, err = run_main(tool.main, [deep_ckpt, *extra, "--quiet", "--device", str(TEST_DEVICE)], capsys)
     assert code == 2 and err.strip().splitlines() == [

@@ -34,7 +34,7 @@ def test_on_theorem_4_every_store_is_written_at_a_key_that_reads_the_fact(theore
     Theorem 3, the write reaches every prompt of the subject (leak 1) and at margin 2 keeps
     every other fact; the MLP's fact unit is the sharper address (leak 0)."""
     code, out, err = run_main(edit_facts_main, ["study", theorem4, *SMALL], capsys)
-    assert code == 0, err
+    assert code == 0 and err == "", err  # --quiet: no progress bar
     folder = theorem4 / "analysis" / "edit_study"
     assert sorted(p.name for p in folder.iterdir()) == ["mass.csv", "study.csv", "study.png", "summary.json"]
     study = pd.read_csv(folder / "study.csv")
@@ -46,6 +46,9 @@ def test_on_theorem_4_every_store_is_written_at_a_key_that_reads_the_fact(theore
     assert ov["head"].tolist() == [subject_head(s) for s in ov["subject"]]
     assert (ov["weight_change"] < 20).all() and (ov["efficacy"] == 1.0).all() and (ov["kept_all"] == 1.0).all()
     assert (ov["leak"] > 0.99).all() and (study.loc[study["store"] == "mlp", "leak"].abs() < 0.01).all()
+    mlp = study[study["store"] == "mlp"]
+    assert mlp["head"].isna().all() and (mlp["boost"] == 1).all()  # an exact write: the closed form alone
+    assert (study.loc[study["efficacy"] == 1.0, "old_rank"] >= 2).all()  # the new answer first on every prompt
     summary = json.loads((folder / "summary.json").read_text())
     where = summary["overall"]["by_where"]
     assert where["where_it_lives"]["kept_all"] == where["elsewhere"]["kept_all"] == 1.0
@@ -142,6 +145,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     record = summary["edit_study"][str(theorem4)]
     mlp = next(c for c in record["by_label_store"] if c["store"] == "mlp")
     assert mlp["rows"] == 2 and mlp["efficacy_k"] == mlp["efficacy_n"] == 2 * contexts  # 8 of 8 prompts
+    assert "lives" not in mlp and "refused" not in mlp  # one layer, every write made: the cells as they were
     assert abs(mlp["efficacy_low"] - 8 / (8 + 1.959963984540054 ** 2)) < 1e-5 and mlp["efficacy_high"] == 1.0
     assert mlp["kept_all_k"] == mlp["kept_all_n"] == 2 * (facts - 1) * contexts
     ov = next(c for c in record["by_label_store"] if c["store"] == "ov")
@@ -152,7 +156,151 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     mass = pd.read_csv(tmp_path / "mass.csv")
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
+    assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
+    cells = {(c["facts_edited"], c["store"]): c for c in record["mass"]}  # each batch size's counts, added
+    assert (cells[4, "mlp"]["efficacy_n"], cells[4, "mlp"]["won_n"], cells[4, "mlp"]["kept_n"]) == (
+        4 * contexts, 4, (facts - 4) * contexts)
+    assert mass[["facts_edited", "draw", "store"]].values.tolist() == [[1, 0, "mlp"], [1, 0, "lives"], [4, 0, "mlp"],
+                                                                      [4, 0, "lives"]]
     attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
     assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
     assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
     assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
+
+
+def test_on_theorem_3_a_write_where_the_mlp_has_no_key_is_counted_as_refused(tmp_path, capsys):
+    """Theorem 3 keeps every fact in the heads and its MLP never fires: an mlp (or both) write has no
+    key for any fact. Those writes are counted as refused, apart from the shares, not as failures."""
+    ckpt = write_checkpoint(tmp_path / "attention", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {},
+                            build("attention", TASK, CONSTRUCTION_MODEL))
+    argv = [ckpt, "--per-label", "1", "--sizes", "1", "--draws", "1", "--contexts", "2", "--out", tmp_path / "study",
+            "--quiet", "--device", "cpu"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    study = pd.read_csv(tmp_path / "study" / "study.csv").set_index("store")
+    assert study["refused"].isna()["ov"] and study.loc[["mlp", "both"], "refused"].str.contains("has no key").all()
+    assert study.loc["ov", "efficacy"] == 1.0 and study.loc[["mlp", "both"], "efficacy_n"].isna().all()
+    where = json.loads((tmp_path / "study" / "summary.json").read_text())["overall"]["by_where"]
+    assert (where["elsewhere"]["rows"], where["elsewhere"]["refused"], where["elsewhere"]["efficacy_n"]) == (2, 2, 0)
+    assert where["where_it_lives"]["refused"] == 0
+    assert "edited elsewhere             : 2 edits, efficacy —, other facts kept —, 2 refused (no key)" in out
+    mass = pd.read_csv(tmp_path / "study" / "mass.csv").set_index("store")
+    assert mass.loc["mlp", "refused"].startswith("fact") and mass.loc["lives", "kept"] == 1.0
+
+
+def test_a_folder_is_the_study_s_own_when_it_holds_only_its_files_and_its_summary(tmp_path):
+    """--out may be a folder of this study's earlier results (written over), with subfolders;
+    not one holding another tool's summary.json, an unreadable one, or other files (all named)."""
+    from analyses.edit_study import _own
+
+    (tmp_path / "study.csv").write_text("x\n")
+    (tmp_path / "plots").mkdir()
+    _own(tmp_path)  # no summary.json yet: a study's files alone
+    (tmp_path / "summary.json").write_text(json.dumps({"edit_study": {}}))
+    _own(tmp_path)
+    for text in (json.dumps({"studies": {}}), "{not json"):
+        (tmp_path / "summary.json").write_text(text)
+        with pytest.raises(ValueError, match=r"not edit_study results \(summary.json\); choose another --out"):
+            _own(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"edit_study": {}}))
+    (tmp_path / "b.txt").write_text("")
+    (tmp_path / "a.txt").write_text("")
+    with pytest.raises(ValueError, match=r"not edit_study results \(a.txt, b.txt\); choose another --out"):
+        _own(tmp_path)
+
+
+PLAN = [["none" if (s + r) % 4 == 3 else "both" for r in range(TASK.n_relations)] for s in range(TASK.n_subjects)]
+
+
+@pytest.fixture(scope="module")
+def half_known():
+    """A construction that does not know a quarter of its facts (`none`), and its facts located."""
+    from analyses.edit_study import facts_located
+    from models import build_bridge
+    from models.recall.constructions import build_storage
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build_storage(TASK, CONSTRUCTION_MODEL, PLAN),
+                         task=TASK)
+    return model, facts_located(model, TASK, 2, 0)
+
+
+def test_the_facts_sampled_are_held_each_edited_at_every_store_and_the_same_for_a_seed(half_known, monkeypatch):
+    """Each label's sample is of the facts the model holds (never one it does not know), each
+    fact written at mlp, ov and both (ov at the head that reads its subject); mass editing draws
+    batches of held facts, capped at half of them, written at the MLP and where each lives. With
+    every write refused (a stub), each row is counted as refused; a seed gives the same sample."""
+    from analyses import edit_study
+
+    model, located = half_known
+    assert located["held"].tolist() == [PLAN[s][r] != "none" for s, r in located.index]
+    written = []
+
+    def refuse(model, task, edits, settings, seed):
+        written.append(list(edits))
+        return (None, None), "no key (stub)"
+
+    monkeypatch.setattr(edit_study, "tried", refuse)
+    settings = edit_study.StudySettings(per_label=3, sizes="1,64", draws=2, contexts=2)
+    single = edit_study.single_edits(model, TASK, located, settings, 0)
+    held = int(located["held"].sum())
+    assert held == 24 and set(single["label"]) <= set(located.loc[located["held"], "label"])
+    for label, part in single.groupby("label"):
+        facts = list(dict.fromkeys(zip(part["subject"], part["relation"])))
+        assert len(facts) == min(3, int((located["held"] & (located["label"] == label)).sum()))
+        assert all(located.loc[f, "held"] for f in facts) and len(part) == 3 * len(facts)
+    assert [w[0].at for w in written] == ["mlp", "ov", "both"] * (len(single) // 3)
+    assert all(w[0].head == subject_head(w[0].subject) for w in written if w[0].at != "mlp")
+    assert (single["refused"] == "no key (stub)").all() and "efficacy" not in single  # counted apart, no shares
+    assert single.equals(edit_study.single_edits(model, TASK, located, settings, 0))
+    other = edit_study.single_edits(model, TASK, located, settings, 1)
+    assert set(zip(other["subject"], other["relation"])) != set(zip(single["subject"], single["relation"]))
+    written.clear()
+    mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    first, written[:] = list(written), []
+    assert mass.equals(edit_study.mass_edits(model, TASK, located, settings, 0)) and written == first
+    assert mass[["facts_edited", "store"]].values.tolist() == [[n, s] for n in (1, 12) for _ in range(2)
+                                                               for s in ("mlp", "lives")]
+    assert (mass["refused"] == "no key (stub)").all() and [len(w) for w in written] == [1, 1, 1, 1, 12, 12, 12, 12]
+    for batch, store in zip(written, ["mlp", "lives"] * 4):
+        assert all(located.loc[(e.subject, e.relation), "held"] for e in batch)
+        assert len({(e.subject, e.relation) for e in batch}) == len(batch)
+        lives = {"distributed": "both", "both": "both", "mlp": "mlp", "attention": "ov"}
+        assert [e.at for e in batch] == [store if store == "mlp" else lives[located.loc[(e.subject, e.relation),
+                                                                                      "label"]] for e in batch]
+
+
+def test_an_attention_only_model_s_capacity_counts_its_heads_alone():
+    """The law's parameters: 4*H*d_h*d of attention and 2*m*d of MLP per block; none of MLP without one."""
+    from analyses.edit_study import parameters
+    from models import build_bridge
+    from models.recall.config import ModelConfig
+    from models.recall.weights import init_weights
+
+    cfg = ModelConfig(d_model=48, n_heads=4, d_head=4, attn_only=True)
+    model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    got = parameters(model, TASK.n_facts)
+    assert (got["attention"], got["mlp"]) == (4 * 4 * 4 * 48, 0)
+    assert abs(got["capacity"] - 0.15 * 4 * 4 * 4 * 48) < 1e-9
+    assert abs(got["spare_capacity"] - (got["capacity"] - 32)) < 1e-9 and abs(got["fill"] * got["capacity"] - 32) < 1e-9
+
+
+def test_a_model_without_an_mlp_is_written_at_its_heads_only(monkeypatch):
+    """No MLP: each fact is written at ov alone, and mass editing where each lives (its head) alone."""
+    from analyses import edit_study
+    from models import build_bridge
+    from models.recall.config import ModelConfig
+    from models.recall.weights import init_weights
+
+    cfg = ModelConfig(d_model=48, n_heads=4, d_head=4, attn_only=True)
+    model = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    facts = pd.MultiIndex.from_tuples([(s, r) for s in range(TASK.n_subjects) for r in range(TASK.n_relations)])
+    located = pd.DataFrame({"label": "attention", "head": 2, "held": True}, index=facts)
+    written = []
+    monkeypatch.setattr(edit_study, "tried", lambda model, task, edits, settings, seed: (
+        written.append(list(edits)), ((None, None), "no key (stub)"))[1])
+    settings = edit_study.StudySettings(per_label=2, sizes="4", draws=1, contexts=2)
+    single = edit_study.single_edits(model, TASK, located, settings, 0)
+    assert single["store"].tolist() == ["ov", "ov"] and single["lives"].all() and (single["head"] == 2).all()
+    written.clear()
+    mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    assert mass["store"].tolist() == ["lives"] and [[(e.at, e.head) for e in w] for w in written] == [[("ov", 2)] * 4]

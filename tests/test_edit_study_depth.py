@@ -1,0 +1,120 @@
+"""python -m analyses.edit_study at depth: each fact edited where locate_facts puts it and at every
+other store of every block, on the L = 2 mixed construction whose stores are known (config.json's
+training.stores); refused writes counted apart; the stores' names and the map from locate_facts'."""
+import json
+
+import pandas as pd
+import pytest
+
+from analyses.edit_study import main
+from analyses.edit_study_depth import REFUSED, pooled
+from models.checkpoint import write_checkpoint
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build
+from models.recall.deep_constructions import main as construct
+from probe.edit_stores import lives_in, name, stores, written_at
+from tests.conftest import run_main
+
+# a construction's store (config.json) -> the edit store where it lives: block 0's heads, the last MLP,
+# block 0's MLP at the subject's position (moved to the last position by block 1's heads)
+TRUTH = {"attention": "attention L0", "mlp": "mlp L1", "enriched": "mlp L0 at subject"}
+
+
+@pytest.fixture(scope="module")
+def mixed2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("depth") / "d2-mixed"
+    assert construct(["--kind", "mixed", "--n-layers", "2", "--out", str(out)]) == 0
+    return out
+
+
+def test_the_stores_of_every_block_and_where_a_located_store_is_written():
+    assert [name(s) for s in stores(2)] == ["attention L0", "mlp L0", "mlp L0 at subject", "attention L1", "mlp L1"]
+    assert len(stores(3)) == 8 and [name(s) for s in stores(1)] == ["attention L0", "mlp L0"]
+    assert written_at("attention1") == ("ov", 1, "last") and written_at("mlp1") == ("mlp", 1, "last")
+    assert written_at("mlp0_via_attention1") == ("mlp", 0, "subject")  # ROME's key: moved by later heads
+    assert written_at("mlp0_via_attention1_via_attention2") == ("mlp", 0, "subject")
+    assert written_at("attention0_via_attention1") is None  # a head's write read at the subject: no key of ours
+    assert lives_in("attention0;attention0_via_attention2;mlp1_via_attention2") == (("ov", 0, "last"),
+                                                                                     ("mlp", 1, "subject"))
+    assert lives_in("") == () and lives_in("nan") == ()
+    with pytest.raises(ValueError, match="'head3' is not a store"):
+        written_at("head3")
+
+
+def test_refused_writes_count_as_refused_not_as_failures():
+    """A refused write adds a row and a refusal to its group and nothing to its shares; where
+    no write was refused (every one-layer study that ran before) nothing is added."""
+    written = {"efficacy": 1.0, "efficacy_k": 4, "efficacy_n": 4}
+    frame = pd.DataFrame([{"store": "mlp L1", REFUSED: "", **written},
+                          {"store": "mlp L1", REFUSED: "", **written, "efficacy_k": 2},
+                          {"store": "mlp L1", REFUSED: "fact 0:1 has no key"},
+                          {"store": "mlp L0", REFUSED: "fact 0:1 has no key"}])
+    cells = {row["store"]: row for row in pooled(frame, ["store"], ("efficacy",))}
+    assert (cells["mlp L1"]["rows"], cells["mlp L1"][REFUSED]) == (3, 1)
+    assert (cells["mlp L1"]["efficacy_k"], cells["mlp L1"]["efficacy_n"], cells["mlp L1"]["efficacy"]) == (6, 8, 0.75)
+    assert (cells["mlp L0"]["rows"], cells["mlp L0"][REFUSED], cells["mlp L0"]["efficacy_n"]) == (1, 1, 0)
+    assert REFUSED not in pooled(frame.drop(columns=REFUSED), ["store"], ("efficacy",))[0]
+
+
+def test_checkpoints_of_different_depths_are_refused_in_one_line(mixed2, tmp_path, capsys):
+    task = CONSTRUCTION_TASK.build()
+    one = write_checkpoint(tmp_path / "one", CONSTRUCTION_MODEL.checkpoint_section(task), task, {},
+                           build("mlp", task, CONSTRUCTION_MODEL))
+    code, _, err = run_main(main, [one, mixed2, "--out", tmp_path / "study", "--quiet", "--device", "cpu"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{one} (L = 1), {mixed2} (L = 2); run each depth apart." in err
+    assert not (tmp_path / "study").exists() and not (mixed2 / "analysis").exists()
+
+
+@pytest.mark.slow
+def test_at_two_layers_each_fact_lives_where_the_construction_keeps_it_and_keyless_writes_are_refused(
+        mixed2, tmp_path, capsys):
+    """Every fact of the mixed construction, edited at the 5 stores of its 2 blocks: the one store
+    where it lives is its known store; block 0's MLP at the last position never fires (every write
+    there refused), the last MLP has a unit for its own facts only (refused for the others); every
+    write made reaches the new answer (margin 2, as in results/editing/README.md "At depth")."""
+    code, out, err = run_main(main, [mixed2, "--per-label", "32", "--sizes", "1", "--draws", "1", "--contexts", "2",
+                                     "--out", tmp_path, "--quiet", "--device", "cpu"], capsys)
+    assert code == 0, err
+    stored = json.loads((mixed2 / "config.json").read_text())["training"]["stores"]
+    truth = {(d["s"], d["r"]): d["store"] for d in stored}  # the construction's plan
+    study = pd.read_csv(tmp_path / "study.csv")
+    study[REFUSED] = study[REFUSED].fillna("")
+    assert len(study) == 32 * 5 and set(zip(study["subject"], study["relation"])) == set(truth)
+    for (s, r), edits in study.groupby(["subject", "relation"]):
+        assert edits.loc[edits["lives"], "store"].tolist() == [TRUTH[truth[s, r]]], (s, r)
+    refused = study[study[REFUSED] != ""]
+    expected = {(s, r, "mlp L0") for s, r in truth} | {(s, r, "mlp L1") for (s, r), k in truth.items() if k != "mlp"}
+    assert set(zip(refused["subject"], refused["relation"], refused["store"])) == expected
+    assert refused[REFUSED].str.contains("has no key").all()
+    written = study[study[REFUSED] == ""]
+    assert (written["efficacy_k"] == written["efficacy_n"]).all() and (written["efficacy_n"] == 2).all()
+    summary = json.loads((tmp_path / "summary.json").read_text())["overall"]
+    assert summary["by_where"]["where_it_lives"]["rows"] == 32 and summary["by_where"]["where_it_lives"][REFUSED] == 0
+    assert summary["by_where"]["elsewhere"][REFUSED] == len(expected)
+    assert sum(c[REFUSED] for c in summary["by_label_store"]) == len(expected)
+    assert "elsewhere             : 128 edits, efficacy 1.000" in out and f"{len(expected)} refused (no key)" in out
+    assert "| mlp | mlp L0 at subject | **yes** |" in out
+
+
+def test_at_two_layers_a_small_study_edits_every_store_and_counts_every_block_s_parameters(mixed2, tmp_path, capsys):
+    """One fact a label (attention, mlp) at the 5 stores of the 2 blocks: the one store where each
+    lives is its known one, block 0's MLP at the last position refuses both; the capacity law
+    counts both blocks' parameters; the report's table by label x store says which lives there."""
+    code, out, err = run_main(main, [mixed2, "--per-label", "1", "--sizes", "1", "--draws", "1", "--contexts", "2",
+                                     "--out", tmp_path, "--quiet", "--device", "cpu"], capsys)
+    assert code == 0, err
+    truth = {(d["s"], d["r"]): d["store"]
+             for d in json.loads((mixed2 / "config.json").read_text())["training"]["stores"]}
+    study = pd.read_csv(tmp_path / "study.csv")
+    assert sorted(set(study["label"])) == ["attention", "mlp"] and len(study) == 2 * 5
+    for (s, r), edits in study.groupby(["subject", "relation"]):
+        assert edits["store"].tolist() == ["attention L0", "mlp L0", "mlp L0 at subject", "attention L1", "mlp L1"]
+        assert edits.loc[edits["lives"], "store"].tolist() == [TRUTH[truth[s, r]]]
+        assert edits.loc[edits["store"] == "mlp L0", REFUSED].str.contains("has no key").all()
+    record = json.loads((tmp_path / "summary.json").read_text())["edit_study"][str(mixed2)]
+    assert record["shape"] == {"d": 80, "H": 4, "d_h": 4, "m": 32, "L": 2}
+    assert record["attention"] == 2 * 4 * 4 * 4 * 80 and record["mlp"] == 2 * 2 * 32 * 80
+    cells = {(c["label"], c["store"], c["lives"]): c for c in record["by_label_store"]}
+    assert cells["attention", "attention L0", True]["rows"] == 1 and cells["attention", "mlp L0", False][REFUSED] == 1
+    assert "| attention | attention L0 | **yes** | 1 | — | 1.000 [0.342, 1.000] 2/2 |" in out
+    assert "| attention | mlp L0 | no | 1 | 1 | — |" in out
