@@ -54,8 +54,9 @@ if [ -n "$state" ]; then
   tar -tzf "$state" >/dev/null 2>&1 || { echo "gpu_run: $state: not a readable state archive" >&2; exit 2; }
 fi
 python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-"$python" -c "import torch, transformer_lens" 2>/dev/null \
-  || { echo "gpu_run: $python cannot import torch and transformer_lens; run scripts/setup.sh first" >&2; exit 2; }
+# installed, asked without importing them (seconds of CPU each call; the env step imports torch)
+"$python" -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('torch', 'transformer_lens'))))" \
+  2>/dev/null || { echo "gpu_run: $python cannot import torch and transformer_lens; run scripts/setup.sh first" >&2; exit 2; }
 budget=${GPU_RUN_SECONDS:-$([ $dry = 1 ] && echo 300 || echo 540)}
 pack_every=${GPU_RUN_PACK_SECONDS:-$([ $dry = 1 ] && echo 2 || echo 60)}
 archive_bytes=${GPU_RUN_ARCHIVE_BYTES:-15728640}
