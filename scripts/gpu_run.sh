@@ -151,8 +151,9 @@ declare -A bench profile
 if [ $dry = 1 ]; then
   export FACTUAL_RECALL_TEST_DEVICE=cpu
   device=(--device cpu)
-  tests_full=(tests/test_graphed.py -k "refuses or auto_captures or warms_up")
-  tests_subset=(tests/test_graphed.py -k "refuses or auto_captures")
+  # of the fast tier (no test that runs a command as a process: seconds of imports each call)
+  tests_full=(tests/test_graphed.py -m "not slow" -k "refuses or auto_captures or warms_up")
+  tests_subset=(tests/test_graphed.py -m "not slow" -k "refuses or auto_captures")
   bench_lines=(stack-169 tiny-k1)  # the GPU's lines at tiny sizes, one of them not profiled
   bench[stack-169]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 2"
   bench[tiny-k1]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 1"
