@@ -1,4 +1,5 @@
 """Checkpoints a user can trust: resume, SIGKILL at random moments, divergence, pickles."""
+import contextlib
 import json
 import os
 import pickle
@@ -123,9 +124,8 @@ class Forked:
     second or two a new process spends importing torch and the trainer."""
 
     def __init__(self, server: subprocess.Popen, argv: list[str], stderr: Path):
-        self.server, self.stderr = server, stderr
-        server.stdin.write(json.dumps([argv, str(stderr)]) + "\n")
-        server.stdin.flush()
+        self.server = server  # unbuffered: select sees every line not yet read
+        server.stdin.write((json.dumps([argv, str(stderr)]) + "\n").encode())
         self.pid, self.returncode = int(server.stdout.readline()), None
 
     def poll(self) -> int | None:
@@ -135,7 +135,8 @@ class Forked:
 
     def kill(self) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended this instant
+                os.kill(self.pid, signal.SIGKILL)
 
     def wait(self) -> int:
         if self.returncode is None:
@@ -150,7 +151,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     resumed each time: every named file is whole, and the resumed run ends with the weights and
     metrics of an uninterrupted one."""
     server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+                              bufsize=0)
     try:
         _sigkill_then_resume(tmp_path, lambda argv: Forked(server, argv, tmp_path / "stderr.txt"))
     finally:
