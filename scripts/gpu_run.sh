@@ -54,8 +54,9 @@ if [ -n "$state" ]; then
   tar -tzf "$state" >/dev/null 2>&1 || { echo "gpu_run: $state: not a readable state archive" >&2; exit 2; }
 fi
 python=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-"$python" -c "import torch, transformer_lens" 2>/dev/null \
-  || { echo "gpu_run: $python cannot import torch and transformer_lens; run scripts/setup.sh first" >&2; exit 2; }
+# installed, asked without importing them (seconds of CPU each call; the env step imports torch)
+"$python" -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('torch', 'transformer_lens'))))" \
+  2>/dev/null || { echo "gpu_run: $python cannot import torch and transformer_lens; run scripts/setup.sh first" >&2; exit 2; }
 budget=${GPU_RUN_SECONDS:-$([ $dry = 1 ] && echo 300 || echo 540)}
 pack_every=${GPU_RUN_PACK_SECONDS:-$([ $dry = 1 ] && echo 2 || echo 60)}
 archive_bytes=${GPU_RUN_ARCHIVE_BYTES:-15728640}
@@ -150,8 +151,9 @@ declare -A bench profile
 if [ $dry = 1 ]; then
   export FACTUAL_RECALL_TEST_DEVICE=cpu
   device=(--device cpu)
-  tests_full=(tests/test_graphed.py -k "refuses or auto_captures or warms_up")
-  tests_subset=(tests/test_graphed.py -k "refuses or auto_captures")
+  # of the fast tier (no test that runs a command as a process: seconds of imports each call)
+  tests_full=(tests/test_graphed.py -m "not slow" -k "refuses or auto_captures or warms_up")
+  tests_subset=(tests/test_graphed.py -m "not slow" -k "refuses or auto_captures")
   bench_lines=(stack-169 tiny-k1)  # the GPU's lines at tiny sizes, one of them not profiled
   bench[stack-169]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 2"
   bench[tiny-k1]="--device cpu --preset tiny --trained-steps 0 --repeats 1 --round-seconds 0.1 --no-memory --k 1"

@@ -161,13 +161,11 @@ def test_aot_capacity_cli_tiny_run(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "n_tokens: recorded 6, now 7" in err and "train.epochs: recorded 2, now 3" in err
     assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == files
-    bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--lr", "0"],
-                         check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr must be > 0" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "analyses.aot_capacity", "--out", str(tmp_path / "x"), "--head-layout",
-                          "dana,paper"], check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-    assert "head_layout must be one of" in bad.stderr
+    code, _, err = run_main(main, ["--out", tmp_path / "x", "--lr", "0"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "lr must be > 0" in err
+    code, _, err = run_main(main, ["--out", tmp_path / "x", "--head-layout", "dana,paper"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "head_layout must be one of" in err
     assert not (tmp_path / "x").exists()
 
 

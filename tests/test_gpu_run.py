@@ -5,6 +5,7 @@ another copy holding those results and no archive, runs the tests' subset, skips
 lines and the sweep pieces already recorded and goes on from the cut piece's cells; a call out
 of time ends within its budget; and the offline set-up (scripts/setup.sh --offline) from a
 folder of wheels."""
+import contextlib
 import hashlib
 import math
 import os
@@ -24,7 +25,8 @@ import pytest
 from analyses.sweeps.gpu_records import CODE, code_hash, record
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1",
+ENV = {**{k: v for k, v in os.environ.items() if k != "FACTUAL_RECALL_TEST_TIMES"},  # the run's own tests: not logged
+       "PYTHON": sys.executable, "GPU_RUN_JOBS": "1", "GPU_RUN_PACK_SECONDS": "1",
        "OMP_NUM_THREADS": "1"}
 ALLOWED = {"report.txt", "tests_cuda.txt", "bench.txt", "gpu_checks.json", "results.tar.gz", "state.tar.gz"}
 DRY = "results/dry_run"
@@ -77,12 +79,20 @@ def _run_until(tree: Path, out: Path, until, seconds: int = 600) -> dict:
     run = subprocess.Popen(["bash", "scripts/gpu_run.sh", "--dry-run", str(out)], cwd=tree,
                            env={**ENV, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
-    deadline = time.monotonic() + seconds
+    deadline, seen, files = time.monotonic() + seconds, None, {}
     try:
-        while time.monotonic() < deadline and run.poll() is None and not until(_archive(out / "results.tar.gz")):
+        while time.monotonic() < deadline and run.poll() is None and not until(files):
             time.sleep(0.3)
+            try:  # read again only a new archive (each pack is a new file, renamed into place)
+                stat = (out / "results.tar.gz").stat()
+                now = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            except OSError:
+                now = None
+            if now != seen or not files:
+                seen, files = now, _archive(out / "results.tar.gz")
     finally:
-        os.killpg(run.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a run that ended by itself has no group left
+            os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     return _archive(out / "results.tar.gz")
 
@@ -221,7 +231,8 @@ def test_offline_setup_builds_a_venv_from_wheels_and_a_python_with_torch(tmp_pat
     assert done.returncode == 0, done.stderr
     check = subprocess.run([str(repo / ".venv" / "bin" / "python"), "-c",
                             "import torch, offline_probe, models; print(offline_probe.VALUE, models.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True)
+                           cwd=tmp_path, capture_output=True, text=True,
+                           env={k: v for k, v in env.items() if k != "PYTHONPATH"})  # the venv's own checkout
     assert check.returncode == 0, check.stderr
     assert check.stdout.split() == ["7", str(repo / "models" / "__init__.py")]
 

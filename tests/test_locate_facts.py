@@ -24,7 +24,7 @@ from probe.hooks import HOOK_Z
 from probe.prompts import fact_batch
 from probe.stats import wilson_interval
 from probe.storage import StorageRule
-from tests.conftest import quick
+from tests.conftest import quick, run_main
 
 SMALL = dict(contexts=4, patch_contexts=1, progress=False)
 
@@ -182,18 +182,20 @@ def test_cli_writes_results_and_summary(tiny_ckpt, tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("make_bad, message", [
     (lambda p: p / "absent", "no such directory"),
     (lambda p: (p / "config.json").write_text("{}") and p, "lacks the required field 'format'"),
 ])
-def test_cli_bad_checkpoint_one_line_nonzero(tmp_path, make_bad, message):
+def test_cli_bad_checkpoint_one_line_nonzero(tmp_path, capsys, make_bad, message):
+    """In this process (run_main: the path `python -m` takes); the command's process is the test above."""
+    from analyses.locate_facts import main
+
     ckpt = make_bad(tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    proc = subprocess.run([sys.executable, "-m", "analyses.locate_facts", str(ckpt)], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert message in proc.stderr and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = run_main(main, [ckpt], capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     assert sorted(tmp_path.rglob("*")) == before  # neither the checkpoint nor its analysis/ created
 
 
