@@ -116,9 +116,11 @@ def test_the_carrying_head_s_tie_is_within_tie_inclusive_at_both_edges():
     assert carrying_head([0.5, 0.5], [1.0 - 2 * TIE, 1.0]) == 1
 
 
-def test_a_store_s_key_is_block_0_s_unless_a_layer_is_given():
+def test_a_store_s_matrix_and_its_key_s_hook_are_block_0_s_unless_a_layer_is_given():
     assert (store_key("mlp"), store_key("ov")) == ("blocks.0.mlp.W_out", "blocks.0.attn.W_O")
     assert (store_key("mlp", 1), store_key("ov", 2)) == ("blocks.1.mlp.W_out", "blocks.2.attn.W_O")
+    assert (edit_keys.hook_name("mlp"), edit_keys.hook_name("ov")) == ("blocks.0.mlp.hook_post", "blocks.0.attn.hook_z")
+    assert edit_keys.hook_name("ov", 1) == "blocks.1.attn.hook_z"
 
 
 def test_each_head_s_key_norm_is_one_for_the_token_it_reads_in_block_0_and_the_code_in_block_1():
