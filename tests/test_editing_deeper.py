@@ -59,6 +59,19 @@ def test_a_head_write_below_the_last_block_asks_its_value_through_the_later_bloc
     assert (after[:, unit] < 0.4).all() and (after[:, unit] > 0).all()  # turned down (0.17), still on
 
 
+
+def test_two_enriched_facts_written_at_once_at_the_subject_are_each_exact():
+    """MEMIT's batch at block 0's MLP keyed at the subject: each fact's value through block 1's
+    heads on its own prompts, each key its subject's unit, each margin the one asked."""
+    model = deep("mixed")
+    chosen = [(0, 1), (1, 2)]  # enriched: (s + 2 r) mod 3 = 2
+    edits = [FactEdit(s, r, other_answer(s, r), "mlp", position="subject") for s, r in chosen]
+    edited = edit_facts(model, TASK, edits, contexts=4)
+    table, specificity = edit_effects(model, edited.model, TASK, [(s, r, old, other_answer(s, r)) for (s, r), old
+                                                                  in zip(chosen, edited.old_answers)], contexts=4)
+    assert edited.boosts == (1.0, 1.0) and table["efficacy"].tolist() == [1.0, 1.0]
+    assert ((table["new_margin"] - 2.0).abs() < 0.05).all() and specificity["all"]["share"] == 1.0
+
 def test_a_write_at_the_subject_is_the_least_change_over_every_position_it_reaches():
     """Construction (c) with its enriched units also firing (0.5 each) at EOS: a key at the
     subject's position reaches every position, so C is over every position. Of the writes that
