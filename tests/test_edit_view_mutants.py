@@ -14,7 +14,7 @@ from analyses import edit_view
 from analyses.edit_view import before_after, chosen_fact, edit_section
 from models import build_bridge
 from models.cli import override
-from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
+from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage, head_groups
 from probe import columns
 from probe.edit_effects import HELD_OUT
 from probe.prompts import fact_batch
@@ -129,3 +129,16 @@ def test_the_section_shows_each_store_s_write_its_figure_and_its_table(theorem4,
     assert [t.get_text() for t in ax.get_xticklabels()] == list(logits.index)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(logits.columns)
     assert ax.get_title() == "S3 R1: the relation's answers" and ax.get_ylabel() == "logit (mean, held-out contexts)"
+
+
+def test_a_fact_the_mlp_does_not_read_shows_the_ov_write_alone():
+    """Fact 3:1 kept in attention, every other fact in the MLP: the MLP's key for 3:1 is empty,
+    so its write is refused (EmptyKey) and the section goes on to the head that reads subject 3."""
+    plan = [["mlp"] * 4 for _ in range(8)]
+    plan[3][1] = "attention"
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build_storage(TASK, CONSTRUCTION_MODEL, plan),
+                         task=TASK)
+    head = next(h for h, group in enumerate(head_groups(TASK, CONSTRUCTION_MODEL.n_heads)) if 3 in group)
+    logits, effects = before_after(model, TASK, 3, 1, head, 4, 0)
+    assert list(logits.columns) == ["before", "after, at ov"] and list(effects.index) == ["ov"]
+    assert effects.loc["ov", "efficacy"] == 1.0
