@@ -24,6 +24,11 @@ def counted(name: str, k: int, n: int) -> dict:
             f"{name}_high": float(high)}
 
 
+def refused(shares) -> dict:
+    """A refused write's counts: every share n = 0 (added to a pool, it adds nothing)."""
+    return {k: v for share in shares for k, v in counted(share, 0, 0).items()}
+
+
 def single_counts(row, specificity: dict, contexts: int) -> dict:
     """One edit's counts: efficacy over its `contexts` held-out prompts, each specificity group
     over its other facts' prompts (edit_effects' shares are means over facts of shares over

@@ -105,7 +105,8 @@ def new_answer(task, s: int, r: int, rng: random.Random) -> int:
 
 
 def measure(model, task, edits: list[FactEdit], settings: StudySettings, seed: int) -> tuple[pd.DataFrame, dict]:
-    """One write of `edits` at once: its edits table (with boost) and specificity."""
+    """One write of `edits` at once: its edits table (with boost) and specificity; EmptyKey
+    where a fact's key at its store carries nothing (the write is refused)."""
     edited = edit_facts(model, task, edits, settings.contexts, seed, settings.margin)
     table, specificity = edit_effects(model, edited.model, task, [(e.subject, e.relation, old, e.answer) for e, old
                                                                   in zip(edited.edits, edited.old_answers)],
@@ -125,12 +126,17 @@ def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, se
         for s, r in rng.sample(pool, min(settings.per_label, len(pool))):
             answer, head = new_answer(task, s, r, rng), int(located.loc[(s, r), "head"])
             for store in stores:
-                table, spec = measure(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
+                edit = {"label": label, "subject": s, "relation": r, "store": store,
+                        "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store}
+                try:
+                    table, spec = measure(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
+                except edit_keys.EmptyKey as e:  # no write: a row with nothing counted, and why
+                    rows.append({**edit, **edit_counts.refused(edit_counts.SHARES), "refused": str(e)})
+                    continue
                 row = table.iloc[0]
-                rows.append({"label": label, "subject": s, "relation": r, "store": store,
-                             "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store,
-                             **edit_counts.single_counts(row, spec, settings.contexts), "old_rank": row["old_rank"],
-                             "leak": row["leak"], "boost": row["boost"], "weight_change": row["weight_change"]})
+                rows.append({**edit, **edit_counts.single_counts(row, spec, settings.contexts),
+                             "old_rank": row["old_rank"], "leak": row["leak"], "boost": row["boost"],
+                             "weight_change": row["weight_change"], "refused": ""})
     return pd.DataFrame(rows)
 
 
@@ -146,10 +152,15 @@ def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed
             for store in (("mlp", "lives") if has_mlp(model) else ("lives",)):
                 edits = [FactEdit(s, r, a, WHERE[located.loc[(s, r), "label"]] if store == "lives" else store,
                                   int(located.loc[(s, r), "head"])) for (s, r), a in zip(chosen, answers)]
-                table, spec = measure(model, task, edits, settings, seed)
-                rows.append({"facts_edited": n, "draw": draw, "store": store,
-                             **edit_counts.batch_counts(table, spec, settings.contexts),
-                             "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0])})
+                batch = {"facts_edited": n, "draw": draw, "store": store}
+                try:
+                    table, spec = measure(model, task, edits, settings, seed)
+                except edit_keys.EmptyKey as e:  # one empty key refuses the whole batch
+                    rows.append({**batch, **edit_counts.refused(("efficacy", "won", "kept")), "refused": str(e)})
+                    continue
+                rows.append({**batch, **edit_counts.batch_counts(table, spec, settings.contexts),
+                             "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0]),
+                             "refused": ""})
     return pd.DataFrame(rows)
 
 
