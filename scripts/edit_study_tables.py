@@ -34,7 +34,7 @@ def refusals(frame: pd.DataFrame) -> pd.Series:
     """Per row: was its write refused (a study written before refusals were kept has none)."""
     if "refused" not in frame:
         return pd.Series(False, index=frame.index)
-    return frame["refused"].fillna("").astype(str) != ""
+    return frame["refused"].map(lambda reason: isinstance(reason, str) and reason != "")  # read back: NaN or ""
 
 
 def mean(values: pd.Series, form: str) -> str:
