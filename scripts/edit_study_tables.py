@@ -37,9 +37,10 @@ def refusals(frame: pd.DataFrame) -> pd.Series:
     return frame["refused"].map(lambda reason: isinstance(reason, str) and reason != "")  # read back: NaN or ""
 
 
-def mean(values: pd.Series, form: str) -> str:
-    """The mean over the writes made (a refused row holds none), or a dash."""
-    return "—" if values.isna().all() else format(values.mean(), form)
+def mean(part: pd.DataFrame, column: str, form: str) -> str:
+    """The mean of `column` over the writes made (a refused row holds none; a file of refused
+    rows alone has no such column), or a dash."""
+    return "—" if column not in part or part[column].isna().all() else format(part[column].mean(), form)
 
 
 def tables(folders: list[Path]) -> str:
@@ -64,7 +65,7 @@ def tables(folders: list[Path]) -> str:
             labels.append([name, c["label"], c["store"], lives, c["rows"], *refused(part), cell(c, "efficacy"),
                            cell(c, "won"), *(cell(c, f"kept_{g}") for g in ("all", "same_subject", "same_relation",
                                                                              "other")),
-                           mean(part["boost"], ".2f")])
+                           mean(part, "boost", ".2f")])
         for key in ("where_it_lives", "elsewhere"):
             if key in r["by_where"]:
                 c = r["by_where"][key]
@@ -81,7 +82,7 @@ def tables(folders: list[Path]) -> str:
         for c in r["mass"]:
             part = heavy[(heavy["facts_edited"] == c["facts_edited"]) & (heavy["store"] == c["store"])]
             batches.append([name, f"{r['fill']:.2f}", c["store"], c["facts_edited"], c["rows"], *refused(part),
-                            cell(c, "efficacy"), cell(c, "won"), cell(c, "kept"), mean(part["weight_change"], ".3g")])
+                            cell(c, "efficacy"), cell(c, "won"), cell(c, "kept"), mean(part, "weight_change", ".3g")])
     extra = ["refused"] if shown else []
     return "\n\n".join([
         rows(["model", "shape (d, H, d_h, m)", "facts held", "labels", "law's params (4Hd_hd + 2md)",
