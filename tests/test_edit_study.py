@@ -1,6 +1,8 @@
 """python -m analyses.edit_study (and `edit_facts study`): what localization is worth, on the
 hand-built models whose storage is known; its files; bad input refused in one line."""
+import importlib.util
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -304,3 +306,42 @@ def test_a_model_without_an_mlp_is_written_at_its_heads_only(monkeypatch):
     written.clear()
     mass = edit_study.mass_edits(model, TASK, located, settings, 0)
     assert mass["store"].tolist() == ["lives"] and [[(e.at, e.head) for e in w] for w in written] == [[("ov", 2)] * 4]
+
+
+def test_a_write_whose_key_carries_nothing_is_counted_as_refused(tmp_path, capsys):
+    """Theorem 3 (every fact in attention) beside an MLP that never fires: the MLP has no key
+    for any fact, so every write that reaches it (mlp, both, a batch at the MLP) is refused in
+    its row with nothing counted, and the head writes are still measured."""
+    weights = build("attention", TASK, CONSTRUCTION_MODEL)
+    weights["blocks.0.mlp.W_in"].zero_()
+    weights["blocks.0.mlp.b_in"].fill_(-1.0)  # [m]: every unit off on every prompt
+    ckpt = write_checkpoint(tmp_path / "dead_mlp", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {}, weights)
+    argv = [ckpt, "--per-label", "2", "--sizes", "4", "--draws", "1", "--contexts", "4", "--quiet",
+            "--device", "cpu", "--out", tmp_path / "out"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    study = pd.read_csv(tmp_path / "out" / "study.csv", keep_default_na=False)
+    assert set(study["label"]) == {"attention"} and sorted(study["store"]) == ["both", "both", "mlp", "mlp", "ov", "ov"]
+    refused = study[study["store"] != "ov"]
+    assert refused["refused"].str.contains("has no key at layer 0's MLP").all()
+    assert (refused["efficacy_n"] == "").all() and (refused["kept_all_n"] == "").all()  # nothing counted
+    ov = study[study["store"] == "ov"]
+    assert (ov["refused"] == "").all() and (ov["efficacy_k"].astype(float) == 4).all() and (ov["efficacy_n"].astype(float) == 4).all()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    cells = {c["store"]: c for c in summary["overall"]["by_label_store"]}
+    assert cells["mlp"]["rows"] == 2 and cells["mlp"]["efficacy_n"] == 0 and cells["ov"]["efficacy_k"] == 8
+    mass = pd.read_csv(tmp_path / "out" / "mass.csv", keep_default_na=False).set_index("store")
+    assert "has no key" in mass.loc["mlp", "refused"] and mass.loc["mlp", "kept_n"] == ""
+    assert mass.loc["lives", "refused"] == "" and float(mass.loc["lives", "kept_n"]) == (TASK.n_facts - 4) * 4
+    script = Path(__file__).parents[1] / "scripts" / "edit_study_tables.py"
+    spec = importlib.util.spec_from_file_location("tables", script)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    printed = tables.tables([tmp_path / "out"]).splitlines()  # the refused rows counted in their own column
+    assert printed[4].startswith("| model | label | store | lives there | edits | refused | efficacy |")
+    assert printed[6:8] == ["| dead_mlp | attention | both | no | 2 | 2 | — | — | — | — | — | — | — |",
+                            "| dead_mlp | attention | mlp | no | 2 | 2 | — | — | — | — | — | — | — |"]
+    assert printed[8].startswith("| dead_mlp | attention | ov | **yes** | 2 | — | 1.000")
+    assert printed[13:15] == ["| dead_mlp | elsewhere | 4 | 4 | — | — | — |",
+                              "| dead_mlp | *difference* |  |  | — | — | — |"]
+    assert printed[19] == "| dead_mlp | 0.03 | mlp | 4 | 1 | 1 | — | — | — | — |"
