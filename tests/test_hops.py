@@ -1,0 +1,182 @@
+"""Where each hop of two-hop recall lives (probe/hops.py, analyses/hops.py): the prompts put each
+role where they say, the path split adds up to the logits on two-hop prompts, causal tracing names
+the roles right, a composition reuses a one-hop store only when a store keeps both, and the
+command refuses a one-hop checkpoint in one line."""
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from models import build_bridge
+from models.recall.config import ModelConfig
+from models.section import shapes
+from probe import columns
+from probe.causal_tracing import role_order
+from probe.hops import (
+    REUSES,
+    ROLES,
+    composition_prompts,
+    located,
+    one_hop_prompts,
+    resample,
+    reuse,
+    roles,
+    trace_compositions,
+)
+from probe.paths import path_logits
+from tasks import TwoHopTask
+from tests.conftest import run_main
+
+TASK = TwoHopTask(6, 3, 6, 8, fact_seed=1)
+S, R, T = TASK.n_subjects, TASK.n_relations, TASK.seq_len
+FLOAT = 1e-5  # probabilities and logits of float32 runs agree to this
+
+
+def random_model(seed: int = 0):
+    """Two blocks of random weights whose P(answer) moves smoothly with the embeddings."""
+    section = replace(ModelConfig(), n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32).checkpoint_section(TASK)
+    generator = torch.Generator().manual_seed(seed)
+    weights = {k: 0.3 * torch.randn(shape, generator=generator) for k, shape in shapes(section).items()}
+    weights["unembed.W_U"] *= 0.1
+    return build_bridge(section, weights)
+
+
+def test_a_two_hop_prompt_holds_s_r1_and_r2_where_its_positions_say_and_noise_elsewhere():
+    triples = torch.tensor([0, 5, 17, 40, 53])  # s R^2 + r1 R + r2
+    batch, index = composition_prompts(TASK, triples, contexts=3, seed=2)
+    s, r1, r2, bridge, answer = TASK.composition(triples)
+    assert list(index) == list(zip(s.tolist(), r1.tolist(), r2.tolist(), answer.tolist()))
+    assert torch.equal(batch.answers, answer.repeat_interleave(3)) and torch.equal(batch.bridges,
+                                                                                   bridge.repeat_interleave(3))
+    rows = torch.arange(len(batch))
+    tokens, at = batch.tokens, batch.positions
+    assert torch.equal(tokens[rows, at[:, 0]], s.repeat_interleave(3))
+    assert torch.equal(tokens[rows, at[:, 1]], TASK.relation_token(r1, 1).repeat_interleave(3))
+    assert torch.equal(tokens[rows, at[:, 2]], TASK.relation_token(r2, 2).repeat_interleave(3))
+    labels = [[TASK.token_label(int(t)) for t in row] for row in tokens]
+    for i, row in enumerate(labels):
+        others = [label for p, label in enumerate(row[:-1]) if p not in at[i].tolist()]
+        assert row[-1] == "EOS" and all(label.startswith("n") for label in others)
+    assert len({tuple(p) for p in at.tolist()}) > 1  # the positions are drawn, not fixed
+
+
+def test_the_roles_run_subject_r1_r2_the_noise_then_last():
+    batch, _ = composition_prompts(TASK, torch.arange(4), contexts=2, seed=0)
+    order = role_order(batch, T, roles(batch))
+    for i in range(len(batch)):
+        s, a, b = batch.positions[i].tolist()
+        assert order[i].tolist() == [s, a, b, *[p for p in range(T - 1) if p not in (s, a, b)], T - 1]
+
+
+def test_every_one_hop_fact_is_asked_with_either_of_its_relation_s_tokens():
+    batch, index = one_hop_prompts(TASK, contexts=2, seed=0)
+    assert len(index) == 2 * S * R and list(index.names) == ["subject", "relation", "token_set", "answer"]
+    rows = torch.arange(len(batch))
+    for i, (s, r, token_set, answer) in enumerate(index):
+        for j in (2 * i, 2 * i + 1):
+            assert int(batch.tokens[j, batch.positions[j, 0]]) == s
+            assert int(batch.tokens[j, batch.positions[j, 1]]) == TASK.relation_token(r, token_set)
+            assert int(batch.answers[j]) == answer == int(TASK.facts[s, r]) and int(batch.hops[j]) == 1
+    relation_tokens = (batch.tokens >= S) & (batch.tokens < S + 2 * R)
+    assert (relation_tokens.sum(-1) == 1).all() and torch.equal(batch.tokens[rows, batch.positions[:, 2]] >= S + 2 * R,
+                                                                torch.ones(len(batch), dtype=torch.bool))
+
+
+def test_the_paths_add_up_to_the_model_s_logits_on_two_hop_prompts():
+    model = random_model()
+    batch, _ = composition_prompts(TASK, torch.arange(S * R * R), contexts=2, seed=0)
+    from tasks.batch import Batch
+
+    writes = path_logits(model, Batch(batch.tokens, batch.subjects, batch.relations[:, 0], batch.answers,
+                                      batch.positions[:, 0], batch.positions[:, 1]))
+    with torch.inference_mode():
+        logits = model(batch.tokens)[:, -1]  # [n, S]
+    assert (writes.logits - logits).abs().max() < FLOAT
+    assert (writes.direct + sum(writes.stores.values()) - logits).abs().max() < FLOAT
+    assert sorted(store.name for store in writes.stores) == sorted(
+        ["attention0", "attention0_via_attention1", "mlp0", "mlp0_via_attention1", "attention1", "mlp1"])
+
+
+def test_the_rule_reads_one_block_of_every_entity_and_the_accuracy_of_each_composition():
+    model = random_model()
+    batch, index = composition_prompts(TASK, torch.arange(S * R * R), contexts=4, seed=0)
+    facts, stores = located(model, TASK, batch, index, 4)
+    with torch.inference_mode():
+        hits = (model(batch.tokens)[:, -1].argmax(-1) == batch.answers).float().view(-1, 4).mean(1)
+    assert torch.allclose(torch.tensor(facts[columns.ACCURACY].to_numpy(), dtype=torch.float), hits)
+    assert len(facts) == S * R * R and {columns.LABEL, columns.STORE_LIST} <= set(facts.columns)
+    top = facts[columns.top("mlp1")]  # a share of contexts in which mlp1's write ranks the answer first of all S
+    assert top.between(0, 1).all() and top.max() > 0
+
+
+def one_hop_frame(stores: dict) -> pd.DataFrame:
+    index = pd.MultiIndex.from_tuples([(s, r, k, int(TASK.facts[s, r])) for s in range(S) for r in range(R)
+                                       for k in (1, 2)], names=["subject", "relation", "token_set", "answer"])
+    return pd.DataFrame({columns.STORE_LIST: [stores.get((s, r, k), "mlp1") for s, r, k, _ in index]}, index=index)
+
+
+def test_a_composition_reuses_the_store_of_the_one_hop_fact_b_r2_by_r2_s_second_set_token():
+    s, r1, r2 = 2, 1, 0
+    b = int(TASK.facts[s, r1])
+    triple = s * R * R + r1 * R + r2
+    index = pd.MultiIndex.from_tuples([(s, r1, r2, int(TASK.facts[b, r2]))], names=["subject", "r1", "r2", "answer"])
+    two = pd.DataFrame({columns.STORE_LIST: ["mlp0_via_attention1;mlp1"]}, index=index)
+    found = reuse(TASK, one_hop_frame({(b, r2, 2): "mlp1"}), two)
+    assert found[REUSES].tolist() == [True] and found["bridge"].tolist() == [b]
+    assert found["held_out"].tolist() == [triple in TASK.held_out.tolist()]
+    # the first-set token's store is not the one a two-hop prompt's r2 token reads
+    assert reuse(TASK, one_hop_frame({(b, r2, 2): "mlp0", (b, r2, 1): "mlp1"}), two)[REUSES].tolist() == [False]
+    nothing = two.assign(**{columns.STORE_LIST: [""]})
+    assert reuse(TASK, one_hop_frame({(b, r2, 2): ""}), nothing)[REUSES].tolist() == [False]
+
+
+@pytest.mark.parametrize("corrupt", ROLES)
+def test_resampling_swaps_the_role_s_token_for_another_of_its_kind_that_changes_the_answer(corrupt):
+    batch, _ = composition_prompts(TASK, torch.arange(S * R * R), contexts=2, seed=0)
+    tokens = resample(TASK, corrupt)(batch, torch.Generator().manual_seed(0))
+    column = ROLES.index(corrupt)
+    changed = tokens != batch.tokens
+    rows = torch.arange(len(batch))
+    assert changed.sum(-1).max() == 1  # one token at most, the role's own
+    assert (changed.any(-1) == changed[rows, batch.positions[:, column]]).all()
+    new = tokens[rows, batch.positions[:, column]]
+    low = {"subject": 0, "r1": S, "r2": S + R}[corrupt]
+    assert ((new >= low) & (new < low + (S if corrupt == "subject" else R))).all()
+    s, r1, r2 = batch.subjects, batch.relations[:, 0], batch.relations[:, 1]
+    s, r1, r2 = {"subject": (new, r1, r2), "r1": (s, new - S, r2), "r2": (s, r1, new - S - R)}[corrupt]
+    moved = changed.any(-1)
+    assert moved.float().mean() > 0.8  # a swap exists for most prompts; where one does the answer changes
+    assert (TASK.facts[TASK.facts[s, r1], r2][moved] != batch.answers[moved]).all()
+
+
+@pytest.mark.parametrize("corrupt, noise", [("subject", "gaussian"), ("r1", "gaussian"), ("r2", "gaussian"),
+                                            ("r1", "resample")])
+def test_restoring_the_corrupted_role_s_embedding_or_the_last_hidden_state_restores_the_clean_probability(
+        corrupt, noise):
+    effects = trace_compositions(random_model(), TASK, torch.tensor([3, 20, 41]), torch.Generator().manual_seed(0),
+                                 contexts=1, corrupt=corrupt, noise=noise, draws=1)
+    assert set(effects["position"]) == {*ROLES, "noise", "last"}
+    per_fact = effects.drop_duplicates("fact").set_index("fact")
+    lost = per_fact["clean_probability"] - per_fact["corrupted_probability"]
+    assert lost.abs().max() > 1e-3  # the corruption moves the answer's probability
+
+    def at(component, layer, position):
+        rows = effects[(effects["component"] == component) & (effects["layer"] == layer)
+                       & (effects["position"] == position)]
+        return rows.set_index("fact")["indirect_effect"]
+    assert (at("resid", 0, corrupt) - lost).abs().max() < FLOAT
+    assert (at("resid", 2, "last") - lost).abs().max() < FLOAT
+    for other in {*ROLES, "noise"} - {corrupt}:
+        assert at("resid", 0, other).abs().max() < FLOAT  # a clean token restores nothing
+    assert list(per_fact.index) == ["0:1:0", "2:0:2", "4:1:2"]
+
+
+def test_the_command_refuses_a_one_hop_checkpoint_in_one_line(tiny_ckpt, tmp_path, capsys):
+    from analyses.hops import main
+
+    code, _, err = run_main(main, [tiny_ckpt, "--device", "cpu", "--out", tmp_path / "x"], capsys)
+    assert code == 2 and "not a two-hop task" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+    code, _, err = run_main(main, [tiny_ckpt, "--draws", "0"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "draws" in err
