@@ -101,7 +101,6 @@ def parser():
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     settings = cli.settings(args, HopsSettings)
-    model, task = load(args.ckpt, args.device, args.step, kind="two_hop")
     out = cli.out_dir(args, "CKPT/analysis/hops")
     if args.out is None:  # beside the default settings' results, never over them
         out = out / recorded.settings_folder(settings)
@@ -109,6 +108,7 @@ def main(argv=None) -> int:
     wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH],
               "settings": {**asdict(settings), "seed": args.seed, "rule": asdict(StorageRule())}}
     recorded.refuse_other_results("hops", out, wanted, args.ckpt, "hops")
+    model, task = load(args.ckpt, args.device, args.step, kind="two_hop")
     start = time.perf_counter()
     one_hop, two_hop = locate_hops(model, task, settings.contexts, args.seed)
     effects = trace_hops(model, task, settings, args.seed, progress=not args.quiet)

@@ -32,7 +32,7 @@ def one_hop_numbers(one_hop: pd.DataFrame) -> dict:
 def two_hop_numbers(two_hop: pd.DataFrame) -> dict:
     """Per set (trained, held-out) and outcome (right: answered in at least the rule's `known` share
     of contexts): compositions, labels, stores, how many have a store and how many of those reuse
-    the one-hop fact (b, r2)'s store."""
+    the one-hop fact (b, r2)'s store; the same counts of the compositions no shortcut answers."""
     numbers = {}
     for held, by_set in two_hop.groupby("held_out"):
         for right, group in by_set.groupby("right"):
@@ -41,7 +41,10 @@ def two_hop_numbers(two_hop: pd.DataFrame) -> dict:
                 "compositions": len(group), "accuracy": float(group[columns.ACCURACY].mean()),
                 "labels": group[columns.LABEL].value_counts().to_dict(), "stores": store_counts(group),
                 "with_a_store": len(stored), "reusing": int(stored[REUSES].sum()),
-                "reuse_share": float(stored[REUSES].mean()) if len(stored) else None}
+                "reuse_share": float(stored[REUSES].mean()) if len(stored) else None,
+                "without_shortcut": int((group["shortcut"] == "").sum()),
+                "with_a_store_without_shortcut": int((stored["shortcut"] == "").sum()),
+                "reusing_without_shortcut": int(stored[REUSES][stored["shortcut"] == ""].sum())}
     return numbers
 
 

@@ -33,6 +33,7 @@ ONE_HOP_INDEX = ("subject", "relation", "token_set", "answer")
 TWO_HOP_INDEX = ("subject", "r1", "r2", "answer")
 ROLES = ("subject", "r1", "r2")  # the named positions of a two-hop prompt, corrupted one at a time
 REUSES = "reuses_one_hop_store"
+SHORTCUTS = ("", "first_hop_skipped", "bridge")  # a composition whose answer r2(s) (or b) also is: no composing needed
 
 
 def _prompts(task, subjects, first, second, answers, contexts: int, seed: int) -> TwoHopBatch:
@@ -100,8 +101,10 @@ def located(model, task, batch: TwoHopBatch, index: pd.MultiIndex, contexts: int
 
 
 def reuse(task, one_hop: pd.DataFrame, two_hop: pd.DataFrame) -> pd.DataFrame:
-    """`two_hop` (per composition, stores_of's columns) with its held-out flag, bridge b, the stores of
-    the one-hop fact (b, r2) by r2's second-set token (`one_hop_stores`) and REUSES: a store keeps both."""
+    """`two_hop` (per composition, stores_of's columns) with its held-out flag, bridge b, `shortcut` (the
+    answer r2(b) is also r2(s), first_hop_skipped, or b itself, bridge: an answer that needs no composing),
+    the stores of the one-hop fact (b, r2) by r2's second-set token (`one_hop_stores`) and REUSES: a store
+    keeps both."""
     s, r1, r2 = (torch.tensor(two_hop.index.get_level_values(k).to_numpy()) for k in TWO_HOP_INDEX[:3])
     R = task.n_relations
     held = set(task.held_out.tolist())
@@ -110,8 +113,11 @@ def reuse(task, one_hop: pd.DataFrame, two_hop: pd.DataFrame) -> pd.DataFrame:
     theirs = [kept.loc[(b, r)] for b, r in zip(bridge.tolist(), r2.tolist())]
     ours = two_hop[columns.STORE_LIST]
     both = [bool(set(a.split(";")) & set(b.split(";")) - {""}) for a, b in zip(ours, theirs)]
+    answer = torch.tensor(two_hop.index.get_level_values("answer").to_numpy())
+    shortcut = [SHORTCUTS[1] if skipped else SHORTCUTS[2] if same else SHORTCUTS[0] for skipped, same in
+                zip((task.facts[s, r2] == answer).tolist(), (bridge == answer).tolist())]
     return two_hop.assign(held_out=[t in held for t in (s * R * R + r1 * R + r2).tolist()],
-                          bridge=bridge.numpy(), one_hop_stores=theirs, **{REUSES: both})
+                          bridge=bridge.numpy(), shortcut=shortcut, one_hop_stores=theirs, **{REUSES: both})
 
 
 def resample(task, corrupt: str):

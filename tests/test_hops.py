@@ -127,8 +127,17 @@ def test_a_composition_reuses_the_store_of_the_one_hop_fact_b_r2_by_r2_s_second_
     assert found["held_out"].tolist() == [triple in TASK.held_out.tolist()]
     # the first-set token's store is not the one a two-hop prompt's r2 token reads
     assert reuse(TASK, one_hop_frame({(b, r2, 2): "mlp0", (b, r2, 1): "mlp1"}), two)[REUSES].tolist() == [False]
+    assert found["shortcut"].tolist() == [""]  # r2(b) = 0: neither r2(s) = 5 nor b = 5
     nothing = two.assign(**{columns.STORE_LIST: [""]})
     assert reuse(TASK, one_hop_frame({(b, r2, 2): ""}), nothing)[REUSES].tolist() == [False]
+
+
+def test_a_composition_whose_answer_is_also_r2_of_s_or_b_is_one_a_shortcut_answers():
+    index = pd.MultiIndex.from_tuples([(0, 2, 0, 1), (0, 0, 1, 1), (0, 0, 0, 2)],
+                                      names=["subject", "r1", "r2", "answer"])
+    found = reuse(TASK, one_hop_frame({}), pd.DataFrame({columns.STORE_LIST: ["", "", ""]}, index=index))
+    assert found["shortcut"].tolist() == ["first_hop_skipped", "bridge", ""]  # r2(s) = 1 = r2(b); b = 1 = r2(b)
+    assert found["bridge"].tolist() == [0, 1, 1]
 
 
 @pytest.mark.parametrize("corrupt", ROLES)
@@ -180,3 +189,33 @@ def test_the_command_refuses_a_one_hop_checkpoint_in_one_line(tiny_ckpt, tmp_pat
     assert not (tmp_path / "x").exists()
     code, _, err = run_main(main, [tiny_ckpt, "--draws", "0"], capsys)
     assert code == 2 and err.count("\n") == 1 and "draws" in err
+
+
+@pytest.mark.slow
+def test_the_command_writes_each_hop_s_files_on_a_trained_two_hop_model(tmp_path, capsys):
+    """A two-hop model trained a few steps: every one-hop fact and composition gets a row, tracing a
+    row per set, role, noise, composition, layer, position and component; a rerun of the same
+    settings is its own result, one of other settings into that folder is refused."""
+    from analyses.hops import main
+    from models.recall.config import RunConfig, TrainConfig, TwoHopTaskConfig
+    from models.recall.trainer import train
+
+    run = RunConfig(TwoHopTaskConfig(n_subjects=S, n_relations=R, n_noise=6, seq_len=T),
+                    replace(ModelConfig(), n_layers=2),
+                    TrainConfig(steps=4, eval_every=2, eval_size=32, batch_size=32, device="cpu", target_accuracy=2))
+    ckpt = train(run, progress=False).save(tmp_path / "ckpt")
+    argv = [ckpt, "--device", "cpu", "--contexts", "2", "--trace-compositions", "2", "--trace-contexts", "1",
+            "--draws", "1", "--quiet", "--out", tmp_path / "out"]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    folder = tmp_path / "out"
+    assert len(pd.read_csv(folder / "one_hop_facts.csv")) == 2 * S * R
+    compositions = pd.read_csv(folder / "compositions.csv")
+    assert len(compositions) == S * R * R and compositions["held_out"].sum() == round(0.2 * S * R * R)
+    tracing = pd.read_csv(folder / "tracing.csv")
+    points = 3 + 2 + 2 + 3 + 3  # resid 0..2, mlp 1..2, attn 1..2, and the two severed hidden states
+    assert len(tracing) == 2 * len(ROLES) * 2 * 2 * points * 5  # sets, roles, noises, compositions, positions
+    assert (folder / "hops.png").is_file() and "reusing the one-hop store" in out
+    assert run_main(main, argv, capsys)[0] == 0
+    code, _, err = run_main(main, [*argv[:-2], "--draws", "2", "--out", folder], capsys)
+    assert code == 2 and err.count("\n") == 1 and "other hops results" in err
