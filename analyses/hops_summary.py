@@ -90,7 +90,8 @@ def figure(effects: pd.DataFrame, path: Path | None = None):
     """Per corrupted role (rows) and set (columns): the mean indirect effect of restoring the hidden
     state, per layer and role, under Gaussian noise."""
     sets = list(dict.fromkeys(effects["set"])) or ["trained"]
-    fig, axes = subplots(len(ROLES), len(sets), figsize=(4.2 * len(sets), 2.2 * len(ROLES)), squeeze=False)
+    fig, axes = subplots(len(ROLES), len(sets), figsize=(4.2 * len(sets), 2.4 * len(ROLES)), squeeze=False)
+    fig.set_layout_engine("constrained")
     for i, corrupt in enumerate(ROLES):
         for j, name in enumerate(sets):
             ax = axes[i][j]
