@@ -272,3 +272,49 @@ def test_the_tracing_summary_finds_the_largest_effect_overall_at_the_corrupted_t
                                          "effect": pytest.approx(0.225)}
     assert found["at_last"]["component"] == "mlp" and found["peaks"] == {"mlp 2 last": 2}
     assert tracing_numbers(pd.DataFrame(rows).iloc[:0], two) == {}
+
+
+def test_the_noise_of_each_role_is_read_from_its_own_kind_s_embeddings():
+    from probe.hops import role_tokens
+
+    assert role_tokens(TASK, "subject") == list(range(S))
+    assert role_tokens(TASK, "r1") == [S, S + 1, S + 2] and role_tokens(TASK, "r2") == [S + R, S + R + 1, S + R + 2]
+
+
+def test_the_prompts_and_the_swaps_are_fixed_by_their_seed_and_generator_alone():
+    torch.manual_seed(1)
+    first, _ = composition_prompts(TASK, torch.arange(8), contexts=2, seed=4)
+    one, _ = one_hop_prompts(TASK, contexts=2, seed=4)
+    swapped = resample(TASK, "subject")(first, torch.Generator().manual_seed(2))
+    torch.manual_seed(2)  # the global generator plays no part
+    again, _ = composition_prompts(TASK, torch.arange(8), contexts=2, seed=4)
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(one.tokens, one_hop_prompts(TASK, 2, 4)[0].tokens)
+    assert torch.equal(swapped, resample(TASK, "subject")(again, torch.Generator().manual_seed(2)))
+    assert not torch.equal(first.tokens, composition_prompts(TASK, torch.arange(8), contexts=2, seed=5)[0].tokens)
+    assert (first.hops == 2).all() and torch.equal(first.subjects, torch.arange(8).repeat_interleave(2) // (R * R))
+    assert (one.hops == 1).all() and torch.equal(one.subjects, torch.arange(S).repeat_interleave(2 * R * 2))
+    assert (one.relations[:, 1] == -1).all() and (one.bridges == -1).all()
+
+
+def test_tracing_runs_on_the_seed_s_prompts_and_reports_each_draw():
+    model = random_model()
+    triples = torch.tensor([3, 20])
+    calls = []
+    effects = trace_compositions(model, TASK, triples, torch.Generator().manual_seed(0), contexts=1, seed=7,
+                                 draws=2, progress=lambda: calls.append(1))
+    batch, _ = composition_prompts(TASK, triples, contexts=1, seed=7)
+    with torch.inference_mode():
+        clean = model(batch.tokens)[:, -1].softmax(-1).gather(-1, batch.answers[:, None])[:, 0]
+    traced = effects.drop_duplicates("fact")["clean_probability"].to_numpy()
+    assert abs(traced - clean.numpy()).max() < FLOAT and len(calls) == 2  # one chunk, two draws
+    with pytest.raises(ValueError, match="corrupt must be one of subject, r1, r2"):
+        trace_compositions(model, TASK, triples, torch.Generator(), corrupt="relation")
+
+
+def test_a_composition_reuses_a_store_among_several_of_the_one_hop_fact_s():
+    s, r1, r2 = 2, 1, 0
+    b = int(TASK.facts[s, r1])
+    index = pd.MultiIndex.from_tuples([(s, r1, r2, int(TASK.facts[b, r2]))], names=["subject", "r1", "r2", "answer"])
+    found = reuse(TASK, one_hop_frame({(b, r2, 2): "mlp0;mlp1"}), pd.DataFrame({columns.STORE_LIST: ["mlp1"]},
+                                                                                 index=index))
+    assert found[REUSES].tolist() == [True] and found["one_hop_stores"].tolist() == ["mlp0;mlp1"]
