@@ -318,3 +318,47 @@ def test_a_composition_reuses_a_store_among_several_of_the_one_hop_fact_s():
     found = reuse(TASK, one_hop_frame({(b, r2, 2): "mlp0;mlp1"}), pd.DataFrame({columns.STORE_LIST: ["mlp1"]},
                                                                                  index=index))
     assert found[REUSES].tolist() == [True] and found["one_hop_stores"].tolist() == ["mlp0;mlp1"]
+
+
+def test_the_report_prints_each_hop_s_numbers():
+    from analyses.hops_summary import report
+
+    numbers = {"n_layers": 2, "seconds": 1.25,
+               "one_hop": {"facts": 36, "accuracy": 0.5, "stores": {"mlp1": 30, "mlp0": 2}},
+               "two_hop": {"trained/right": {"compositions": 40, "with_a_store": 30, "reuse_share": 0.75,
+                                             "stores": {"mlp1": 30}},
+                           "held_out/wrong": {"compositions": 14, "with_a_store": 0, "reuse_share": None,
+                                              "stores": {}}},
+               "tracing": {"trained/right/subject/gaussian": {"clean_probability": 0.9, "corrupted_probability": 0.125,
+                                                              "peak": {"component": "mlp", "layer": 2,
+                                                                       "position": "last", "effect": 0.5}},
+                           "held_out/wrong/r1/resample": {"clean_probability": 0.0, "corrupted_probability": 0.0,
+                                                          "peak": None}}}
+    assert report(numbers, "ck", "out").splitlines() == [
+        "ck: L = 2; one-hop facts 36, accuracy 0.500, stores mlp1 30, mlp0 2",
+        "compositions trained/right: 40, with a store 30, reusing the one-hop store 0.75; stores mlp1 30",
+        "compositions held_out/wrong: 14, with a store 0, reusing the one-hop store none; stores none",
+        "tracing trained/right/subject/gaussian: P clean 0.900, corrupted 0.125; peak mlp 2 last 0.500",
+        "tracing held_out/wrong/r1/resample: P clean 0.000, corrupted 0.000; peak none",
+        "wrote out/ (one_hop_facts.csv, compositions.csv, tracing.csv, summary.json, hops.png) in 1.2 s"]
+
+
+def test_the_figure_shows_the_hidden_state_s_mean_effect_per_layer_and_role_under_gaussian_noise():
+    from analyses.hops_summary import figure
+
+    rows = [{"set": name, "corrupt": corrupt, "noise": noise, "fact": fact, "layer": layer, "position": position,
+             "component": component, "indirect_effect": value}
+            for name in ("trained", "held_out") for corrupt in ROLES for noise in ("gaussian", "resample")
+            for fact, scale in (("0:0:0", 1.0), ("0:1:1", 3.0)) for layer in (0, 1)
+            for position in (*ROLES, "noise", "last") for component, value in (
+                ("resid", scale * (layer + 1) * (position == corrupt) * (1 if noise == "gaussian" else 9)),
+                ("mlp", 7.0))]
+    fig = figure(pd.DataFrame(rows))
+    axes = [ax for ax in fig.axes if ax.images]
+    assert len(axes) == 2 * len(ROLES)
+    for ax, (corrupt, name) in zip(axes, [(c, n) for c in ROLES for n in ("trained", "held_out")]):
+        shown = ax.images[0].get_array()
+        expected = [[2.0 * (layer + 1) * (p == corrupt) for p in (*ROLES, "noise", "last")] for layer in (0, 1)]
+        assert shown.tolist() == expected and ax.get_title() == f"{corrupt} corrupted, {name.replace('_', '-')}"
+        assert [t.get_text() for t in ax.get_xticklabels()] == [*ROLES, "noise", "last"]
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["layer 0", "layer 1"]
