@@ -59,6 +59,11 @@ def test_a_two_hop_prompt_holds_s_r1_and_r2_where_its_positions_say_and_noise_el
         others = [label for p, label in enumerate(row[:-1]) if p not in at[i].tolist()]
         assert row[-1] == "EOS" and all(label.startswith("n") for label in others)
     assert len({tuple(p) for p in at.tolist()}) > 1  # the positions are drawn, not fixed
+    assert list(index.names) == ["subject", "r1", "r2", "answer"]
+    many, _ = composition_prompts(TASK, torch.arange(S * R * R), contexts=4, seed=0)
+    assert set(many.positions.flatten().tolist()) == set(range(T - 1))  # any position before the last
+    noise = many.tokens[:, :-1][many.tokens[:, :-1] >= S + 2 * R]
+    assert set(noise.tolist()) == set(range(S + 2 * R, S + 2 * R + TASK.n_noise))  # every noise token
 
 
 def test_the_roles_run_subject_r1_r2_the_noise_then_last():
@@ -71,7 +76,8 @@ def test_the_roles_run_subject_r1_r2_the_noise_then_last():
 
 def test_every_one_hop_fact_is_asked_with_either_of_its_relation_s_tokens():
     batch, index = one_hop_prompts(TASK, contexts=2, seed=0)
-    assert len(index) == 2 * S * R and list(index.names) == ["subject", "relation", "token_set", "answer"]
+    assert list(index.names) == ["subject", "relation", "token_set", "answer"]
+    assert sorted(index.droplevel("answer")) == [(s, r, k) for s in range(S) for r in range(R) for k in (1, 2)]
     rows = torch.arange(len(batch))
     for i, (s, r, token_set, answer) in enumerate(index):
         for j in (2 * i, 2 * i + 1):
@@ -362,3 +368,45 @@ def test_the_figure_shows_the_hidden_state_s_mean_effect_per_layer_and_role_unde
         assert shown.tolist() == expected and ax.get_title() == f"{corrupt} corrupted, {name.replace('_', '-')}"
         assert [t.get_text() for t in ax.get_xticklabels()] == [*ROLES, "noise", "last"]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["layer 0", "layer 1"]
+
+
+def test_held_out_is_each_composition_s_place_in_the_task_s_held_out_set():
+    s, r1, r2, _, answer = TASK.composition(torch.arange(S * R * R))
+    index = pd.MultiIndex.from_arrays([s.numpy(), r1.numpy(), r2.numpy(), answer.numpy()],
+                                      names=["subject", "r1", "r2", "answer"])
+    found = reuse(TASK, one_hop_frame({}), pd.DataFrame({columns.STORE_LIST: [""] * len(index)}, index=index))
+    held = TASK.composition(TASK.held_out)
+    expected = set(zip(held[0].tolist(), held[1].tolist(), held[2].tolist()))
+    assert {key[:3] for key, flag in found["held_out"].items() if flag} == expected and len(expected) > 5
+
+
+@pytest.mark.parametrize("corrupt, noise", [("subject", "gaussian"), ("r2", "gaussian"), ("r1", "resample")])
+def test_one_draw_of_the_corruption_by_hand(corrupt, noise):
+    """The corrupted probability is P(answer) with N(0, (3 sigma)^2) added to the role's embedding, sigma the
+    std of its kind's W_E rows (every entity, or every relation token of its set), or with the resampled token."""
+    model = random_model()
+    with torch.no_grad():
+        model.W_E[S + R:S + 2 * R] *= 4  # the second set's embeddings spread wider: a std of the wrong rows shows
+    triples = torch.tensor([3, 20, 41])
+    kwargs = {} if noise == "gaussian" else {"noise": noise}
+    effects = trace_compositions(model, TASK, triples, torch.Generator().manual_seed(5), contexts=1, seed=2,
+                                 corrupt=corrupt, draws=1, **kwargs)
+    batch, _ = composition_prompts(TASK, triples, contexts=1, seed=2)
+    column = ROLES.index(corrupt)
+    if noise == "gaussian":
+        rows = list(range(S)) if corrupt == "subject" else [S + R + r for r in range(R)]
+        std = 3 * float(model.W_E.detach()[rows].std())
+        draw = torch.randn(len(batch), model.cfg.d_model, generator=torch.Generator().manual_seed(5)) * std
+
+        def add(x, hook):
+            x = x.clone()
+            x[torch.arange(len(batch)), batch.positions[:, column]] += draw
+            return x
+        hooks, tokens = [("hook_embed", add)], batch.tokens
+    else:
+        hooks, tokens = [], resample(TASK, corrupt)(batch, torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, -1]
+    expected = logits.softmax(-1).gather(-1, batch.answers[:, None])[:, 0]
+    traced = effects.drop_duplicates("fact")["corrupted_probability"].to_numpy()
+    assert abs(traced - expected.numpy()).max() < FLOAT
