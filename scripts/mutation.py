@@ -38,7 +38,7 @@ MODULES = {
                         "wrong_answer or each_prompts_row"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
     "probe/hops.py": ["tests/test_hops.py", "-k", "not writes_each"],
-    "analyses/hops_summary.py": ["tests/test_hops.py", "-k", "summary"],
+    "analyses/hops_summary.py": ["tests/test_hops.py", "-k", "summary or report or figure"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py",
                          "tests/test_editing_mutants.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py"],
