@@ -236,7 +236,7 @@ def test_the_summary_counts_each_set_and_outcome_s_stores_and_reuse():
                         columns.LABEL: ["mlp", "mlp", "distributed", "mlp", "not_stored"],
                         columns.ACCURACY: [1.0, 0.75, 0.5, 1.0, 0.25], "held_out": [False, False, False, True, True],
                         "right": [True, True, True, True, False], REUSES: [True, False, False, True, False],
-                        "shortcut": ["", "bridge", "", "", ""]}, index=index)
+                        "shortcut": ["", "", "", "bridge", ""]}, index=index)
     assert store_counts(two) == {"mlp1": 2, "mlp0": 1, "mlp0_via_attention1": 1}
     found = two_hop_numbers(two)
     assert sorted(found) == ["held_out/right", "held_out/wrong", "trained/right"]
@@ -244,7 +244,9 @@ def test_the_summary_counts_each_set_and_outcome_s_stores_and_reuse():
     assert (trained["compositions"], trained["with_a_store"], trained["reusing"]) == (3, 2, 1)
     assert trained["reuse_share"] == 0.5 and trained["accuracy"] == 0.75
     assert (trained["without_shortcut"], trained["with_a_store_without_shortcut"],
-            trained["reusing_without_shortcut"]) == (2, 1, 1)
+            trained["reusing_without_shortcut"]) == (3, 2, 1)
+    assert found["held_out/right"]["without_shortcut"] == 0 and found["held_out/right"]["stores"] == {
+        "mlp0_via_attention1": 1}
     assert trained["labels"] == {"mlp": 2, "distributed": 1}
     assert found["held_out/wrong"]["reuse_share"] is None and found["held_out/right"]["reuse_share"] == 1.0
     one = pd.DataFrame({columns.STORE_LIST: ["mlp1", "mlp1;mlp0", "attention1"],
@@ -253,6 +255,7 @@ def test_the_summary_counts_each_set_and_outcome_s_stores_and_reuse():
                            "subject", "relation", "token_set", "answer"]))
     numbers = one_hop_numbers(one)
     assert numbers["facts"] == 3 and numbers["stores"] == {"mlp1": 2, "mlp0": 1, "attention1": 1}
+    assert numbers["accuracy"] == pytest.approx(2.5 / 3) and numbers["labels"] == {"mlp": 2, "attention": 1}
     assert numbers["token_set_1"]["stores"] == {"mlp1": 1} and numbers["token_set_2"]["labels"] == {"mlp": 1,
                                                                                                  "attention": 1}
 
@@ -263,7 +266,7 @@ def test_the_tracing_summary_finds_the_largest_effect_overall_at_the_corrupted_t
     rows = []
     for fact, scale in (("0:0:0", 1.0), ("0:1:2", 0.5)):
         for component, layer, position, effect in (("mlp", 1, "subject", 0.3), ("mlp", 2, "last", 0.6),
-                                                   ("attn", 2, "last", 0.1), ("attn", 1, "r1", 0.2),
+                                                   ("attn", 2, "last", 0.1), ("attn", 1, "r1", 0.8),
                                                    ("resid", 0, "subject", 0.9)):
             rows.append({"set": "trained", "corrupt": "subject", "noise": "gaussian", "fact": fact, "layer": layer,
                          "position": position, "component": component, "indirect_effect": effect * scale,
@@ -272,11 +275,16 @@ def test_the_tracing_summary_finds_the_largest_effect_overall_at_the_corrupted_t
         [(0, 0, 0, 3), (0, 1, 2, 4)], names=["subject", "r1", "r2", "answer"]))
     found = tracing_numbers(pd.DataFrame(rows), two)["trained/right/subject/gaussian"]
     assert found["compositions"] == 2 and abs(found["clean_probability"] - 0.675) < 1e-9
+    assert found["corrupted_probability"] == pytest.approx(0.1)
     # the hidden state (resid) is no output: its 0.9 is not the peak
-    assert found["peak"] == {"component": "mlp", "layer": 2, "position": "last", "effect": pytest.approx(0.45)}
+    assert found["peak"] == {"component": "attn", "layer": 1, "position": "r1", "effect": pytest.approx(0.6)}
+    assert found["at_last"] == {"component": "mlp", "layer": 2, "position": "last", "effect": pytest.approx(0.45)}
+    split = tracing_numbers(pd.DataFrame(rows), two.assign(right=[True, False]))
+    assert sorted(split) == ["trained/right/subject/gaussian", "trained/wrong/subject/gaussian"]
+    assert split["trained/wrong/subject/gaussian"]["clean_probability"] == pytest.approx(0.45)
     assert found["at_corrupted_token"] == {"component": "mlp", "layer": 1, "position": "subject",
                                          "effect": pytest.approx(0.225)}
-    assert found["at_last"]["component"] == "mlp" and found["peaks"] == {"mlp 2 last": 2}
+    assert found["peaks"] == {"attention 1 r1": 2}
     assert tracing_numbers(pd.DataFrame(rows).iloc[:0], two) == {}
 
 
