@@ -286,6 +286,17 @@ def test_the_tracing_summary_finds_the_largest_effect_overall_at_the_corrupted_t
                                          "effect": pytest.approx(0.225)}
     assert found["peaks"] == {"attention 1 r1": 2}
     assert tracing_numbers(pd.DataFrame(rows).iloc[:0], two) == {}
+    from analyses.hops_summary import summarise, two_hop_numbers
+
+    one = pd.DataFrame({columns.STORE_LIST: ["mlp1"], columns.LABEL: ["mlp"], columns.ACCURACY: [1.0]},
+                       index=pd.MultiIndex.from_tuples([(0, 0, 1, 2)], names=["subject", "relation", "token_set",
+                                                                              "answer"]))
+    compositions = two.assign(**{columns.STORE_LIST: ["mlp1", ""], columns.LABEL: ["mlp", "distributed"],
+                                 columns.ACCURACY: [1.0, 0.5], "held_out": [False, True], REUSES: [True, False],
+                                 "shortcut": ["", ""]})
+    numbers = summarise(one, compositions, pd.DataFrame(rows))
+    assert numbers["one_hop"]["stores"] == {"mlp1": 1} and numbers["two_hop"] == two_hop_numbers(compositions)
+    assert numbers["tracing"]["trained/right/subject/gaussian"] == found
 
 
 def test_the_noise_of_each_role_is_read_from_its_own_kind_s_embeddings():
