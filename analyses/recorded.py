@@ -87,7 +87,8 @@ def own_analysis(ckpt: str | Path, folder: Path) -> bool:
 # what each analysis of a checkpoint writes beside its summary.json, by which its results are known
 RESULT_FILES = {"locate_facts": "facts.csv", "causal_tracing": "effects.csv", "hallucination": "metrics.csv",
                 "induction_circuit": "circuit.html", "induction_location": "location.csv",
-                "two_hop": "bridge_layers.csv", "edit_facts": "edits.csv"}
+                "two_hop": "bridge_layers.csv", "edit_facts": "edits.csv",
+                "hops": "compositions.csv"}
 
 
 def holding(folder: Path) -> str | None:

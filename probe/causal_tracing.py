@@ -48,24 +48,37 @@ COLUMNS = ("fact", "layer", "position", "component", "indirect_effect", "clean_p
 
 def noise_std(model, task, corrupt: str = "subject") -> float:
     """The standard deviation of the embeddings (W_E rows) of every subject (relation) token."""
-    W_E = model.W_E.detach()  # [V, d]
     rows = range(task.n_subjects) if corrupt == "subject" else [task.relation_token(r) for r in range(task.n_relations)]
-    return float(W_E[list(rows)].float().std())
+    return embedding_std(model, rows)
 
 
-def role_order(batch, T: int) -> torch.Tensor:
-    """[n, T] absolute positions in role order per prompt: subject, relation, the noise
+def embedding_std(model, rows) -> float:
+    """The standard deviation of the entries of the W_E rows `rows` (token ids): one number."""
+    return float(model.W_E.detach()[list(rows)].float().std())
+
+
+def named_roles(batch) -> dict[str, torch.Tensor]:
+    """A factual-recall prompt's named roles and their positions [n]: subject, relation."""
+    return {"subject": batch.subject_pos, "relation": batch.relation_pos}
+
+
+def role_order(batch, T: int, roles: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """[n, T] absolute positions in role order per prompt: the named roles (default: subject,
+    relation; any distinct positions before the last, in the dict's order), the noise
     positions (left to right), last."""
-    n, device = len(batch), batch.tokens.device
-    key = torch.arange(T, device=device, dtype=torch.float).repeat(n, 1) / T + 2  # noise: 2 <= key < 3
+    roles = named_roles(batch) if roles is None else roles
+    n, device, k = len(batch), batch.tokens.device, len(roles)
+    key = torch.arange(T, device=device, dtype=torch.float).repeat(n, 1) / T + k  # noise: k <= key < k + 1
     rows = torch.arange(n, device=device)
-    key[rows, batch.subject_pos], key[rows, batch.relation_pos], key[:, -1] = 0.0, 1.0, 3.0
+    for i, position in enumerate(roles.values()):
+        key[rows, position] = float(i)
+    key[:, -1] = k + 1.0
     return key.argsort(-1)
 
 
-def slot_roles(T: int) -> list[str]:
-    """The role of each slot of role_order: subject, relation, noise (T - 3 of them), last."""
-    return ["subject", "relation"] + ["noise"] * (T - 3) + ["last"]
+def slot_roles(T: int, named=("subject", "relation")) -> list[str]:
+    """The role of each slot of role_order: the named roles, noise (T - 1 - len(named) of them), last."""
+    return list(named) + ["noise"] * (T - 1 - len(named)) + ["last"]
 
 
 def restore_points(model) -> list[tuple[str, int, str, list[str]]]:
@@ -115,41 +128,53 @@ def causal_trace(model, task, generator: torch.Generator, contexts: int = 2, see
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}.")
     batch, index = tracing_prompts(task, contexts, seed, facts, model.W_E.device)
-    T = task.seq_len
-    std = NOISE_SCALE * noise_std(model, task, corrupt)
+    corruption = (NOISE_SCALE * noise_std(model, task, corrupt) if noise == "gaussian"
+                  else lambda part, g: corrupted_prompts(task, part, corrupt, g)[0])
+    return trace_prompts(model, batch, index, named_roles(batch), corrupt, corruption, generator, draws, progress)
+
+
+def trace_prompts(model, batch, index: pd.MultiIndex, roles: dict[str, torch.Tensor], corrupt: str, corruption,
+                  generator: torch.Generator, draws: int = DRAWS,
+                  progress: Callable[[], None] | None = None) -> pd.DataFrame:
+    """causal_trace on any prompts: `batch` (a dataclass of [n, ...] fields with tokens [n, T] and
+    answers [n]) holds len(index) facts' prompts, fact-major, the same count each; `roles` names
+    positions [n] (in the order the rows list them), `corrupt` the one corrupted; `corruption` the
+    Gaussian noise's standard deviation, or a function (chunk of batch, generator) -> its
+    corrupted tokens [n, T] (resampling)."""
+    T = batch.tokens.shape[-1]
     points = restore_points(model)
     sums = torch.zeros(len(points), len(batch), T)  # [point, n, slot] effect summed over draws
     clean_p, corrupted_p = torch.zeros(len(batch)), torch.zeros(len(batch))
     for start in range(0, len(batch), PROMPTS_PER_RUN):
         rows = slice(start, start + PROMPTS_PER_RUN)
-        part = Batch(*(getattr(batch, f.name)[rows] for f in fields(Batch)))
-        effects, clean, corrupted = _trace_chunk(model, task, part, points, generator, draws, corrupt, noise,
-                                                 std, progress)
+        part = type(batch)(*(getattr(batch, f.name)[rows] for f in fields(batch)))
+        named = {role: position[rows] for role, position in roles.items()}
+        effects, clean, corrupted = _trace_chunk(model, part, named, corrupt, points, generator, draws, corruption,
+                                                 progress)
         sums[:, rows], clean_p[rows], corrupted_p[rows] = effects, clean, corrupted
-    return _frame(index, points, sums / draws, clean_p, corrupted_p, T)
+    return _frame(index, points, sums / draws, clean_p, corrupted_p, T, tuple(roles))
 
 
-def _trace_chunk(model, task, batch, points, generator, draws, corrupt, noise, std, progress):
+def _trace_chunk(model, batch, roles, corrupt, points, generator, draws, corruption, progress):
     """The summed effects [point, n, slot], clean and mean corrupted probabilities [n] of one chunk."""
     names = {hook for _, _, hook, frozen in points for hook in [hook, *frozen]}
-    device, n, T = batch.tokens.device, len(batch), task.seq_len
+    device, n, T = batch.tokens.device, len(batch), batch.tokens.shape[-1]
     rows = torch.arange(n, device=device)
-    position = batch.subject_pos if corrupt == "subject" else batch.relation_pos
-    order = role_order(batch, T)  # [n, T]
+    order = role_order(batch, T, roles)  # [n, T]
     with torch.inference_mode():
         logits, clean_cache = model.run_with_cache(batch.tokens, names_filter=lambda name: name in names)
         clean = _probability(logits, batch.answers)  # [n]
         effects, corrupted_sum = torch.zeros(len(points), n, T), torch.zeros(n)
         for _ in range(draws):
-            tokens, corruption = _corruption(model, task, batch, generator, corrupt, noise, std, position, rows)
-            with model.hooks(fwd_hooks=corruption):
+            tokens, corrupting = _corruption(model, batch, generator, corruption, roles[corrupt], rows)
+            with model.hooks(fwd_hooks=corrupting):
                 logits, corrupted_cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
             corrupted = _probability(logits, batch.answers)
             corrupted_sum += corrupted.cpu()
             for p, (_, _, hook, frozen) in enumerate(points):
                 for slot in range(T):
                     at = order[:, slot]  # [n] the position restored in each prompt
-                    hooks = corruption + [(hook, _put(clean_cache[hook], rows, at))]
+                    hooks = corrupting + [(hook, _put(clean_cache[hook], rows, at))]
                     hooks = [(name, _frozen(corrupted_cache[name])) for name in frozen] + hooks
                     restored = _probability(model.run_with_hooks(tokens, fwd_hooks=hooks), batch.answers)
                     effects[p, :, slot] += (restored - corrupted).cpu()
@@ -158,13 +183,12 @@ def _trace_chunk(model, task, batch, points, generator, draws, corrupt, noise, s
     return effects, clean.cpu(), corrupted_sum / draws
 
 
-def _corruption(model, task, batch, generator, corrupt, noise, std, position, rows):
+def _corruption(model, batch, generator, corruption, position, rows):
     """(the corrupted tokens, the hooks that corrupt them) of one draw."""
-    if noise == "resample":
-        tokens, _ = corrupted_prompts(task, batch, corrupt, generator)
-        return tokens, []
+    if callable(corruption):
+        return corruption(batch, generator), []
     d = model.cfg.d_model
-    draw = torch.randn(len(batch), d, generator=generator, device=generator.device) * std  # [n, d]
+    draw = torch.randn(len(batch), d, generator=generator, device=generator.device) * corruption  # [n, d]
 
     def add_noise(x, hook):  # hook_embed [n, T, d]
         x = x.clone()
@@ -192,16 +216,17 @@ def _probability(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].float().softmax(-1).gather(-1, answers[:, None])[:, 0]
 
 
-def _frame(index: pd.MultiIndex, points, effects, clean, corrupted, T) -> pd.DataFrame:
-    """effects [point, n, slot] -> rows per fact, layer, role, component (means over contexts, noise slots)."""
+def _frame(index: pd.MultiIndex, points, effects, clean, corrupted, T, named=("subject", "relation")) -> pd.DataFrame:
+    """effects [point, n, slot] -> rows per fact, layer, role, component (means over contexts, noise slots);
+    a fact named by its index's levels but the last (the answer), ':'-joined."""
     F = len(index)
     per_fact = effects.reshape(len(points), F, -1, T).mean(2)  # [point, F, slot]
     clean_f, corrupted_f = (v.reshape(F, -1).mean(1) for v in (clean, corrupted))
-    roles = slot_roles(T)
-    names = [f"{s}:{r}" for s, r, _ in index]
+    roles = slot_roles(T, named)
+    names = [":".join(str(x) for x in key[:-1]) for key in index]
     rows = []
     for p, (component, layer, _, _) in enumerate(points):
-        for role in ROLES:
+        for role in (*named, "noise", "last"):
             slots = [i for i, name in enumerate(roles) if name == role]
             if not slots:
                 continue

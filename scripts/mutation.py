@@ -37,6 +37,8 @@ MODULES = {
     "probe/bridge.py": ["tests/test_two_hop.py", "-k", "probe or rank or resolution or lens_at_the_last or "
                         "wrong_answer or each_prompts_row"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
+    "probe/hops.py": ["tests/test_hops.py", "-k", "not writes_each"],
+    "analyses/hops_summary.py": ["tests/test_hops.py", "-k", "summary or report or figure"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py",
                          "tests/test_editing_mutants.py", "tests/test_editing_deeper.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_editing_deeper.py"],
