@@ -222,3 +222,38 @@ def test_chosen_facts_get_their_rows_of_the_run_over_every_fact_and_each_layer_s
         scores = [(subject - 1 / T) / (1 - 1 / T), (relation - 1 / T) / (1 - 1 / T)]
         assert abs(row.subject_score - scores[0]) < 1e-6 and abs(row.relation_score - scores[1]) < 1e-6
         assert abs(row.denoising_score - max(scores)) < 1e-6
+
+
+def test_at_depth_the_progress_bar_counts_every_path_run_and_ends_at_its_total(monkeypatch):
+    """locate's bar at depth: one step per run of the model over a chunk of every fact's prompts (512
+    prompts: 2 runs of 256) and one for the stores' measurements, closed at its total; --quiet disables it."""
+    import analyses.locate_facts as module
+    from probe import paths
+    from probe.paths import n_path_runs
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n, self.closed = kwargs, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            assert not self.closed
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(module, "progress_bar", Bar)
+    model = constructed(plan_for("enriched", TASK), 2)
+    runs, split = [], paths._split  # path_logits splits each run's cache once
+    monkeypatch.setattr(paths, "_split", lambda model, cache, where: runs.append(len(where[0])) or split(model, cache,
+                                                                                                       where))
+    module.locate(model, TASK, contexts=16, facts=[(3, 1)])
+    assert runs == [256, 256] and n_path_runs(FactPrompts.build(model, TASK, 16, 0, facts=[(3, 1)])) == 2
+    assert [(b.kwargs, b.n, b.closed) for b in bars] == [
+        ({"total": 3, "desc": "locating facts", "unit": "run", "disable": False}, 3, True)]
+    bars.clear()
+    module.locate(model, TASK, contexts=4, progress=False)
+    assert [(b.kwargs["total"], b.kwargs["disable"], b.n, b.closed) for b in bars] == [(2, True, 2, True)]
