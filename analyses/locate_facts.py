@@ -219,8 +219,9 @@ def deep_report(located: Located, ckpt: str, out: Path) -> str:
     s = located.summary
     lines = _label_lines(s, ckpt)
     lines.append("by layer and component (layers from 0; a fact kept in several stores counts in each):")
+    width = max((len(place) + 2 for place in s.layer_components), default=0)  # as wide as the longest place
     for place, ci in s.layer_components.items():
-        lines.append(f"  {place:<16}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
+        lines.append(f"  {place:<{width}}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
                      f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
     lines.append("by store and route:")
     width = max([28, *(len(name) + 2 for name in s.stores)])

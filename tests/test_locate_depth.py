@@ -149,7 +149,7 @@ def test_the_command_line_writes_the_depth_columns_and_refuses_bad_input_in_one_
     assert run_main(construct, ["--kind", "mixed", "--out", ckpt], capsys)[0] == 0
     code, out, _ = run_main(locate_facts.main, [ckpt, "--contexts", "2", "--quiet", "--device", "cpu"], capsys)
     assert code == 0
-    assert "  layer 0 attention    11   34.4%" in out
+    assert "  layer 0 attention      11   34.4%" in out
     assert "  mlp0_via_attention1             10  moved by layer 1 heads" in out
     folder = ckpt / "analysis" / "locate_facts" / "contexts-2"
     facts = pd.read_csv(folder / "facts.csv")
@@ -257,3 +257,56 @@ def test_at_depth_the_progress_bar_counts_every_path_run_and_ends_at_its_total(m
     bars.clear()
     module.locate(model, TASK, contexts=4, progress=False)
     assert [(b.kwargs["total"], b.kwargs["disable"], b.n, b.closed) for b in bars] == [(2, True, 2, True)]
+
+
+def test_the_report_at_depth_gives_each_label_place_and_store_in_whole_lines_and_each_chosen_fact_s_stores():
+    """The mixed construction with fact (0, 0) unknown (`none`): 10 facts in block 0's OV, 10 enriched,
+    11 in the last MLP, one in no store; each count's share with its Wilson interval over the 32 facts,
+    the stores holding none left out, and the chosen facts' labels and stores."""
+    from pathlib import Path
+
+    plan = plan_for("mixed", TASK)
+    plan[0][0] = "none"
+    model = constructed(plan, 2)
+
+    def report(facts=None, **stores):
+        located = locate_facts.locate(model, TASK, contexts=2, progress=False, facts=facts)
+        s = located.summary
+        assert s.settings["device"] == "cpu" and s.task == repr(TASK) and s.n_facts == len(facts or range(32))
+        assert isinstance(s.seconds, float) and 0 < s.seconds == round(s.seconds, 2) < 600
+        assert list(located.facts.reset_index().columns[:4]) == ["subject", "relation", "answer", "answer_name"]
+        located = replace(located, summary=replace(s, seconds=1.26, stores={**s.stores, **stores}))
+        return locate_facts.report(located, "ckpt/mixed", Path("out")).splitlines()
+
+    assert report() == [
+        "ckpt/mixed: 32 facts, accuracy 0.969 [95% CI 0.843, 0.994]",
+        "where the facts live:",
+        "  attention       10   31.2%  [18.0, 48.6]",
+        "  mlp             21   65.6%  [48.3, 79.6]",
+        "  both             0    0.0%  [0.0, 10.7]",
+        "  distributed      0    0.0%  [0.0, 10.7]",
+        "  not_stored       1    3.1%  [0.6, 15.7]",
+        "by layer and component (layers from 0; a fact kept in several stores counts in each):",
+        "  layer 0 attention      10   31.2%  [18.0, 48.6]",
+        "  layer 0 mlp            10   31.2%  [18.0, 48.6]",
+        "  layer 1 mlp            11   34.4%  [20.4, 51.7]",
+        "by store and route:",
+        "  attention0                      10  direct",
+        "  mlp0_via_attention1             10  moved by layer 1 heads",
+        "  mlp1                            11  direct",
+        "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 1.3 s"]
+    # a store's name longer than the column (at L = 4: mlp0_via_attention1_via_attention2) widens it
+    long = {"facts": 3, "route": "moved by layers 1, 2 heads"}
+    assert report(mlp0_via_attention1_via_attention2=long)[12:14] == [
+        "  attention0                              10  direct",
+        "  mlp0_via_attention1                     10  moved by layer 1 heads"]
+    chosen = report([(0, 0), (1, 2)])
+    assert chosen[0] == "ckpt/mixed: 2 facts, accuracy 0.500 [95% CI 0.095, 0.905]"
+    assert chosen[9:] == [
+        "  layer 0 mlp             1   50.0%  [9.5, 90.5]",
+        "  layer 1 mlp             0    0.0%  [0.0, 65.8]",
+        "by store and route:",
+        "  mlp0_via_attention1              1  moved by layer 1 heads",
+        "fact S0 R0 -> R0:a0: not_stored (no store); accuracy 0.000",
+        "fact S1 R2 -> R2:a3: mlp (mlp0_via_attention1); accuracy 1.000",
+        "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 1.3 s"]

@@ -3,6 +3,7 @@ prompt set is read on its own prompts, the baselines answer without composing, t
 figure say what was measured, and bad input is refused in one line with nothing written."""
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -112,14 +113,13 @@ def test_the_report_gives_the_last_accuracies_the_baselines_and_where_each_set_r
         "trained compositions: answered 0.812; the probe reads the bridge from layer 1, the lens from layer None"]
 
 
-def test_the_figure_draws_each_recorded_curve_chance_and_each_set_s_probe_and_lens(tmp_path):
+def test_the_figure_draws_each_recorded_curve_chance_and_each_set_s_probe_and_lens():
     training = pd.DataFrame({"step": [0, 10], "accuracy": [0.1, 0.5], "one_hop": [0.1, 0.9],
                              "two_hop": [0.0, 0.7], "held_out": [None, None]})
     layers = pd.DataFrame({"layer": [0, 1, 2, 0, 1, 2], "probe_accuracy": [0.1, 0.9, 0.8, 0.2, 0.5, 0.4],
                            "bridge_top1": [0.0, 0.6, 0.1, 0.0, 0.3, 0.0], "chance": [0.125] * 6,
                            "prompts": ["two_hop"] * 3 + ["held_out"] * 3})
-    fig = two_hop.figure(training, layers, tmp_path / "two_hop.png")
-    assert (tmp_path / "two_hop.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = two_hop.figure(training, layers)  # the command's test sees it written
     left, right = fig.axes
     assert [line.get_label() for line in left.get_lines()] == ["one-hop facts", "trained compositions",
                                                                "chance (1/S)"]
@@ -138,7 +138,6 @@ def test_the_figure_draws_each_recorded_curve_chance_and_each_set_s_probe_and_le
     assert right.get_xticks().tolist() == [0, 1, 2]
     assert left.get_ylim() == right.get_ylim() == (-0.02, 1.02)
     assert len(right.get_legend().get_texts()) == 5
-    assert two_hop.figure(training, layers) is not None and not (tmp_path / "figure.png").exists()
 
 
 def test_the_command_writes_the_study_and_refuses_bad_input_in_one_line(ckpt, tmp_path, capsys):
@@ -182,3 +181,32 @@ def test_the_command_writes_the_study_and_refuses_bad_input_in_one_line(ckpt, tm
     code, _, err = run_main(two_hop.main, [one_hop, "--device", "cpu", "--quiet", "--out", tmp_path / "x"], capsys)
     assert code == 2 and "not a two-hop task" in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
     assert two_hop.parser().description == two_hop.__doc__ and two_hop.TwoHopSettings().prompts == 2000
+
+
+def test_a_snapshot_s_study_reads_its_weights_and_never_takes_the_final_weights_place(ckpt, tmp_path, capsys):
+    """The default folder is CKPT/analysis/two_hop, a snapshot's CKPT/analysis/step_N/two_hop, read on the
+    snapshot's weights; a snapshot's study is refused where the final weights' is, in one line naming the
+    command; --help names the prompts' seed and the settings' group."""
+    import shutil
+
+    from analyses.recorded import source
+
+    mine = Path(shutil.copytree(ckpt, tmp_path / "ckpt"))
+    argv = ["--device", "cpu", "--prompts", "16", "--quiet"]
+    assert run_main(two_hop.main, [mine, *argv], capsys)[0] == 0
+    final = json.loads((mine / "analysis" / "two_hop" / "summary.json").read_text())
+    assert run_main(two_hop.main, [mine, *argv, "--step", "1"], capsys)[0] == 0
+    early = json.loads((mine / "analysis" / "step_1" / "two_hop" / "summary.json").read_text())
+    assert (final["step"], early["step"]) == (None, 1)
+    assert early["weights_sha256"] == source(mine, 1)["weights_sha256"] != final["weights_sha256"]
+    model, task = load(mine, "cpu", 1, kind="two_hop")
+    layers, _, _ = two_hop.study(model, task, 16, 0)
+    written = pd.read_csv(mine / "analysis" / "step_1" / "two_hop" / "bridge_layers.csv")
+    assert written["probe_accuracy"].tolist() == pytest.approx(layers["probe_accuracy"].tolist(), abs=1e-9)
+    code, _, err = run_main(two_hop.main, [mine, *argv, "--step", "1", "--out", mine / "analysis" / "two_hop"], capsys)
+    assert code == 2 and "holds other two_hop results" in err and "which two_hop does not write over" in err
+    assert err.count("\n") == 1
+    assert json.loads((mine / "analysis" / "two_hop" / "summary.json").read_text()) == final
+    shown = " ".join(two_hop.parser().format_help().split())
+    assert two_hop.parser().prog == "python -m analyses.two_hop"
+    assert "seed of the prompts and the probe's split (default 0)" in shown and "what is measured:" in shown
