@@ -39,6 +39,7 @@ def test_the_curves_are_the_metrics_log_s_accuracies_per_evaluation_step(ckpt, t
     one_set = two_hop.curves(tmp_path)  # a log without the two-hop sets: their columns empty
     assert one_set.iloc[0][["step", "accuracy", "one_hop"]].tolist() == [5, 0.5, 0.25]
     assert one_set[["two_hop", "held_out"]].isna().all().all()
+    assert list(two_hop.curves(tmp_path / "no_log").columns) == list(curves.columns)  # no log: no rows, same columns
 
 
 def test_the_first_layer_is_the_first_whose_value_reaches_the_bar():
@@ -121,6 +122,8 @@ def test_the_figure_draws_each_recorded_curve_chance_and_each_set_s_probe_and_le
                            "prompts": ["two_hop"] * 3 + ["held_out"] * 3})
     fig = two_hop.figure(training, layers)  # the command's test sees it written
     left, right = fig.axes
+    assert left.get_position().x1 < right.get_position().x0 and left.get_position().y0 == right.get_position().y0
+    assert left.get_lines()[0].get_xdata().tolist() == [0, 10]  # over the training steps
     assert [line.get_label() for line in left.get_lines()] == ["one-hop facts", "trained compositions",
                                                                "chance (1/S)"]
     assert left.get_lines()[1].get_ydata().tolist() == [0.0, 0.7] and left.get_lines()[2].get_ydata()[0] == 0.125
