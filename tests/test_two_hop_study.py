@@ -135,6 +135,9 @@ def test_the_figure_draws_each_recorded_curve_chance_and_each_set_s_probe_and_le
         "chance (1/S)", "probe, trained compositions", "lens top-1, trained compositions",
         "probe, held-out compositions", "lens top-1, held-out compositions"]
     assert right.get_lines()[3].get_ydata().tolist() == [0.2, 0.5, 0.4]
+    assert all(line.get_xdata().tolist() == [0, 1, 2] for line in right.get_lines()[1:])  # over the layers
+    # the probe drawn with dots and a line, the lens with crosses and dashes
+    assert [(line.get_marker(), line.get_linestyle()) for line in right.get_lines()[1:3]] == [("o", "-"), ("x", "--")]
     assert right.get_lines()[2].get_ydata().tolist() == [0.0, 0.6, 0.1]
     assert (right.get_xlabel(), right.get_ylabel(), right.get_title()) == (
         "layer (0 = embedding)", "bridge read", "the bridge r1(s) at the last position")
