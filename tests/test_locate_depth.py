@@ -310,3 +310,21 @@ def test_the_report_at_depth_gives_each_label_place_and_store_in_whole_lines_and
         "fact S0 R0 -> R0:a0: not_stored (no store); accuracy 0.000",
         "fact S1 R2 -> R2:a3: mlp (mlp0_via_attention1); accuracy 1.000",
         "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 1.3 s"]
+
+
+def test_a_model_that_writes_nothing_has_no_store_and_its_report_lists_none():
+    """All weights zero: every store is silent, so no candidate, no place and no store in the summary;
+    the report's two sections are empty."""
+    from pathlib import Path
+
+    from models.recall.weights import init_weights
+
+    cfg = replace(DEPTH_MODEL, n_layers=2)
+    w = {k: torch.zeros_like(v) for k, v in init_weights(cfg, TASK, 0).items()}
+    located = locate_facts.locate(build_bridge(cfg.checkpoint_section(TASK), w, task=TASK), TASK, contexts=2,
+                                  progress=False)
+    assert located.summary.stores == located.summary.layer_components == {}
+    located = replace(located, summary=replace(located.summary, seconds=0.5))
+    assert locate_facts.report(located, "zero", Path("out")).splitlines()[7:] == [
+        "by layer and component (layers from 0; a fact kept in several stores counts in each):",
+        "by store and route:", "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 0.5 s"]
