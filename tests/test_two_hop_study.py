@@ -75,6 +75,22 @@ def test_each_set_is_read_on_its_own_prompts_and_a_task_without_held_out_composi
     assert list(numbers) == ["two_hop"] and set(layers["prompts"]) == set(prompts["prompts"]) == {"two_hop"}
 
 
+def test_a_set_s_numbers_are_the_first_layers_where_the_probe_reaches_0_9_and_the_lens_0_5(monkeypatch):
+    """study's numbers from each set's readouts (here given): the probe's first layer at 0.9, the lens's
+    at 0.5; the tables of every set, one row each (a fresh index)."""
+    per_layer = pd.DataFrame({"probe_accuracy": [0.1, 0.89, 0.9, 1.0], "bridge_top1": [0.0, 0.5, 0.9, 1.0]},
+                             index=pd.Index(range(4), name="layer"))
+    per_prompt = pd.DataFrame({"correct": [True, False], "bridge_layer": [2, -1], "subject": [0, 1], "r1": [0, 0],
+                               "r2": [1, 1], "predicted": [0, 0]})
+    monkeypatch.setattr(two_hop, "bridge_readout", lambda model, batch, seed: (per_layer, per_prompt))
+    task = TwoHopTask(S, R, N, T)
+    layers, prompts, numbers = two_hop.study(None, task, 8, 0)
+    assert [(found["probe_layer"], found["lens_layer"]) for found in numbers.values()] == [(2, 1), (2, 1)]
+    assert list(layers.index) == list(range(8)) and list(prompts.index) == list(range(4))
+    assert numbers["two_hop"]["by_outcome"]["correct"] == {"prompts": 1, "resolved_share": 1.0,
+                                                           "mean_bridge_layer": 2.0}
+
+
 def test_the_baselines_are_their_shares_of_the_held_out_compositions():
     """Relation 0's outputs (1, 2, 0, 3) tie four ways, relation 1's (2, 0, 0, 3) have one commonest (0).
     Held out (s, r1, r2): (0, 0, 1) bridge 1, answer r1(1) = 0; (2, 1, 0) bridge 0, answer r0(0) = 1;
@@ -213,6 +229,8 @@ def test_a_snapshot_s_study_reads_its_weights_and_never_takes_the_final_weights_
     assert code == 2 and "holds other two_hop results" in err and "which two_hop does not write over" in err
     assert err.count("\n") == 1
     assert json.loads((mine / "analysis" / "two_hop" / "summary.json").read_text()) == final
+    code, _, err = run_main(two_hop.main, [mine, *argv, "--out", mine / "analysis" / "step_1" / "two_hop"], capsys)
+    assert code == 2 and "holds other two_hop results" in err  # nor the final weights' in the snapshot's place
     shown = " ".join(two_hop.parser().format_help().split())
     assert two_hop.parser().prog == "python -m analyses.two_hop"
     assert "seed of the prompts and the probe's split (default 0)" in shown and "what is measured:" in shown
