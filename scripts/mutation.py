@@ -102,6 +102,9 @@ MODULES = {
     "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_locate_depth.py",
                                  "tests/test_docs.py::test_shown_output_is_what_the_command_prints", "-k",
                                  "not cli_writes and not bad_checkpoint and not trained_model"],
+    "analyses/locate_summary.py": ["tests/test_intervals.py", "tests/test_locate_depth.py",
+                                   "tests/test_locate_facts.py", "-k",
+                                   "not cli_writes and not bad_checkpoint and not trained_model"],
     # L-layer models
     "models/cores/deep.py": ["tests/test_depth.py", "tests/test_deep_constructions.py"],
     "models/recall/deep_constructions.py": ["tests/test_deep_constructions.py"],
