@@ -328,3 +328,37 @@ def test_a_model_that_writes_nothing_has_no_store_and_its_report_lists_none():
     assert locate_facts.report(located, "zero", Path("out")).splitlines()[7:] == [
         "by layer and component (layers from 0; a fact kept in several stores counts in each):",
         "by store and route:", "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 0.5 s"]
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_the_summary_records_each_store_s_share_and_the_heads_best_first(n_layers):
+    """summary.json on the mixed construction (L = 2) and a random one-layer model: per store its layer,
+    component, route, facts kept and share with its Wilson interval over the 32 facts; the accuracy, the
+    label shares (summing to 1), each store's path accuracy; every head, best denoising score first."""
+    from probe.stats import wilson_interval
+
+    if n_layers == 2:
+        model = constructed(plan_for("mixed", TASK), 2)
+    else:
+        from models.recall.weights import init_weights
+
+        cfg = replace(DEPTH_MODEL, n_layers=1, d_model=16)
+        g = torch.Generator().manual_seed(2)
+        w = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(cfg, TASK, 0).items()}
+        model = build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
+    located = locate_facts.locate(model, TASK, contexts=2, patch_contexts=1, progress=False)
+    summary = located.summary.to_json()
+    assert summary["accuracy"] == pytest.approx(located.facts[columns.ACCURACY].mean(), abs=1e-12)
+    assert sum(summary["label_shares"].values()) == pytest.approx(1, abs=1e-12)
+    scores = [h["denoising_score"] for h in summary["top_heads"]]
+    assert all(isinstance(x, float) for h in summary["top_heads"] for x in (h["denoising_score"], h["subject_score"],
+                                                                           h["relation_score"]))
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) > 1
+    if n_layers == 1:
+        assert set(summary["path_accuracy"]) == {"attention", "mlp"}
+        return
+    low, high = wilson_interval(torch.tensor(10 / 32), 32)
+    assert summary["stores"]["mlp0_via_attention1"] == pytest.approx(
+        {"layer": 0, "component": "mlp", "route": "moved by layer 1 heads", "facts": 10, "share": 10 / 32,
+         "low": float(low), "high": float(high)}, abs=1e-6)
+    assert summary["recall"] == {} and set(summary["path_accuracy"]) == set(summary["stores"])
