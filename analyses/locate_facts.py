@@ -47,7 +47,7 @@ from probe.denoising import denoising_scores, head_token_table, specialisation
 from probe.hooks import model_device
 from probe.memory import recall_probes
 from probe.patching import activation_patching
-from probe.paths import head_table, path_measurements
+from probe.paths import head_table, n_path_runs, path_measurements
 from probe.prompts import FactPrompts, checked_facts
 from probe.storage import LABELS, StorageRule, stores_of
 from tasks.factual_recall import FactualRecallTask
@@ -85,10 +85,10 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
     chosen = None if facts is None else checked_facts(task, facts)
     # per call: the weights may have changed since the last
     prompts = FactPrompts.build(model, task, contexts, seed, chosen)
+    if model.cfg.n_layers > 1:  # no patching at depth: its prompts are not built
+        return _locate_deep(model, task, prompts, settings, rule, chosen, start, progress)
     patch_prompts = (prompts if patch_contexts == contexts else
                      FactPrompts.build(model, task, patch_contexts, seed, chosen, references=False))
-    if model.cfg.n_layers > 1:
-        return _locate_deep(model, task, prompts, settings, rule, chosen, start)
     bar = progress_bar(total=6 + n_ablation_runs(model), desc="locating facts", unit="run", disable=not progress)
 
     def step(frame):
@@ -118,15 +118,19 @@ def locate(model, task: FactualRecallTask, contexts: int = 8, patch_contexts: in
 
 
 def _locate_deep(model, task: FactualRecallTask, prompts: FactPrompts, settings: LocateSettings,
-                 rule: StorageRule, chosen, start: float) -> Located:
+                 rule: StorageRule, chosen, start: float, progress: bool) -> Located:
     """locate at depth: the accuracy, and every store's paths to the logits (probe.paths) judged by
-    the rule's two conditions, store by store; per (layer, head) the EOS query's attention."""
-    paths, stores, writes = path_measurements(model, task, prompts)
+    the rule's two conditions, store by store; per (layer, head) the EOS query's attention. Its bar
+    counts the path runs and then the stores' measurements as one."""
+    bar = progress_bar(total=n_path_runs(prompts) + 1, desc="locating facts", unit="run", disable=not progress)
+    paths, stores, writes = path_measurements(model, task, prompts, progress=lambda: bar.update(1))
     facts = pd.concat([per_fact_accuracy(model, task, prompts=prompts), paths], axis=1)
     facts = pd.concat([facts, stores_of(rule, facts, stores)], axis=1)
     answers = facts.index.get_level_values(columns.ANSWER)
     facts.insert(0, columns.ANSWER_NAME, [task.answer_label(int(a)) for a in answers])
     heads = head_table(writes, model.cfg.n_layers, task.seq_len)
+    bar.update(1)
+    bar.close()
     measured = {**measured_settings(settings, rule, chosen), "device": str(model_device(model))}
     summary = LocateSummary.of(facts, heads, task, measured, round(time.perf_counter() - start, 2), stores)
     return Located(facts, heads, None, summary)
@@ -215,8 +219,9 @@ def deep_report(located: Located, ckpt: str, out: Path) -> str:
     s = located.summary
     lines = _label_lines(s, ckpt)
     lines.append("by layer and component (layers from 0; a fact kept in several stores counts in each):")
+    width = max((len(place) + 2 for place in s.layer_components), default=0)  # as wide as the longest place
     for place, ci in s.layer_components.items():
-        lines.append(f"  {place:<16}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
+        lines.append(f"  {place:<{width}}{round(ci.value * s.n_facts):>6}  {100 * ci.value:5.1f}%"
                      f"  [{100 * ci.low:.1f}, {100 * ci.high:.1f}]")
     lines.append("by store and route:")
     width = max([28, *(len(name) + 2 for name in s.stores)])

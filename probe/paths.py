@@ -22,6 +22,7 @@ block A_r) may sit in another store than the subject's answers; the plain mean w
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -109,8 +110,14 @@ def _split(model, cache, positions: tuple[torch.Tensor, torch.Tensor]) -> dict:
     return {"stores": at_eos, "heads": heads, "direct": direct, "masses": torch.stack(masses, 2)}  # [2, n, L, H]
 
 
-def path_logits(model, batch, chunk: int = PROMPTS_PER_RUN) -> PathWrites:
-    """Every path's write at EOS on the prompts of `batch` (model run with run_with_cache, in chunks)."""
+def n_path_runs(prompts: FactPrompts, chunk: int = PROMPTS_PER_RUN) -> int:
+    """How many runs path_measurements makes on `prompts`: one per chunk of every fact's prompts."""
+    return -(-len(prompts.every_fact.batch.tokens) // chunk)
+
+
+def path_logits(model, batch, chunk: int = PROMPTS_PER_RUN, progress: Callable[[], None] | None = None) -> PathWrites:
+    """Every path's write at EOS on the prompts of `batch` (model run with run_with_cache, in chunks;
+    `progress()` called after each)."""
     names = {HOOK_RESID_PRE, *(hook_pattern(l) for l in range(model.cfg.n_layers)),
              *(hook_mlp_out(l) for l in range(model.cfg.n_layers) if has_mlp(model))}
     parts, logits = [], []
@@ -121,6 +128,8 @@ def path_logits(model, batch, chunk: int = PROMPTS_PER_RUN) -> PathWrites:
             logits.append(out[:, -1])
             where = (batch.subject_pos[start:start + chunk], batch.relation_pos[start:start + chunk])
             parts.append(_split(model, cache, where))
+            if progress is not None:
+                progress()
     masses = torch.cat([p["masses"] for p in parts], 1)  # [2, n, L, H]
     return PathWrites(torch.cat(logits), {k: torch.cat([p["stores"][k] for p in parts]) for k in parts[0]["stores"]},
                       {k: torch.cat([p["heads"][k] for p in parts]) for k in parts[0]["heads"]},
@@ -134,8 +143,8 @@ def silent(writes: PathWrites, tolerance: float = 1e-5) -> set[Store]:
     return {store for store, x in writes.stores.items() if float(x.abs().max()) <= floor}
 
 
-def path_measurements(model, task, prompts: FactPrompts,
-                      relation_mean: bool = True) -> tuple[pd.DataFrame, list[Store], PathWrites]:
+def path_measurements(model, task, prompts: FactPrompts, relation_mean: bool = True,
+                      progress: Callable[[], None] | None = None) -> tuple[pd.DataFrame, list[Store], PathWrites]:
     """Per fact (indexed by the fact): `margin` (with its interval) and for every store X that writes
     anything (attention0, mlp1, mlp0_via_attention1, ...): `X_margin`, `X_top`, `X_top_z`,
     `X_path_accuracy` (each with its interval where it has one) and per head h of the store's last
@@ -143,9 +152,10 @@ def path_measurements(model, task, prompts: FactPrompts,
     `direct_margin` the rest's (the three add up to `margin`).
     Measured on every fact's prompts and cut to the facts of `prompts`. `relation_mean=False`: the
     other stores at their mean over every prompt, the one-layer rule's (probe/ablation.py's mean
-    ablation). Returns the frame, the stores (in order) and every fact's writes."""
+    ablation). `progress()` is called after each of its n_path_runs runs. Returns the frame, the
+    stores (in order) and every fact's writes."""
     every = prompts.every_fact
-    writes = path_logits(model, every.batch)
+    writes = path_logits(model, every.batch, progress=progress)
     stores = sorted(set(writes.stores) - silent(writes))
     rows = slice(None) if prompts.rows is None else prompts.rows
     batch, seed, D, R = prompts.batch, prompts.seed, task.answers_per_relation, task.n_relations

@@ -34,6 +34,8 @@ MODULES = {
     "probe/paths.py": ["tests/test_locate_depth.py", "-k", "not command_line"],
     "tasks/two_hop.py": ["tests/test_two_hop.py", "-k", "not study and not records_each and not lens_at_the_last and "
                          "not each_prompts_row"],
+    "analyses/two_hop.py": ["tests/test_two_hop_study.py",
+                            "tests/test_two_hop.py::test_the_baselines_need_no_composition"],
     "probe/bridge.py": ["tests/test_two_hop.py", "-k", "probe or rank or resolution or lens_at_the_last or "
                         "wrong_answer or each_prompts_row"],
     "probe/attribution_patching.py": ["tests/test_attribution_patching.py"],
@@ -104,6 +106,9 @@ MODULES = {
     "analyses/locate_facts.py": ["tests/test_locate_facts.py", "tests/test_locate_depth.py",
                                  "tests/test_docs.py::test_shown_output_is_what_the_command_prints", "-k",
                                  "not cli_writes and not bad_checkpoint and not trained_model"],
+    "analyses/locate_summary.py": ["tests/test_intervals.py", "tests/test_locate_depth.py",
+                                   "tests/test_locate_facts.py", "-k",
+                                   "not cli_writes and not bad_checkpoint and not trained_model"],
     # L-layer models
     "models/cores/deep.py": ["tests/test_depth.py", "tests/test_deep_constructions.py"],
     "models/recall/deep_constructions.py": ["tests/test_deep_constructions.py"],

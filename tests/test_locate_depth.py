@@ -149,7 +149,7 @@ def test_the_command_line_writes_the_depth_columns_and_refuses_bad_input_in_one_
     assert run_main(construct, ["--kind", "mixed", "--out", ckpt], capsys)[0] == 0
     code, out, _ = run_main(locate_facts.main, [ckpt, "--contexts", "2", "--quiet", "--device", "cpu"], capsys)
     assert code == 0
-    assert "  layer 0 attention    11   34.4%" in out
+    assert "  layer 0 attention      11   34.4%" in out
     assert "  mlp0_via_attention1             10  moved by layer 1 heads" in out
     folder = ckpt / "analysis" / "locate_facts" / "contexts-2"
     facts = pd.read_csv(folder / "facts.csv")
@@ -222,3 +222,143 @@ def test_chosen_facts_get_their_rows_of_the_run_over_every_fact_and_each_layer_s
         scores = [(subject - 1 / T) / (1 - 1 / T), (relation - 1 / T) / (1 - 1 / T)]
         assert abs(row.subject_score - scores[0]) < 1e-6 and abs(row.relation_score - scores[1]) < 1e-6
         assert abs(row.denoising_score - max(scores)) < 1e-6
+
+
+def test_at_depth_the_progress_bar_counts_every_path_run_and_ends_at_its_total(monkeypatch):
+    """locate's bar at depth: one step per run of the model over a chunk of every fact's prompts (512
+    prompts: 2 runs of 256) and one for the stores' measurements, closed at its total; --quiet disables it."""
+    import analyses.locate_facts as module
+    from probe import paths
+    from probe.paths import n_path_runs
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n, self.closed = kwargs, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            assert not self.closed
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(module, "progress_bar", Bar)
+    model = constructed(plan_for("enriched", TASK), 2)
+    runs, split = [], paths._split  # path_logits splits each run's cache once
+    monkeypatch.setattr(paths, "_split", lambda model, cache, where: runs.append(len(where[0])) or split(model, cache,
+                                                                                                       where))
+    module.locate(model, TASK, contexts=16, facts=[(3, 1)])
+    assert runs == [256, 256] and n_path_runs(FactPrompts.build(model, TASK, 16, 0, facts=[(3, 1)])) == 2
+    assert [(b.kwargs, b.n, b.closed) for b in bars] == [
+        ({"total": 3, "desc": "locating facts", "unit": "run", "disable": False}, 3, True)]
+    bars.clear()
+    module.locate(model, TASK, contexts=4, progress=False)
+    assert [(b.kwargs["total"], b.kwargs["disable"], b.n, b.closed) for b in bars] == [(2, True, 2, True)]
+
+
+def test_the_report_at_depth_gives_each_label_place_and_store_in_whole_lines_and_each_chosen_fact_s_stores():
+    """The mixed construction with fact (0, 0) unknown (`none`): 10 facts in block 0's OV, 10 enriched,
+    11 in the last MLP, one in no store; each count's share with its Wilson interval over the 32 facts,
+    the stores holding none left out, and the chosen facts' labels and stores."""
+    from pathlib import Path
+
+    plan = plan_for("mixed", TASK)
+    plan[0][0] = "none"
+    model = constructed(plan, 2)
+
+    def report(facts=None, **stores):
+        located = locate_facts.locate(model, TASK, contexts=2, progress=False, facts=facts)
+        s = located.summary
+        assert s.settings["device"] == "cpu" and s.task == repr(TASK) and s.n_facts == len(facts or range(32))
+        assert isinstance(s.seconds, float) and 0 < s.seconds == round(s.seconds, 2) < 600
+        assert list(located.facts.reset_index().columns[:4]) == ["subject", "relation", "answer", "answer_name"]
+        located = replace(located, summary=replace(s, seconds=1.26, stores={**s.stores, **stores}))
+        return locate_facts.report(located, "ckpt/mixed", Path("out")).splitlines()
+
+    assert report() == [
+        "ckpt/mixed: 32 facts, accuracy 0.969 [95% CI 0.843, 0.994]",
+        "where the facts live:",
+        "  attention       10   31.2%  [18.0, 48.6]",
+        "  mlp             21   65.6%  [48.3, 79.6]",
+        "  both             0    0.0%  [0.0, 10.7]",
+        "  distributed      0    0.0%  [0.0, 10.7]",
+        "  not_stored       1    3.1%  [0.6, 15.7]",
+        "by layer and component (layers from 0; a fact kept in several stores counts in each):",
+        "  layer 0 attention      10   31.2%  [18.0, 48.6]",
+        "  layer 0 mlp            10   31.2%  [18.0, 48.6]",
+        "  layer 1 mlp            11   34.4%  [20.4, 51.7]",
+        "by store and route:",
+        "  attention0                      10  direct",
+        "  mlp0_via_attention1             10  moved by layer 1 heads",
+        "  mlp1                            11  direct",
+        "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 1.3 s"]
+    # a store's name longer than the column (at L = 4: mlp0_via_attention1_via_attention2) widens it
+    long = {"facts": 3, "route": "moved by layers 1, 2 heads"}
+    assert report(mlp0_via_attention1_via_attention2=long)[12:14] == [
+        "  attention0                              10  direct",
+        "  mlp0_via_attention1                     10  moved by layer 1 heads"]
+    chosen = report([(0, 0), (1, 2)])
+    assert chosen[0] == "ckpt/mixed: 2 facts, accuracy 0.500 [95% CI 0.095, 0.905]"
+    assert chosen[9:] == [
+        "  layer 0 mlp             1   50.0%  [9.5, 90.5]",
+        "  layer 1 mlp             0    0.0%  [0.0, 65.8]",
+        "by store and route:",
+        "  mlp0_via_attention1              1  moved by layer 1 heads",
+        "fact S0 R0 -> R0:a0: not_stored (no store); accuracy 0.000",
+        "fact S1 R2 -> R2:a3: mlp (mlp0_via_attention1); accuracy 1.000",
+        "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 1.3 s"]
+
+
+def test_a_model_that_writes_nothing_has_no_store_and_its_report_lists_none():
+    """All weights zero: every store is silent, so no candidate, no place and no store in the summary;
+    the report's two sections are empty."""
+    from pathlib import Path
+
+    from models.recall.weights import init_weights
+
+    cfg = replace(DEPTH_MODEL, n_layers=2)
+    w = {k: torch.zeros_like(v) for k, v in init_weights(cfg, TASK, 0).items()}
+    located = locate_facts.locate(build_bridge(cfg.checkpoint_section(TASK), w, task=TASK), TASK, contexts=2,
+                                  progress=False)
+    assert located.summary.stores == located.summary.layer_components == {}
+    located = replace(located, summary=replace(located.summary, seconds=0.5))
+    assert locate_facts.report(located, "zero", Path("out")).splitlines()[7:] == [
+        "by layer and component (layers from 0; a fact kept in several stores counts in each):",
+        "by store and route:", "wrote out/ (facts.csv, heads.csv, summary.json, figures) in 0.5 s"]
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_the_summary_records_each_store_s_share_and_the_heads_best_first(n_layers):
+    """summary.json on the mixed construction (L = 2) and a random one-layer model: per store its layer,
+    component, route, facts kept and share with its Wilson interval over the 32 facts; the accuracy, the
+    label shares (summing to 1), each store's path accuracy; every head, best denoising score first."""
+    from probe.stats import wilson_interval
+
+    if n_layers == 2:
+        model = constructed(plan_for("mixed", TASK), 2)
+    else:
+        from models.recall.weights import init_weights
+
+        cfg = replace(DEPTH_MODEL, n_layers=1, d_model=16)
+        g = torch.Generator().manual_seed(2)
+        w = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in init_weights(cfg, TASK, 0).items()}
+        model = build_bridge(cfg.checkpoint_section(TASK), w, task=TASK)
+    located = locate_facts.locate(model, TASK, contexts=2, patch_contexts=1, progress=False)
+    summary = located.summary.to_json()
+    assert summary["accuracy"] == pytest.approx(located.facts[columns.ACCURACY].mean(), abs=1e-12)
+    assert sum(summary["label_shares"].values()) == pytest.approx(1, abs=1e-12)
+    scores = [h["denoising_score"] for h in summary["top_heads"]]
+    assert all(isinstance(x, float) for h in summary["top_heads"] for x in (h["denoising_score"], h["subject_score"],
+                                                                           h["relation_score"]))
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) > 1
+    if n_layers == 1:
+        assert set(summary["path_accuracy"]) == {"attention", "mlp"}
+        return
+    low, high = wilson_interval(torch.tensor(10 / 32), 32)
+    assert summary["stores"]["mlp0_via_attention1"] == pytest.approx(
+        {"layer": 0, "component": "mlp", "route": "moved by layer 1 heads", "facts": 10, "share": 10 / 32,
+         "low": float(low), "high": float(high)}, abs=1e-6)
+    assert summary["recall"] == {} and set(summary["path_accuracy"]) == set(summary["stores"])
