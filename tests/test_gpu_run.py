@@ -136,7 +136,8 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     assert len(_cells(resumed, _folder(cut) + "/")) >= len(_cells(results, _folder(cut) + "/"))
     capacity = pd.read_csv(second / FIG4 / "fig4_left.csv")  # every piece's sizes so far, one table
     assert set(capacity["piece"]) >= {"d11", _folder(cut)} and capacity["S_star"].ge(2).all()
-    assert {p.name for p in again.iterdir()} <= ALLOWED
+    cut_packs = re.compile(r"(results|state)\.tar\.gz\.\d+\.tmp")  # a pack the test's SIGKILL cut short
+    assert {p.name for p in again.iterdir() if not cut_packs.fullmatch(p.name)} <= ALLOWED
 
 
 @pytest.mark.slow
