@@ -104,19 +104,36 @@ def facts_located(model, task, contexts: int, seed: int) -> pd.DataFrame:
                          "held": [held[s * R + r] for s, r in facts.index]}, index=facts.index)
 
 
-def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int) -> pd.DataFrame:
-    """Per sampled fact of each label, one edit at each store the model has."""
+def one_layer_writes(model, located: pd.DataFrame, s: int, r: int, answer: int) -> list[tuple[dict, FactEdit]]:
+    """Block 0's stores for fact (s, r): each write's columns and its edit (ov at the fact's carrying head)."""
+    label, head = located.loc[(s, r), "label"], int(located.loc[(s, r), "head"])
+    return [({"store": store, "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store},
+             FactEdit(s, r, answer, store, head)) for store in (("mlp", "ov", "both") if has_mlp(model) else ("ov",))]
+
+
+def one_layer_batches(model, located: pd.DataFrame):
+    """Mass editing at one layer: the facts it draws from, the stores a batch is written at, and
+    each fact's edit there ("lives": where the fact lives), and the columns every row starts with."""
+    pool = [f for f in located.index[located["held"] & located["label"].isin(list(WHERE))]]
+
+    def edit(s: int, r: int, answer: int, store: str) -> FactEdit:
+        return FactEdit(s, r, answer, WHERE[located.loc[(s, r), "label"]] if store == "lives" else store,
+                        int(located.loc[(s, r), "head"]))
+    return pool, (("mlp", "lives") if has_mlp(model) else ("lives",)), edit, {}
+
+
+def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int,
+                 writes=one_layer_writes) -> pd.DataFrame:
+    """Per sampled fact of each label, one edit at each store `writes` names (its columns and edit)."""
     rng = random.Random(seed)
-    stores = ("mlp", "ov", "both") if has_mlp(model) else ("ov",)
     rows = []
     for label in LABELS:
         pool = [f for f in located.index[(located["label"] == label) & located["held"]]]
         for s, r in rng.sample(pool, min(settings.per_label, len(pool))):
-            answer, head = new_answer(task, s, r, rng), int(located.loc[(s, r), "head"])
-            for store in stores:
-                (table, spec), refusal = tried(model, task, [FactEdit(s, r, answer, store, head)], settings, seed)
-                row = {"label": label, "subject": s, "relation": r, "store": store,
-                       "head": head if store != "mlp" else None, "lives": WHERE.get(label) == store}
+            answer = new_answer(task, s, r, rng)
+            for where, edit in writes(model, located, s, r, answer):
+                row = {"label": label, "subject": s, "relation": r, **where}
+                (table, spec), refusal = tried(model, task, [edit], settings, seed)
                 if refusal:  # the store has no key for the fact: counted as refused
                     rows.append({**row, REFUSED: refusal})
                     continue
@@ -127,20 +144,21 @@ def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, se
     return pd.DataFrame(rows)
 
 
-def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int) -> pd.DataFrame:
-    """Batches of n facts written at once, at the MLP and where each fact lives."""
+def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed: int,
+               batches=one_layer_batches) -> pd.DataFrame:
+    """Batches of n facts written at once, at each store `batches` names (a fixed store, or
+    where each fact lives)."""
     rng = random.Random(seed + 1)
-    pool = [f for f in located.index[located["held"] & located["label"].isin(list(WHERE))]]
+    pool, stores, edit, columns_first = batches(model, located)
     rows = []
     for n in sorted({min(n, len(pool) // 2) for n in settings.size_list()} - {0}):  # half: others to keep
         for draw in range(settings.draws):
             chosen = rng.sample(pool, n)
             answers = [new_answer(task, s, r, rng) for s, r in chosen]
-            for store in (("mlp", "lives") if has_mlp(model) else ("lives",)):
-                edits = [FactEdit(s, r, a, WHERE[located.loc[(s, r), "label"]] if store == "lives" else store,
-                                  int(located.loc[(s, r), "head"])) for (s, r), a in zip(chosen, answers)]
+            for store in stores:
+                edits = [edit(s, r, a, store) for (s, r), a in zip(chosen, answers)]
                 (table, spec), refusal = tried(model, task, edits, settings, seed)
-                row = {"facts_edited": n, "draw": draw, "store": store}
+                row = {"facts_edited": n, "draw": draw, "store": store, **columns_first}
                 rows.append({**row, REFUSED: refusal} if refusal else
                             {**row, **edit_counts.batch_counts(table, spec, settings.contexts),
                              "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0])})
@@ -222,10 +240,11 @@ def main(argv=None) -> int:
     for ckpt, model, task in loaded:
         deep = edit_study_depth if model.cfg.n_layers > 1 else None
         located = (deep.facts_at_depth if deep else facts_located)(model, task, settings.contexts, args.seed)
-        single = (deep.single_edits if deep else single_edits)(model, task, located, settings, args.seed)
+        single = single_edits(model, task, located, settings, args.seed,
+                              deep.writes if deep else one_layer_writes)
         single = single.assign(checkpoint=str(ckpt))
         capacity = parameters(model, task.n_facts)
-        mass = (deep.mass_edits if deep else mass_edits)(model, task, located, settings, args.seed)
+        mass = mass_edits(model, task, located, settings, args.seed, deep.batches if deep else one_layer_batches)
         mass = mass.assign(checkpoint=str(ckpt), fill=capacity["fill"])
         singles.append(single)
         masses.append(mass)

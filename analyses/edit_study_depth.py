@@ -20,7 +20,7 @@ from probe.edit_stores import lives_in, name, stores
 from probe.editing import FactEdit, carrying_head, edit_facts
 from probe.hooks import has_mlp, model_device
 from probe.prompts import fact_batch
-from probe.storage import LABELS, StorageRule
+from probe.storage import StorageRule
 
 REFUSED = "refused"  # the column of a refused write: the refusal's line ('' for a write made)
 
@@ -101,50 +101,26 @@ def tried(model, task, edits: list[FactEdit], settings, seed: int):
         return (None, None), str(e)
 
 
-def single_edits(model, task, located: pd.DataFrame, settings, seed: int) -> pd.DataFrame:
-    """Per sampled fact of each label, one edit at every store of every block."""
-    rng = random.Random(seed)
-    rows = []
-    for label in LABELS:
-        pool = [f for f in located.index[(located["label"] == label) & located["held"]]]
-        for s, r in rng.sample(pool, min(settings.per_label, len(pool))):
-            answer = new_answer(task, s, r, rng)
-            for store in stores(model.cfg.n_layers):
-                edit = _edit(located, s, r, answer, store)
-                row = {"label": label, "subject": s, "relation": r, "store": name(store), "layer": edit.layer,
-                       "position": edit.position, "head": edit.head, "lives": store in located.loc[(s, r), "lives"]}
-                (table, spec), refusal = tried(model, task, [edit], settings, seed)
-                if refusal:
-                    rows.append({**row, REFUSED: refusal})
-                    continue
-                one = table.iloc[0]
-                rows.append({**row, REFUSED: "", **edit_counts.single_counts(one, spec, settings.contexts),
-                             "old_rank": one["old_rank"], "leak": one["leak"], "boost": one["boost"],
-                             "weight_change": one["weight_change"]})
-    return pd.DataFrame(rows)
+def writes(model, located: pd.DataFrame, s: int, r: int, answer: int) -> list[tuple[dict, FactEdit]]:
+    """Every store of every block for fact (s, r): each write's columns and its edit."""
+    out = []
+    for store in stores(model.cfg.n_layers):
+        edit = _edit(located, s, r, answer, store)
+        out.append(({"store": name(store), "layer": edit.layer, "position": edit.position, "head": edit.head,
+                     "lives": store in located.loc[(s, r), "lives"], REFUSED: ""}, edit))  # refused named first
+    return out
 
 
-def mass_edits(model, task, located: pd.DataFrame, settings, seed: int) -> pd.DataFrame:
-    """Batches of n facts written at once, at the last block's MLP and where each fact lives (of
-    its stores with a key of ours, the one of the largest part of its margin), of the held facts
-    that live in such a store."""
-    rng = random.Random(seed + 1)
+def batches(model, located: pd.DataFrame):
+    """Mass editing at depth: the held facts that live in a store with a key of ours, written at the
+    last block's MLP and where each lives (of its stores, the one of the largest part of its
+    margin), and the columns every row starts with."""
     pool = [f for f in located.index[located["held"] & (located["lives"].map(len) > 0)]]
     last = ("mlp", model.cfg.n_layers - 1, "last")
-    rows = []
-    for n in sorted({min(n, len(pool) // 2) for n in settings.size_list()} - {0}):  # half: others to keep
-        for draw in range(settings.draws):
-            chosen = rng.sample(pool, n)
-            answers = [new_answer(task, s, r, rng) for s, r in chosen]
-            for store in ((name(last), "lives") if has_mlp(model) else ("lives",)):
-                edits = [_edit(located, s, r, a, located.loc[(s, r), "lives"][0] if store == "lives" else last)
-                         for (s, r), a in zip(chosen, answers)]
-                (table, spec), refusal = tried(model, task, edits, settings, seed)
-                row = {"facts_edited": n, "draw": draw, "store": store, REFUSED: refusal}
-                rows.append(row if refusal else {**row, **edit_counts.batch_counts(table, spec, settings.contexts),
-                                                 "others": spec["all"]["facts"],
-                                                 "weight_change": float(table["weight_change"].iloc[0])})
-    return pd.DataFrame(rows)
+
+    def edit(s: int, r: int, answer: int, store: str) -> FactEdit:
+        return _edit(located, s, r, answer, located.loc[(s, r), "lives"][0] if store == "lives" else last)
+    return pool, ((name(last), "lives") if has_mlp(model) else ("lives",)), edit, {REFUSED: ""}
 
 
 TABLE = (("efficacy", "efficacy"), ("won", "won"), ("kept: all", "kept_all"), ("same subject", "kept_same_subject"),
