@@ -201,3 +201,34 @@ def test_each_store_of_each_block_is_written_with_its_block_s_head_and_mass_edit
     assert edit(0, 1, 6, "lives") == FactEdit(0, 1, 6, "mlp", None, 0, "subject")  # enriched: at the subject
     assert edit(0, 3, 7, "lives") == FactEdit(0, 3, 7, "ov", located.loc[(0, 3), "head0"], 0)
     assert edit(0, 3, 7, "mlp L1") == FactEdit(0, 3, 7, "mlp", None, 1)
+
+
+def test_an_attention_only_model_at_depth_is_written_at_its_heads_only(located):
+    """Without an MLP the study at depth writes each block's heads (an MLP write would be
+    refused by the model), and a batch where each fact lives only."""
+    from models.cli import override
+    from models.recall.weights import init_weights
+
+    cfg = override(DEPTH_MODEL, {"attn_only": True})
+    heads = build_bridge(cfg.checkpoint_section(TASK), init_weights(cfg, TASK, 0), task=TASK)
+    assert [row["store"] for row, _ in writes(heads, located, 0, 3, 7)] == ["attention L0", "attention L1"]
+    assert batches(heads, located)[1] == ("lives",)
+
+
+def test_the_table_by_label_and_store_has_one_cell_per_column_and_refused_writes_apart():
+    """study's single edits -> the report's Markdown table: header, rule, a row per label x
+    store x lives there, every line with the same 10 cells; a refused write is an edit row."""
+    from analyses.edit_study_depth import table
+
+    made = {"efficacy_k": 2, "efficacy_n": 2, "won_k": 1, "won_n": 1, **{f"kept_{g}_{x}": 8 for g in
+                                                                         ("all", "same_subject", "same_relation")
+                                                                         for x in "kn"}}
+    single = pd.DataFrame([{"label": "mlp", "store": "mlp L1", "lives": True, REFUSED: "", **made},
+                           {"label": "mlp", "store": "mlp L0", "lives": False, REFUSED: "fact 0:2 has no key"}])
+    lines = table(single)
+    assert lines[:2] == ["| label | store edited | lives there | edits | refused | efficacy | won | kept: all | "
+                         "same subject | same relation |", "| --- " * 10 + "|"]
+    assert lines[2] == "| mlp | mlp L0 | no | 1 | 1 | — | — | — | — | — |"
+    assert lines[3].startswith("| mlp | mlp L1 | **yes** | 1 | — | 1.000 [0.342, 1.000] 2/2 | "
+                               "1.000 [0.207, 1.000] 1/1 |")
+    assert len(lines) == 4 and {line.count("|") for line in lines} == {11}
