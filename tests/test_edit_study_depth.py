@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from analyses.edit_study import main
-from analyses.edit_study_depth import REFUSED, batches, facts_at_depth, pooled, writes
+from analyses.edit_study import StudySettings, main
+from analyses.edit_study_depth import REFUSED, batches, facts_at_depth, measure, pooled, refused, writes
 from models import build_bridge
 from models.checkpoint import write_checkpoint
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, head_groups
@@ -64,6 +64,9 @@ def test_refused_writes_count_as_refused_not_as_failures():
     assert (cells["mlp L1"]["efficacy_k"], cells["mlp L1"]["efficacy_n"], cells["mlp L1"]["efficacy"]) == (6, 8, 0.75)
     assert (cells["mlp L0"]["rows"], cells["mlp L0"][REFUSED], cells["mlp L0"]["efficacy_n"]) == (1, 1, 0)
     assert REFUSED not in pooled(frame.drop(columns=REFUSED), ["store"], ("efficacy",))[0]
+    before = frame.drop(columns=REFUSED).set_index("store")  # a study from before refusals were kept
+    assert refused(before).to_dict() == {"mlp L1": False, "mlp L0": False} and refused(before).dtype == bool
+    assert refused(frame).tolist() == [False, False, True, True]
 
 
 def test_checkpoints_of_different_depths_are_refused_in_one_line(mixed2, tmp_path, capsys):
@@ -232,3 +235,22 @@ def test_the_table_by_label_and_store_has_one_cell_per_column_and_refused_writes
     assert lines[3].startswith("| mlp | mlp L1 | **yes** | 1 | — | 1.000 [0.342, 1.000] 2/2 | "
                                "1.000 [0.207, 1.000] 1/1 |")
     assert len(lines) == 4 and {line.count("|") for line in lines} == {11}
+
+
+def test_an_edit_is_measured_at_the_study_s_margin_and_its_weight_change_is_the_whole_change():
+    """measure on Theorem 4: a write at a head and the MLP at once reaches the study's margin (4,
+    not the default 2) on held-out prompts, and its weight change is the Frobenius norm of every
+    parameter's change together."""
+    from probe.editing import edit_facts
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    s, r = 3, 1
+    head = next(h for h, g in enumerate(head_groups(TASK, CONSTRUCTION_MODEL.n_heads)) if s in g)
+    answer = next(a for a in TASK.relation_answers(r) if a != int(TASK.facts[s, r]))
+    edits, settings = [FactEdit(s, r, answer, "both", head)], StudySettings(contexts=4, margin=4.0)
+    table, specificity = measure(model, TASK, edits, settings, seed=3)
+    assert table["new_margin"].iloc[0] == pytest.approx(4.0, abs=0.05) and table["efficacy"].iloc[0] == 1.0
+    edited = dict(edit_facts(model, TASK, edits, 4, 3, 4.0).model.named_parameters())
+    change = sum(float((edited[k] - p).detach().norm() ** 2) for k, p in model.named_parameters()) ** 0.5
+    assert change > 0.1 and table["weight_change"].iloc[0] == pytest.approx(change, rel=1e-4)
+    assert specificity["all"]["facts"] == TASK.n_facts - 1
