@@ -102,9 +102,10 @@ def tried(model, task, edits: list[FactEdit], settings, seed: int):
 
 
 def writes(model, located: pd.DataFrame, s: int, r: int, answer: int) -> list[tuple[dict, FactEdit]]:
-    """Every store of every block for fact (s, r): each write's columns and its edit."""
+    """Every store of every block for fact (s, r) (its heads alone without an MLP): each
+    write's columns and its edit."""
     out = []
-    for store in stores(model.cfg.n_layers):
+    for store in [e for e in stores(model.cfg.n_layers) if e[0] == "ov" or has_mlp(model)]:
         edit = _edit(located, s, r, answer, store)
         out.append(({"store": name(store), "layer": edit.layer, "position": edit.position, "head": edit.head,
                      "lives": store in located.loc[(s, r), "lives"], REFUSED: ""}, edit))  # refused named first

@@ -197,3 +197,27 @@ def test_the_carrying_head_is_not_decided_by_float_noise():
     assert carrying_head([0.4999987, 0.5000008, 0.0, 0.0], [1.0, 1.0000004, 0.0, 1.0]) == 0  # both ties: lowest
     assert carrying_head([0.2, 0.6, 0.595, 0.0], [1.0, 0.5, 2.0, 1.0]) == 2  # within TIE: the larger key
     assert carrying_head([0.2, 0.6, 0.58, 0.0], [1.0, 0.5, 2.0, 1.0]) == 1  # a lead past TIE is kept
+
+
+def test_the_effects_are_read_on_held_out_prompts_each_context_s_margin_apart():
+    """On two random models (logits that vary with the context), an edit's margin and old rank
+    are each held-out context's (seed + HELD_OUT, seed 0 by default), then their mean."""
+    from models.recall.weights import init_weights
+    from probe.edit_effects import HELD_OUT
+    from probe.prompts import fact_batch
+
+    original, edited = (build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK),
+                                     init_weights(CONSTRUCTION_MODEL, TASK, seed), task=TASK) for seed in (1, 2))
+    s, r, R, contexts = 3, 1, TASK.n_relations, 4
+    old, new = int(TASK.facts[s, r]), other_answer(s, r)
+    for seed, given in ((0, {}), (5, {"seed": 5})):
+        tokens = fact_batch(TASK, contexts, seed + HELD_OUT).tokens[(s * R + r) * contexts:(s * R + r + 1) * contexts]
+        with torch.no_grad():
+            logits = edited(tokens)[:, -1].float()  # [contexts, O]
+        others = logits.clone()
+        others[:, new] = -torch.inf
+        margins = logits[:, new] - others.amax(-1)  # [contexts]
+        assert margins.std() > 0.01  # the contexts differ
+        row = edit_effects(original, edited, TASK, [(s, r, old, new)], contexts, **given)[0].iloc[0]
+        assert row["new_margin"] == pytest.approx(margins.mean().item(), abs=1e-5)
+        assert row["old_rank"] == pytest.approx(1 + (logits > logits[:, old:old + 1]).sum(-1).float().mean().item())
