@@ -18,7 +18,9 @@ if [ "${1:-}" = "--offline" ]; then
   fail() { echo "setup --offline: $1" >&2; exit 2; }
   [ -n "$wheels" ] && [ $# -eq 2 ] || fail "usage: bash scripts/setup.sh --offline DIR"
   compgen -G "$wheels/*.whl" >/dev/null || fail "no wheels in $wheels (scripts/wheelhouse.sh DIR makes them)"
-  "$python" -c "import torch" 2>/dev/null || fail "$python cannot import torch; set PYTHON to a Python that has it"
+  # asked without importing it (seconds of CPU); the import check below imports it
+  "$python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
+    || fail "$python cannot import torch; set PYTHON to a Python that has it"
   [ -x .venv/bin/python ] || "$python" -m venv --without-pip .venv
   site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   # the Python's own packages, also where it is itself a virtual environment (whose packages
@@ -27,9 +29,9 @@ if [ "${1:-}" = "--offline" ]; then
   pwd > "$site/_factual_recall_checkout.pth"
   "$python" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
     --target "$site" --upgrade "$wheels"/*.whl
-  .venv/bin/python -c "import torch, transformer_lens, circuitsvis, models, probe, analyses" \
-    || fail "the set-up is incomplete: an import failed (above)"
-  echo "setup --offline: .venv ready (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
+  version=$(.venv/bin/python -c "import torch, transformer_lens, circuitsvis, models, probe, analyses
+print(torch.__version__)") || fail "the set-up is incomplete: an import failed (above)"
+  echo "setup --offline: .venv ready (torch $version)"
   exit 0
 fi
 stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"

@@ -1,24 +1,42 @@
+from __future__ import annotations
+
+import functools
 import importlib.util
 import os
 import platform
 import resource
 import time
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from models.cli import override
-from models.recall.config import RunConfig
-from models.recall.presets import preset
-from models.recall.trainer import train
-from tasks import triton_kernels
+if TYPE_CHECKING:
+    import torch
 
-# The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
-# FACTUAL_RECALL_TEST_DEVICE=cuda (docs/gpu.md). TF32 off, so float32 is float32.
-TEST_DEVICE = torch.device(os.environ.get("FACTUAL_RECALL_TEST_DEVICE", "cpu"))
-if TEST_DEVICE.type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    from models.recall.config import RunConfig
+
+# torch and the toolkit are imported where first used, not here: pytest-xdist's controller loads
+# this file before it starts the workers and runs no test (two seconds of CPU before any starts).
+
+
+@functools.cache
+def test_device():
+    """The device the parity tests and the trained fixtures compute on: the CPU, or a GPU with
+    FACTUAL_RECALL_TEST_DEVICE=cuda (docs/gpu.md). TF32 off, so float32 is float32."""
+    import torch
+
+    device = torch.device(os.environ.get("FACTUAL_RECALL_TEST_DEVICE", "cpu"))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return device
+
+
+def __getattr__(name: str):
+    """TEST_DEVICE (`from tests.conftest import TEST_DEVICE`): test_device()."""
+    if name == "TEST_DEVICE":
+        return test_device()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def triton_installed() -> bool:
@@ -29,11 +47,15 @@ def triton_expected(device: torch.device) -> bool:
     """Whether Triton should run its kernels on `device` here, said without asking
     tasks.triton_kernels: it is installed, and the device is the CPU of a machine without a GPU
     (Triton's interpreter) or the GPU of a machine with one (compiled)."""
+    import torch
+
     return triton_installed() and device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def triton_on(device: torch.device) -> pytest.MarkDecorator:
     """Marks a test of Triton kernels on `device` (see `require_triton`)."""
+    import torch
+
     return pytest.mark.triton(device=torch.device(device))
 
 
@@ -43,6 +65,10 @@ def require_triton(device: torch.device) -> None:
     kernels extra, so a wrong runs_on must not turn every Triton test into a silent skip), and
     where Triton is absent on a platform the extra installs on while CI is set; else a skip
     saying why (no Triton on a developer's machine, a CUDA device the machine lacks)."""
+    import torch
+
+    from tasks import triton_kernels
+
     if triton_kernels.runs_on(device):
         return
     if triton_expected(device):
@@ -78,7 +104,10 @@ def pytest_runtest_setup(item):
 
 def quick(run: RunConfig, **train_overrides) -> RunConfig:
     """`run` on TEST_DEVICE, with training fields replaced."""
-    return RunConfig(run.task, run.model, override(run.train, {"device": str(TEST_DEVICE), **train_overrides}))
+    from models.cli import override
+    from models.recall.config import RunConfig
+
+    return RunConfig(run.task, run.model, override(run.train, {"device": str(test_device()), **train_overrides}))
 
 
 def run_main(main, argv, capsys) -> tuple[int, str, str]:
@@ -96,6 +125,9 @@ def run_main(main, argv, capsys) -> tuple[int, str, str]:
 @pytest.fixture(scope="session")
 def tiny_result():
     """The tiny preset trained once for the whole session."""
+    from models.recall.presets import preset
+    from models.recall.trainer import train
+
     return train(quick(preset("tiny")), progress=False, preset_name="tiny")
 
 
@@ -106,6 +138,9 @@ def tiny_ckpt(tiny_result, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _seeded():
+    import torch
+
+    test_device()  # TF32 off before a test computes on a GPU
     torch.manual_seed(0)
 
 

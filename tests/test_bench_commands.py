@@ -3,9 +3,15 @@ read from the page (its bash blocks and its inline `python bench/...` commands),
 replaced by the smallest the script takes (SMALLEST), run in a fresh process, and its last
 result line printed. A command documented for a CUDA device is skipped, saying so, on a
 machine without one; every other command runs on the CPU, whatever its script's default
-device. A script the page documents and SMALLEST does not know fails the test."""
+device. A script the page documents and SMALLEST does not know fails the test. The first
+command of each script runs as `python bench/SCRIPT`, a fresh interpreter; the script's other
+commands each run in a process of their own forked from one that has imported torch and
+TransformerLens once (FORK_SERVER), as `python bench/SCRIPT` runs it."""
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -137,18 +143,83 @@ def test_every_documented_script_has_a_smallest_size_and_every_script_is_documen
     assert len(_runs()) >= 12  # the page's commands, not a parse that found nothing
 
 
-@pytest.mark.slow  # each a process: a second or more of imports before the command runs
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+# A process that imports torch and TransformerLens once, then runs each command it is sent (a line
+# of JSON: the script's path, its argv, files for stdout and stderr) in a process forked from it, that
+# command's own, as `python bench/SCRIPT ARGS` runs it (the script as __main__ with its absolute
+# __file__, its folder first on sys.path): it says the child's pid, then its exit code (minus the
+# signal's number when a signal ended it). Nothing computes before a fork: one torch thread, no CUDA.
+FORK_SERVER = """
+import json, os, runpy, sys, traceback
+import torch, transformer_lens
+for line in sys.stdin:
+    path, argv, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        for fd, file in ((1, out), (2, err)):
+            os.dup2(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv, sys.path[0], code = argv, os.path.dirname(path), 0
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as done:  # as the interpreter ends on it: None is 0, a message is printed and 1
+            if done.code is None or isinstance(done.code, int):
+                code = done.code or 0
+            else:
+                print(done.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+    print(pid, flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def forker():
+    """The fork server (FORK_SERVER), started for the first command that uses it in this process."""
+    server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=ROOT, env=ENV, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, bufsize=0)
+    yield server
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+def _forked(server: subprocess.Popen, script: str, argv: list[str], tmp_path: Path) -> tuple[int, str, str]:
+    """`python bench/SCRIPT ARGV` run by the fork server: (exit code, stdout, stderr); killed after 300 s."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    command = [str(ROOT / "bench" / script), [f"bench/{script}", *argv], str(out), str(err)]
+    server.stdin.write((json.dumps(command) + "\n").encode())
+    pid = int(server.stdout.readline())
+    if not select.select([server.stdout], [], [], 300)[0]:
+        os.kill(pid, signal.SIGKILL)
+    return int(server.stdout.readline()), out.read_text(), err.read_text()
+
+
+# The first command of each script: run as a fresh process (its real entry point).
+FIRST = {}
+for _script, _argv in _runs():
+    FIRST.setdefault(_script, _argv)
+
+
+@pytest.mark.slow  # a second or more of imports before the first command of a script runs
 @pytest.mark.parametrize("script, argv", _runs(), ids=lambda x: x if isinstance(x, str) else " ".join(x))
-def test_the_documented_command_runs_at_its_smallest_size(script, argv, tiny_ckpt, tmp_path):
+def test_the_documented_command_runs_at_its_smallest_size(script, argv, tiny_ckpt, tmp_path, request):
     if flags(argv).get("--device", "").startswith("cuda") and not _cuda():
         pytest.skip(f"documented for a CUDA device (--device {flags(argv)['--device']}); this machine has none")
     smallest = SMALLEST[script](argv, {"tmp": tmp_path, "tiny": tiny_ckpt})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, f"bench/{script}", *argv, *smallest], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    said = f"bench/{script} {' '.join(argv + smallest)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
-    assert done.returncode == 0, said
-    assert re.search(f"^({RESULT[script]})", done.stdout, re.M), done.stdout[-2000:]
+    if argv == FIRST[script]:
+        done = subprocess.run([sys.executable, f"bench/{script}", *argv, *smallest], cwd=ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        code, stdout, stderr = _forked(request.getfixturevalue("forker"), script, [*argv, *smallest], tmp_path)
+    said = f"bench/{script} {' '.join(argv + smallest)}\n{stdout[-2000:]}{stderr[-3000:]}"
+    assert code == 0, said
+    assert re.search(f"^({RESULT[script]})", stdout, re.M), stdout[-2000:]
     if script == "subnormal_seeds.py":
         assert {"runs.csv", "summary.csv"} <= {p.name for p in (tmp_path / "subnormals").iterdir()}
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from analyses.sweeps.gpu_records import CODE, code_hash, record
 
@@ -136,7 +137,8 @@ def test_a_gpu_run_lands_its_results_in_the_repository_and_the_next_call_goes_on
     assert len(_cells(resumed, _folder(cut) + "/")) >= len(_cells(results, _folder(cut) + "/"))
     capacity = pd.read_csv(second / FIG4 / "fig4_left.csv")  # every piece's sizes so far, one table
     assert set(capacity["piece"]) >= {"d11", _folder(cut)} and capacity["S_star"].ge(2).all()
-    cut_packs = re.compile(r"(results|state)\.tar\.gz\.\d+\.tmp")  # a pack the test's SIGKILL cut short
+    # a pack or a copy (put: .NAME.PID.tmp) the test's SIGKILL cut short
+    cut_packs = re.compile(r"(results|state)\.tar\.gz\.\d+\.tmp|\.(report|tests_cuda|bench)\.txt\.\d+\.tmp")
     assert {p.name for p in again.iterdir() if not cut_packs.fullmatch(p.name)} <= ALLOWED
 
 
@@ -230,6 +232,7 @@ def test_offline_setup_builds_a_venv_from_wheels_and_a_python_with_torch(tmp_pat
     done = subprocess.run(["bash", "scripts/setup.sh", "--offline", str(wheels)], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == f"setup --offline: .venv ready (torch {torch.__version__})"
     check = subprocess.run([str(repo / ".venv" / "bin" / "python"), "-c",
                             "import torch, offline_probe, models; print(offline_probe.VALUE, models.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True,
