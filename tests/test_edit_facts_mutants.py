@@ -242,6 +242,8 @@ def test_one_context_and_a_margin_below_one_are_taken(checkpoints, tmp_path, cap
     ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--layer", "-1"],
      "argument --layer: a layer is an integer >= 0, got -1"),
     ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--contexts", "0"], "--contexts must be >= 1, got 0."),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--at", "auto", "--position", "subject"],
+     "--at auto writes where each fact lives: give --layer and --position with --at mlp or ov."),
 ])
 def test_each_refusal_is_its_whole_line(checkpoints, kind, args, said, capsys):
     code, _, err = run_main(main, [checkpoints[kind], *args, *QUIET], capsys)
