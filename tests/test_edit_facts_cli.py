@@ -90,7 +90,8 @@ def test_auto_writes_each_fact_where_it_lives(checkpoints, tmp_path, capsys):
      "fact 3:1 has no key at head 1 of layer 0: its norm"),
     ("mixed", ["--fact", "0:1", "--to", "5", "--layer", "2"], "layer 2 is outside the model (layers 0..1)"),
     ("mixed", ["--fact", "0:1", "--to", "5", "--layer", "1", "--position", "subject"], "layer 1 is the model's last"),
-    ("mixed", ["--fact", "0:1", "--to", "5", "--at", "auto"], "edit_facts --at auto reads one-layer models only"),
+    ("mixed", ["--fact", "0:1", "--to", "5", "--at", "auto"],
+     "error: {ckpt}: a model of 2 layers; edit_facts --at auto reads one-layer models only."),
     ("mixed", ["--fact", "0:0", "--to", "R0:a1"], "fact 0:0 has no key at layer 1's MLP at the last position"),
     ("last-mlp", ["--fact", "0:1", "--to", "5", "--position", "subject"],
      "fact 0:1 has no key at layer 0's MLP at the subject position"),
@@ -100,7 +101,8 @@ def test_bad_input_is_refused_in_one_line(checkpoints, kind, args, said, capsys)
     ckpt = checkpoints[kind]
     before, results = files(ckpt), sorted(ckpt.rglob("*"))
     code, out, err = run_main(main, [ckpt, *args, "--quiet", "--device", "cpu"], capsys)
-    assert code == 2 and said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert code == 2 and said.format(ckpt=ckpt) in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
     assert files(ckpt) == before and sorted(ckpt.rglob("*")) == results  # nothing written
 
 
@@ -130,3 +132,19 @@ def test_a_deeper_model_is_edited_at_the_layer_and_position_asked(checkpoints, t
     model, task = load(tmp_path / "edited", "cpu")
     answers = hooked_last_logits(model, fact_batch(task, 4, seed=5).tokens).argmax(-1).reshape(-1, 4)
     assert (answers[0 * 4 + 1] == 4).all() and (answers[0 * 4 + 2] == int(task.facts[0, 2])).all()
+
+
+def test_an_ov_write_at_the_layer_asked_is_written_there_and_named_by_it(checkpoints, capsys):
+    """Construction (a) (the last block's MLP keeps each fact; block 0's head 0 reads subject 3):
+    --layer 0 writes block 0's W_O, not the last block's, and the folder, table, record and
+    report say so."""
+    ckpt = checkpoints["last-mlp"]
+    code, out, err = run_main(main, [ckpt, "--fact", "3:1", "--to", "R1:a0", "--at", "ov", "--head", "0", "--layer",
+                                     "0", "--quiet", "--device", "cpu"], capsys)
+    assert code == 0, err
+    folder = ckpt / "analysis" / "edit_facts" / "3-1_to_4_at-ov-L0"
+    edits = pd.read_csv(folder / "edits.csv")
+    assert edits[["at", "head", "layer", "position", "efficacy"]].values.tolist() == [["ov", 0, 0, "last", 1.0]]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary["weight_change"]) == {"W_O L0"} and summary["settings"]["layer"] == 0
+    assert " at ov (head 0), layer 0: efficacy 1.00" in out.splitlines()[1]

@@ -11,10 +11,12 @@ import torch
 
 from analyses.edit_facts import edits_folder, main, parser
 from models import load
-from models.checkpoint import read_config, write_checkpoint
+from models.checkpoint import read_config, weights_sha256, write_checkpoint
 from models.cli import override
 from models.recall.constructions import CONSTRUCTION_MODEL, CONSTRUCTION_TASK, build, build_storage
 from probe.editing import FactEdit
+from probe.hooks import hooked_last_logits
+from probe.prompts import fact_batch
 from tests.conftest import run_main
 
 TASK = CONSTRUCTION_TASK.build()
@@ -42,6 +44,9 @@ def test_a_set_of_edits_is_named_by_its_first_four_and_how_many_more():
     assert edits_folder(edits[:4], "mlp") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_at-mlp"
     assert edits_folder(edits[:5], "ov") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_and_1_more_at-ov"
     assert edits_folder(edits, "auto") == "0-1_to_4_1-1_to_5_2-1_to_6_3-1_to_7_and_2_more_at-auto"
+    assert edits_folder(edits[:1], "mlp", 0, "subject") == "0-1_to_4_at-mlp-L0-subject"  # then the layer, the position
+    assert edits_folder(edits[:1], "ov", 1) == "0-1_to_4_at-ov-L1"
+    assert edits_folder(edits[:1], "mlp", None, "subject") == "0-1_to_4_at-mlp-subject"
 
 
 def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_line(checkpoints, capsys):
@@ -107,6 +112,38 @@ def test_the_saved_model_records_its_edits_and_force_replaces_an_earlier_one(che
     assert torch.equal(edited.W_O, original.W_O)
 
 
+def test_a_snapshot_asked_by_step_is_the_one_edited_recorded_and_saved(tmp_path, capsys):
+    """The final weights hold no fact (Theorem 4's MLP zeroed), the snapshot of step 5 is
+    Theorem 4: --step 5 edits that snapshot, records it, and saves it with the write."""
+    built = build("mlp", TASK, CONSTRUCTION_MODEL)
+    ckpt = write_checkpoint(tmp_path / "c", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {},
+                            {**built, "blocks.0.mlp.W_out": torch.zeros_like(built["blocks.0.mlp.W_out"])},
+                            snapshots={5: built})
+    saved = tmp_path / "edited"
+    code, _, err = run_main(main, [ckpt, "--step", "5", "--fact", "3:1", "--to", "R1:a0", "--save", saved, "--out",
+                                   tmp_path / "run", *QUIET], capsys)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary) == {"step", "weights_sha256", "settings", "checkpoint", "specificity", "weight_change",
+                            "efficacy", "seconds"}
+    assert summary["step"] == 5 and summary["weights_sha256"] == weights_sha256(ckpt, 5) != weights_sha256(ckpt)
+    assert read_config(saved)[0]["training"]["edited"]["step"] == 5 and summary["efficacy"] == 1.0
+    model, task = load(saved, "cpu")
+    answers = hooked_last_logits(model, fact_batch(task, 4, seed=5).tokens).argmax(-1).reshape(-1, 4)  # [F, 4]
+    assert (answers[3 * 4 + 1] == 4).all() and (answers[0] == int(TASK.facts[0, 0])).all()
+
+
+def test_a_checkpoint_of_another_task_is_refused_in_its_whole_line(checkpoints, tmp_path, capsys):
+    ckpt = write_checkpoint(tmp_path / "c", CONSTRUCTION_MODEL.checkpoint_section(TASK), TASK, {},
+                            build("mlp", TASK, CONSTRUCTION_MODEL))
+    config = json.loads((ckpt / "config.json").read_text())
+    config["task"]["kind"] = "association"
+    (ckpt / "config.json").write_text(json.dumps(config))
+    code, _, err = run_main(main, [ckpt, "--fact", "3:1", "--to", "R1:a0", *QUIET], capsys)
+    assert code == 2 and err.strip() == (f"error: {ckpt / 'config.json'}: task kind 'association' is not a "
+                                         "factual-recall task; this tool reads factual_recall checkpoints only.")
+
+
 def test_the_same_edits_again_find_their_own_results(checkpoints, tmp_path, capsys):
     argv = [checkpoints["mlp"], "--fact", "3:1", "--to", "R1:a0", "--out", tmp_path, *QUIET]
     assert run_main(main, argv, capsys)[0] == 0
@@ -126,14 +163,18 @@ def test_the_same_edits_with_other_settings_are_refused_and_the_first_results_ke
 
 
 def test_auto_writes_a_fact_at_the_head_carrying_its_subject_or_at_the_head_asked(checkpoints, tmp_path, capsys):
+    """Facts 0:0 and 3:1 live in the attention, subjects 0 and 3 at head 0 (head 3 reads every
+    subject too: the tie goes to the larger key of the fact itself)."""
     ckpt = checkpoints["planned"]
-    new = (int(STRUCTURED.facts[0, 0]) + 1) % 4  # fact 0:0 lives in the attention: subject 0 is head 0's
-    for head, chosen in ((None, 0), ("3", 3)):  # head 3 reads every subject too: the head asked, not the best
+    facts = []
+    for s, r in ((0, 0), (3, 1)):
+        facts += ["--fact", f"{s}:{r}", "--to", str(4 * r + (int(STRUCTURED.facts[s, r]) + 1) % 4)]
+    for head, chosen in ((None, 0), ("3", 3)):  # the head asked, not the best
         out = tmp_path / f"head-{head}"
-        code, _, err = run_main(main, [ckpt, "--fact", "0:0", "--to", str(new), "--at", "auto",
-                                       *(["--head", head] if head else []), "--out", out, *QUIET], capsys)
+        code, _, err = run_main(main, [ckpt, *facts, "--at", "auto", *(["--head", head] if head else []),
+                                       "--out", out, *QUIET], capsys)
         assert code == 0 and err == "", err
-        assert pd.read_csv(out / "edits.csv")[["at", "head"]].values.tolist() == [["ov", chosen]]
+        assert pd.read_csv(out / "edits.csv")[["at", "head"]].values.tolist() == [["ov", chosen]] * 2
 
 
 def test_study_goes_to_the_editing_study(capsys):
@@ -150,6 +191,10 @@ OPTIONS = {  # option: its help, metavar, whether it is required, its choices an
              ("mlp", "ov", "auto"), "mlp"),
     "--head": ("the head an ov write goes to (needed with more than one head, but for --at auto)", None, False, None,
                None),
+    "--layer": ("the block written (default: the last; block 0 with --position subject)", None, False, None, None),
+    "--position": ("where an MLP write's key is read: the last position, or the subject's (ROME's key; the block's "
+                   "MLP output there reaches the answer through a later block's heads)", None, False,
+                   ("last", "subject"), "last"),
     "--save": ("write the edited model as a checkpoint to DIR (never the checkpoint read)", "DIR", False, None, None),
     "--force": ("replace the checkpoint at --save: its model's files only (a user's files stay, its analysis/ is "
                 "moved aside); a folder that is not a checkpoint is refused", None, False, None, False),
@@ -194,7 +239,11 @@ def test_one_context_and_a_margin_below_one_are_taken(checkpoints, tmp_path, cap
      "an ov write needs a head: the model has 4 heads (--head H)."),
     ("mlp", ["--fact", "3", "--to", "R1:a0"], "--fact: SUBJECT:RELATION pairs like 3:1,7:0 expected, got '3'."),
     ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--head", "x"], "argument --head: a head is an integer >= 0, got 'x'"),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--layer", "-1"],
+     "argument --layer: a layer is an integer >= 0, got -1"),
     ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--contexts", "0"], "--contexts must be >= 1, got 0."),
+    ("mlp", ["--fact", "3:1", "--to", "R1:a0", "--at", "auto", "--position", "subject"],
+     "--at auto writes where each fact lives: give --layer and --position with --at mlp or ov."),
 ])
 def test_each_refusal_is_its_whole_line(checkpoints, kind, args, said, capsys):
     code, _, err = run_main(main, [checkpoints[kind], *args, *QUIET], capsys)
