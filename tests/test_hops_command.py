@@ -223,3 +223,4 @@ def test_the_command_reads_a_snapshot_by_its_step_into_the_step_s_folder(ckpt, t
     _, two_hop = locate_hops(build_bridge(SECTION, random_weights(1)), TASK, contexts=2, seed=3)
     written = pd.read_csv(folder / "compositions.csv")
     assert written[columns.ACCURACY].tolist() == two_hop[columns.ACCURACY].tolist() and tracer.calls == []
+    assert run_main(command.main, [*argv, "--quiet"], capsys)[0] == 0  # the snapshot's results are its own
