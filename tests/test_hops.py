@@ -74,6 +74,17 @@ def test_the_roles_run_subject_r1_r2_the_noise_then_last():
         assert order[i].tolist() == [s, a, b, *[p for p in range(T - 1) if p not in (s, a, b)], T - 1]
 
 
+def test_a_prompt_without_noise_is_traced_at_its_three_roles_and_the_last():
+    """seq_len 4: s, r1, r2 and EOS fill the prompt; tracing still reads the last position."""
+    task = TwoHopTask(6, 3, 6, 4, fact_seed=1)
+    section = replace(ModelConfig(), n_layers=2, d_model=8, n_heads=1, d_head=8, d_mlp=8).checkpoint_section(task)
+    weights = {k: 0.3 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
+               for k, shape in shapes(section).items()}
+    effects = trace_compositions(build_bridge(section, weights), task, torch.tensor([7]), torch.Generator(),
+                                 contexts=1, draws=1)
+    assert list(dict.fromkeys(effects["position"])) == [*ROLES, "last"]
+
+
 def test_every_one_hop_fact_is_asked_with_either_of_its_relation_s_tokens():
     batch, index = one_hop_prompts(TASK, contexts=2, seed=0)
     assert list(index.names) == ["subject", "relation", "token_set", "answer"]
