@@ -422,6 +422,7 @@ def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mea
         assert bars.get_label() == name
         assert [b.get_height() for b in bars] == [c["e"] for c in counts]
         assert [round(b.get_x() + b.get_width() / 2, 6) for b in bars] == [shift, 1 + shift]
+        assert all(b.get_width() <= 0.4 for b in bars)  # side by side: the two bars of a cell do not overlap
     for errors, counts in zip(left.containers[::2], cells.values()):  # each bar's error bar: low .. high
         segments = errors.lines[2][0].get_segments()
         assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [
@@ -461,3 +462,24 @@ def test_the_report_gives_each_pool_its_counts_and_refusals_in_whole_lines():
                          "| — |",
                          "| mlp | ov | no | 1 | — | 0.500 [0.150, 0.850] 2/4 | — | 0.750 [0.409, 0.929] 6/8 | — | — |"]
     assert len(deep) == 10
+
+
+def test_a_fact_answered_in_exactly_the_known_share_of_its_contexts_is_held(monkeypatch):
+    """held: the fact's answer is the top logit in at least StorageRule.known (half) of its
+    contexts. On Theorem 4, with fact 0:0's answer pushed down in one of its 2 contexts and
+    fact 0:1's in both, 0:0 is held (1 of 2) and 0:1 is not; every other fact is."""
+    from analyses import edit_study
+    from models import build_bridge
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    logits_of = edit_study.hooked_last_logits
+
+    def missed(model, tokens, *args, **kw):  # [F * 2, V], fact-major: prompts 1, 2, 3 miss their answers
+        logits = logits_of(model, tokens, *args, **kw).clone()
+        for prompt, (s, r) in ((1, (0, 0)), (2, (0, 1)), (3, (0, 1))):
+            logits[prompt, int(TASK.facts[s, r])] = -1e9
+        return logits
+
+    monkeypatch.setattr(edit_study, "hooked_last_logits", missed)
+    held = edit_study.facts_located(model, TASK, 2, 0)["held"]
+    assert held[(0, 0)] and not held[(0, 1)] and int(held.sum()) == TASK.n_facts - 1
