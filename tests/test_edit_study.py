@@ -192,6 +192,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
     assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
+    assert (study["checkpoint"] == str(theorem4)).all() and (mass["checkpoint"] == str(theorem4)).all()
     cells = {(c["facts_edited"], c["store"]): c for c in record["mass"]}  # each batch size's counts, added
     assert (cells[4, "mlp"]["efficacy_n"], cells[4, "mlp"]["won_n"], cells[4, "mlp"]["kept_n"]) == (
         4 * contexts, 4, (facts - 4) * contexts)
@@ -483,3 +484,30 @@ def test_a_fact_answered_in_exactly_the_known_share_of_its_contexts_is_held(monk
     monkeypatch.setattr(edit_study, "hooked_last_logits", missed)
     held = edit_study.facts_located(model, TASK, 2, 0)["held"]
     assert held[(0, 0)] and not held[(0, 1)] and int(held.sum()) == TASK.n_facts - 1
+
+
+def test_several_checkpoints_results_are_not_written_inside_one_of_them(theorem4, capsys):
+    """The study of two checkpoints would pass for the first's own in its analysis/: refused."""
+    before = sorted(theorem4.rglob("*"))
+    out = theorem4 / "analysis" / "two"
+    code, _, err = run_main(main, [theorem4, theorem4, "--out", out, "--quiet"], capsys)
+    assert code == 2 and err == (f"error: --out {out} is inside a checkpoint ({theorem4}), whose results it would "
+                                 "pass for; choose a folder outside it.\n"), err
+    assert sorted(theorem4.rglob("*")) == before
+
+
+def test_checkpoints_of_two_depths_are_refused_naming_each_depth(tmp_path, monkeypatch, capsys):
+    """The stores are named by block, so one study holds checkpoints of one depth: the refusal
+    names each checkpoint with its L, after loading both, before anything is written."""
+    from types import SimpleNamespace
+
+    from analyses import edit_study
+
+    depth = {"one": 1, "two": 2}
+    monkeypatch.setattr(edit_study, "load", lambda ckpt, device, kind: (
+        SimpleNamespace(cfg=SimpleNamespace(n_layers=depth[Path(ckpt).name])), TASK))
+    argv = [tmp_path / "one", tmp_path / "two", "--out", tmp_path / "out", "--quiet"]
+    code, _, err = run_main(main, argv, capsys)
+    assert code == 2 and err == ("error: the study compares checkpoints of one depth (its stores are named by block): "
+                                 f"got {tmp_path / 'one'} (L = 1), {tmp_path / 'two'} (L = 2); run each depth apart.\n")
+    assert sorted(tmp_path.iterdir()) == []
