@@ -423,7 +423,7 @@ def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mea
         assert bars.get_label() == name
         assert [b.get_height() for b in bars] == [c["e"] for c in counts]
         assert [round(b.get_x() + b.get_width() / 2, 6) for b in bars] == [shift, 1 + shift]
-        assert all(b.get_width() <= 0.4 for b in bars)  # side by side: the two bars of a cell do not overlap
+        assert all(round(b.get_width(), 6) <= 0.4 for b in bars)  # side by side: a cell's two bars do not overlap
     for errors, counts in zip(left.containers[::2], cells.values()):  # each bar's error bar: low .. high
         segments = errors.lines[2][0].get_segments()
         assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [
