@@ -511,3 +511,17 @@ def test_checkpoints_of_two_depths_are_refused_naming_each_depth(tmp_path, monke
     assert code == 2 and err == ("error: the study compares checkpoints of one depth (its stores are named by block): "
                                  f"got {tmp_path / 'one'} (L = 1), {tmp_path / 'two'} (L = 2); run each depth apart.\n")
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_of_another_task_is_refused_in_one_line(theorem4, tmp_path, capsys):
+    """The study reads factual-recall checkpoints only: one of another kind (its config.json
+    says induction) is refused before anything is read past its config or written."""
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((theorem4 / "config.json").read_text())
+    config["task"]["kind"] = "induction"
+    (other / "config.json").write_text(json.dumps(config))
+    code, _, err = run_main(main, [other, "--out", tmp_path / "out", "--quiet"], capsys)
+    assert code == 2 and err == (f"error: {other / 'config.json'}: task kind 'induction' is not a factual-recall task; "
+                                 "this tool reads factual_recall checkpoints only.\n"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
