@@ -2,6 +2,7 @@
 hand-built models whose storage is known; its files; bad input refused in one line."""
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -97,6 +98,8 @@ def test_the_help_names_the_command_its_default_folder_and_what_the_seed_draws()
     from analyses.edit_study import parser
 
     said = " ".join(parser().format_help().split())
+    assert "python -m analyses.edit_study CKPT [CKPT ...] (also: python -m analyses.edit_facts study CKPT ...) " \
+           "What localization is worth: per checkpoint," in said  # the module's docstring
     assert said.startswith("usage: python -m analyses.edit_study [-h] [--out OUT] [--device DEVICE] [--seed SEED] "
                            "[--quiet] [--per-label PER_LABEL] [--sizes SIZES] [--draws DRAWS] [--contexts CONTEXTS] "
                            "[--margin MARGIN] ckpt [ckpt ...] ")
@@ -162,8 +165,11 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     contexts, facts = 4, TASK.n_facts
     argv = [theorem4, "--per-label", "2", "--sizes", "1,4", "--draws", "1", "--contexts", str(contexts),
             "--out", tmp_path, "--quiet", "--device", "cpu"]
+    start = time.perf_counter()
     code, out, err = run_main(main, argv, capsys)
+    took = time.perf_counter() - start
     assert code == 0, err
+    assert out.splitlines()[-1] == f"wrote {tmp_path}/ (study.csv, mass.csv, summary.json, study.png)"
     study = pd.read_csv(tmp_path / "study.csv")
     assert (study["efficacy_n"] == contexts).all() and (study["kept_all_n"] == (facts - 1) * contexts).all()
     assert (study["kept_same_subject_n"] == (TASK.n_relations - 1) * contexts).all()
@@ -207,7 +213,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert summary["settings"] == {"per_label": 2, "sizes": "1,4", "draws": 1, "contexts": contexts, "margin": 2.0,
                                    "seed": 0}
     assert summary["overall"] == {k: record[k] for k in ("by_label_store", "by_where", "mass")}  # one checkpoint
-    assert summary["seconds"] > 0 and summary["seconds"] == round(summary["seconds"], 2)
+    assert 0 < summary["seconds"] <= took + 0.01 and summary["seconds"] == round(summary["seconds"], 2)
     assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
 
 
