@@ -415,13 +415,13 @@ def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mea
     from analyses.edit_study import figure
 
     single = pd.DataFrame({"label": ["attention", "attention", "mlp"], "store": ["ov", "ov", "mlp"],
-                           "efficacy_k": [1, 2, 4], "efficacy_n": [4, 4, 4],
+                           "efficacy_k": [1, 2, 3], "efficacy_n": [4, 4, 4],
                            "kept_all_k": [6, 8, 5], "kept_all_n": [8, 8, 8]})
     mass = pd.DataFrame({"checkpoint": ["runs/a"] * 4 + ["runs/b"] * 2, "store": ["mlp"] * 6,
                          "facts_edited": [1, 1, 4, 4, 1, 4], "kept": [1.0, 0.5, 0.25, 0.75, 1.0, 0.0],
                          "fill": [0.25] * 4 + [0.5] * 2})
     left, right = figure(single, mass).axes
-    cells = {"efficacy": [counted("e", 3, 8), counted("e", 4, 4)], "other facts kept": [counted("e", 14, 16),
+    cells = {"efficacy": [counted("e", 3, 8), counted("e", 3, 4)], "other facts kept": [counted("e", 14, 16),
                                                                                        counted("e", 5, 8)]}
     assert [t.get_text() for t in left.get_xticklabels()] == ["attention\n@ov", "mlp\n@mlp"]
     assert [t.get_text() for t in left.get_legend().get_texts()] == list(cells)
@@ -434,7 +434,7 @@ def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mea
         segments = errors.lines[2][0].get_segments()
         assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [
             (round(c["e_low"], 6), round(c["e_high"], 6)) for c in counts]
-    assert left.get_ylim() == right.get_ylim() == (0, 1.05) and right.get_xscale() == "log"
+    assert left.get_ylim() == right.get_ylim() == (0, 1.05) and right.get_xscale() == "log"  # set: no share is 1
     lines = {line.get_label(): line.get_xydata().tolist() for line in right.get_lines()}
     assert lines == {"a (fill 0.25) @ mlp": [[1, 0.75], [4, 0.5]], "b (fill 0.50) @ mlp": [[1, 1.0], [4, 0.0]]}
 
