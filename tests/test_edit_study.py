@@ -2,6 +2,7 @@
 hand-built models whose storage is known; its files; bad input refused in one line."""
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -62,19 +63,54 @@ def test_on_theorem_4_every_store_is_written_at_a_key_that_reads_the_fact(theore
     assert "where the fact lives" in out
 
 
+SIZES = "--sizes must be a comma list of distinct whole numbers > 0, got"
+
+
 @pytest.mark.parametrize("args, said", [
-    (["--sizes", "0,4"], "--sizes must be a comma list"),
-    (["--sizes", "4,4"], "--sizes must be a comma list"),
-    (["--per-label", "0"], "--per-label must be"),
-    (["--margin", "-1"], "--margin must be > 0"),
-    (["SECOND"], "give --out DIR"),
+    (["--sizes", "0,4"], f"{SIZES} '0,4'."),
+    (["--sizes", "4,4"], f"{SIZES} '4,4'."),
+    (["--sizes", "1,x"], f"{SIZES} '1,x'."),
+    (["--per-label", "0"], "--per-label must be >= 1, got 0."),
+    (["--draws", "0"], "--draws must be >= 1, got 0."),
+    (["--contexts", "0"], "--contexts must be >= 1, got 0."),
+    (["--margin", "0"], "--margin must be > 0, got 0.0."),
+    (["--margin", "-1"], "--margin must be > 0, got -1.0."),
+    (["SECOND"], "2 checkpoints: give --out DIR for the study's files."),
 ])
 def test_bad_input_is_refused_in_one_line(theorem4, args, said, capsys):
     before = sorted(theorem4.rglob("*"))
     argv = [theorem4, *[theorem4 if a == "SECOND" else a for a in args], "--quiet"]
     code, _, err = run_main(main, argv, capsys)
-    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and err == f"error: {said}\n", err
     assert sorted(theorem4.rglob("*")) == before
+
+
+def test_the_least_settings_are_taken_and_sizes_may_be_spaced():
+    """One fact a label, one draw, one context and any margin above 0 are a study; the sizes
+    are read with spaces around the commas, in the order given."""
+    from analyses.edit_study import StudySettings
+
+    settings = StudySettings(per_label=1, sizes=" 64, 1 ,4", draws=1, contexts=1, margin=0.01)
+    assert settings.size_list() == (64, 1, 4) and StudySettings().size_list() == (1, 4, 16, 64)
+
+
+def test_the_help_names_the_command_its_default_folder_and_what_the_seed_draws():
+    from analyses.edit_study import parser
+
+    said = " ".join(parser().format_help().split())
+    assert "python -m analyses.edit_study CKPT [CKPT ...] (also: python -m analyses.edit_facts study CKPT ...) " \
+           "What localization is worth: per checkpoint," in said  # the module's docstring
+    assert said.startswith("usage: python -m analyses.edit_study [-h] [--out OUT] [--device DEVICE] [--seed SEED] "
+                           "[--quiet] [--per-label PER_LABEL] [--sizes SIZES] [--draws DRAWS] [--contexts CONTEXTS] "
+                           "[--margin MARGIN] ckpt [ckpt ...] ")
+    for line in ("ckpt checkpoint directory (docs/checkpoint_format.md); one or more",
+                 "--out OUT output directory (default CKPT/analysis/edit_study, one checkpoint only)",
+                 "--device DEVICE auto (CUDA when present) | cpu | cuda | cuda:N",
+                 "--seed SEED seed of the facts sampled, their new answers and the keys' noise contexts (default 0)",
+                 "--quiet no progress bars", "the study: --per-label PER_LABEL facts edited per storage label"):
+        assert line in said, line
+    args = parser().parse_args(["a"])
+    assert (args.ckpt, args.out, args.device, args.seed, args.quiet) == (["a"], None, "auto", 0, False)
 
 
 def test_a_folder_of_other_files_is_not_written_over(theorem4, tmp_path, capsys):
@@ -129,8 +165,11 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     contexts, facts = 4, TASK.n_facts
     argv = [theorem4, "--per-label", "2", "--sizes", "1,4", "--draws", "1", "--contexts", str(contexts),
             "--out", tmp_path, "--quiet", "--device", "cpu"]
+    start = time.perf_counter()
     code, out, err = run_main(main, argv, capsys)
+    took = time.perf_counter() - start
     assert code == 0, err
+    assert out.splitlines()[-1] == f"wrote {tmp_path}/ (study.csv, mass.csv, summary.json, study.png)"
     study = pd.read_csv(tmp_path / "study.csv")
     assert (study["efficacy_n"] == contexts).all() and (study["kept_all_n"] == (facts - 1) * contexts).all()
     assert (study["kept_same_subject_n"] == (TASK.n_relations - 1) * contexts).all()
@@ -159,6 +198,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert (mass["won_n"] == mass["facts_edited"]).all()
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
     assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
+    assert (study["checkpoint"] == str(theorem4)).all() and (mass["checkpoint"] == str(theorem4)).all()
     cells = {(c["facts_edited"], c["store"]): c for c in record["mass"]}  # each batch size's counts, added
     assert (cells[4, "mlp"]["efficacy_n"], cells[4, "mlp"]["won_n"], cells[4, "mlp"]["kept_n"]) == (
         4 * contexts, 4, (facts - 4) * contexts)
@@ -167,6 +207,13 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     attention, mlp_parameters = 4 * 4 * 4 * 48, 2 * 32 * 48  # H = 4, d_h = 4, d = 48, m = 32
     assert abs(record["capacity"] - 0.15 * (attention + mlp_parameters)) < 1e-9
     assert abs(record["fill"] - facts / record["capacity"]) < 1e-12 and (mass["fill"] == record["fill"]).all()
+    assert abs(record["spare_capacity"] - (record["capacity"] - facts)) < 1e-9
+    assert (record["shape"], record["facts"], record["held"], record["labels"]) == (
+        {"d": 48, "H": 4, "d_h": 4, "m": 32}, facts, facts, {"mlp": facts})  # one layer: no L
+    assert summary["settings"] == {"per_label": 2, "sizes": "1,4", "draws": 1, "contexts": contexts, "margin": 2.0,
+                                   "seed": 0}
+    assert summary["overall"] == {k: record[k] for k in ("by_label_store", "by_where", "mass")}  # one checkpoint
+    assert 0 < summary["seconds"] <= took + 0.01 and summary["seconds"] == round(summary["seconds"], 2)
     assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n
 
 
@@ -306,6 +353,17 @@ def test_a_model_without_an_mlp_is_written_at_its_heads_only(monkeypatch):
     written.clear()
     mass = edit_study.mass_edits(model, TASK, located, settings, 0)
     assert mass["store"].tolist() == ["lives"] and [[(e.at, e.head) for e in w] for w in written] == [[("ov", 2)] * 4]
+    # subject 0's facts not held: never edited; subject 1's held but stored nowhere: edited one at a
+    # time (living nowhere), never drawn for a batch written where each fact lives
+    located.loc[0, "held"], located.loc[1, "label"] = False, "not_stored"
+    settings = edit_study.StudySettings(per_label=32, sizes="1,64", draws=1, contexts=2)
+    single = edit_study.single_edits(model, TASK, located, settings, 0)
+    assert sorted(zip(single["subject"], single["relation"])) == [f for f in facts if f[0] >= 1]
+    assert single["lives"].tolist() == (single["subject"] >= 2).tolist()
+    written.clear()
+    mass = edit_study.mass_edits(model, TASK, located, settings, 0)
+    assert mass["facts_edited"].tolist() == [1, 12] and [len(w) for w in written] == [1, 12]
+    assert all(e.subject >= 2 for w in written for e in w)
 
 
 def test_a_write_whose_key_carries_nothing_is_counted_as_refused(tmp_path, capsys):
@@ -346,3 +404,130 @@ def test_a_write_whose_key_carries_nothing_is_counted_as_refused(tmp_path, capsy
     assert printed[13:15] == ["| dead_mlp | elsewhere | 4 | 4 | — | — | — |",
                               "| dead_mlp | *difference* |  |  | — | — | — |"]
     assert printed[19] == "| dead_mlp | 0.03 | mlp | 4 | 1 | 1 | — | — | — | — |"
+
+
+def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mean_kept_per_batch_size():
+    """Left: per label @ store, efficacy and the other facts kept, their counts added over the
+    rows, as bars side by side with Wilson 95% error bars; right: per checkpoint and store, the
+    share kept against the facts edited at once (the mean over draws, on a log axis), named
+    with the checkpoint's fill."""
+    from analyses.edit_counts import counted
+    from analyses.edit_study import figure
+
+    single = pd.DataFrame({"label": ["attention", "attention", "mlp"], "store": ["ov", "ov", "mlp"],
+                           "efficacy_k": [1, 2, 3], "efficacy_n": [4, 4, 4],
+                           "kept_all_k": [6, 8, 5], "kept_all_n": [8, 8, 8]})
+    mass = pd.DataFrame({"checkpoint": ["runs/a"] * 4 + ["runs/b"] * 2, "store": ["mlp"] * 6,
+                         "facts_edited": [1, 1, 4, 4, 1, 4], "kept": [1.0, 0.5, 0.25, 0.75, 1.0, 0.0],
+                         "fill": [0.25] * 4 + [0.5] * 2})
+    left, right = figure(single, mass).axes
+    cells = {"efficacy": [counted("e", 3, 8), counted("e", 3, 4)], "other facts kept": [counted("e", 14, 16),
+                                                                                       counted("e", 5, 8)]}
+    assert [t.get_text() for t in left.get_xticklabels()] == ["attention\n@ov", "mlp\n@mlp"]
+    assert [t.get_text() for t in left.get_legend().get_texts()] == list(cells)
+    for bars, (name, counts), shift in zip(left.containers[1::2], cells.items(), (-0.2, 0.2)):
+        assert bars.get_label() == name
+        assert [b.get_height() for b in bars] == [c["e"] for c in counts]
+        assert [round(b.get_x() + b.get_width() / 2, 6) for b in bars] == [shift, 1 + shift]
+        assert all(round(b.get_width(), 6) <= 0.4 for b in bars)  # side by side: a cell's two bars do not overlap
+    for errors, counts in zip(left.containers[::2], cells.values()):  # each bar's error bar: low .. high
+        segments = errors.lines[2][0].get_segments()
+        assert [(round(a[1], 6), round(b[1], 6)) for a, b in segments] == [
+            (round(c["e_low"], 6), round(c["e_high"], 6)) for c in counts]
+    assert left.get_ylim() == right.get_ylim() == (0, 1.05) and right.get_xscale() == "log"  # set: no share is 1
+    lines = {line.get_label(): line.get_xydata().tolist() for line in right.get_lines()}
+    assert lines == {"a (fill 0.25) @ mlp": [[1, 0.75], [4, 0.5]], "b (fill 0.50) @ mlp": [[1, 1.0], [4, 0.0]]}
+
+
+def test_the_report_gives_each_pool_its_counts_and_refusals_in_whole_lines():
+    """Where the fact lives against elsewhere, then each batch size @ store: each share with its
+    Wilson interval and count, refused writes said apart; at depth the table by label x store."""
+    from analyses.edit_study import report
+
+    single = pd.DataFrame({"label": ["mlp", "mlp", "attention"], "store": ["mlp", "ov", "mlp"],
+                           "lives": [True, False, False], "efficacy_k": [4, 2, None], "efficacy_n": [4, 4, None],
+                           "kept_all_k": [8, 6, None], "kept_all_n": [8, 8, None],
+                           "refused": ["", "", "fact 1:0 has no key"]})
+    mass = pd.DataFrame({"facts_edited": [1, 16, 16], "store": ["mlp", "mlp", "lives"], "efficacy_k": [4, None, 60],
+                         "efficacy_n": [4, None, 64], "kept_k": [100, None, 50], "kept_n": [124, None, 64],
+                         "refused": ["", "fact 0:0 has no key", ""]})
+    lines = [
+        "edited elsewhere             : 2 edits, efficacy 0.500 [0.150, 0.850] 2/4, other facts kept 0.750 "
+        "[0.409, 0.929] 6/8, 1 refused (no key)",
+        "edited where the fact lives  : 1 edits, efficacy 1.000 [0.510, 1.000] 4/4, other facts kept 1.000 "
+        "[0.676, 1.000] 8/8",
+        "   1 facts at once @ mlp  : efficacy 1.000 [0.510, 1.000] 4/4, other facts kept 0.806 [0.728, 0.866] 100/124",
+        "  16 facts at once @ lives: efficacy 0.938 [0.850, 0.975] 60/64, other facts kept 0.781 [0.666, 0.865] 50/64",
+        "  16 facts at once @ mlp  : efficacy —, other facts kept —, 1 refused (no key)"]
+    wrote = "wrote out/x/ (study.csv, mass.csv, summary.json, study.png)"
+    assert report(single, mass, Path("out/x")).splitlines() == [*lines, wrote]
+    deep = report(single.assign(layer=0), mass.iloc[[0, 2]].drop(columns="refused"), Path("out/x")).splitlines()
+    assert deep[:4] == lines[:4] and deep[-1] == wrote
+    assert deep[4].startswith("| label | store edited | lives there | edits | refused | efficacy |")
+    assert deep[6:9] == ["| attention | mlp | no | 1 | 1 | — | — | — | — | — |",
+                         "| mlp | mlp | **yes** | 1 | — | 1.000 [0.510, 1.000] 4/4 | — | 1.000 [0.676, 1.000] 8/8 | — "
+                         "| — |",
+                         "| mlp | ov | no | 1 | — | 0.500 [0.150, 0.850] 2/4 | — | 0.750 [0.409, 0.929] 6/8 | — | — |"]
+    assert len(deep) == 10
+
+
+def test_a_fact_answered_in_exactly_the_known_share_of_its_contexts_is_held(monkeypatch):
+    """held: the fact's answer is the top logit in at least StorageRule.known (half) of its
+    contexts. On Theorem 4, with fact 0:0's answer pushed down in one of its 2 contexts and
+    fact 0:1's in both, 0:0 is held (1 of 2) and 0:1 is not; every other fact is."""
+    from analyses import edit_study
+    from models import build_bridge
+
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(TASK), build("mlp", TASK, CONSTRUCTION_MODEL), task=TASK)
+    logits_of = edit_study.hooked_last_logits
+
+    def missed(model, tokens, *args, **kw):  # [F * 2, V], fact-major: prompts 1, 2, 3 miss their answers
+        logits = logits_of(model, tokens, *args, **kw).clone()
+        for prompt, (s, r) in ((1, (0, 0)), (2, (0, 1)), (3, (0, 1))):
+            logits[prompt, int(TASK.facts[s, r])] = -1e9
+        return logits
+
+    monkeypatch.setattr(edit_study, "hooked_last_logits", missed)
+    held = edit_study.facts_located(model, TASK, 2, 0)["held"]
+    assert held[(0, 0)] and not held[(0, 1)] and int(held.sum()) == TASK.n_facts - 1
+
+
+def test_several_checkpoints_results_are_not_written_inside_one_of_them(theorem4, capsys):
+    """The study of two checkpoints would pass for the first's own in its analysis/: refused."""
+    before = sorted(theorem4.rglob("*"))
+    out = theorem4 / "analysis" / "two"
+    code, _, err = run_main(main, [theorem4, theorem4, "--out", out, "--quiet"], capsys)
+    assert code == 2 and err == (f"error: --out {out} is inside a checkpoint ({theorem4}), whose results it would "
+                                 "pass for; choose a folder outside it.\n"), err
+    assert sorted(theorem4.rglob("*")) == before
+
+
+def test_checkpoints_of_two_depths_are_refused_naming_each_depth(tmp_path, monkeypatch, capsys):
+    """The stores are named by block, so one study holds checkpoints of one depth: the refusal
+    names each checkpoint with its L, after loading both, before anything is written."""
+    from types import SimpleNamespace
+
+    from analyses import edit_study
+
+    depth = {"one": 1, "two": 2}
+    monkeypatch.setattr(edit_study, "load", lambda ckpt, device, kind: (
+        SimpleNamespace(cfg=SimpleNamespace(n_layers=depth[Path(ckpt).name])), TASK))
+    argv = [tmp_path / "one", tmp_path / "two", "--out", tmp_path / "out", "--quiet"]
+    code, _, err = run_main(main, argv, capsys)
+    assert code == 2 and err == ("error: the study compares checkpoints of one depth (its stores are named by block): "
+                                 f"got {tmp_path / 'one'} (L = 1), {tmp_path / 'two'} (L = 2); run each depth apart.\n")
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_of_another_task_is_refused_in_one_line(theorem4, tmp_path, capsys):
+    """The study reads factual-recall checkpoints only: one of another kind (its config.json
+    says induction) is refused before anything is read past its config or written."""
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((theorem4 / "config.json").read_text())
+    config["task"]["kind"] = "induction"
+    (other / "config.json").write_text(json.dumps(config))
+    code, _, err = run_main(main, [other, "--out", tmp_path / "out", "--quiet"], capsys)
+    assert code == 2 and err == (f"error: {other / 'config.json'}: task kind 'induction' is not a factual-recall task; "
+                                 "this tool reads factual_recall checkpoints only.\n"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
