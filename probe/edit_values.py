@@ -47,14 +47,10 @@ def original_output(model, tokens: torch.Tensor, positions: torch.Tensor, store:
 
 
 def optimised_value(model, tokens: torch.Tensor, positions: torch.Tensor, new: int, essence: torch.Tensor,
-                    essence_positions: torch.Tensor, store: str, head: int | None, layer: int,
-                    kl_factor: float | None = None, steps: int | None = None) -> torch.Tensor:
+                    essence_positions: torch.Tensor, store: str, head: int | None, layer: int) -> torch.Tensor:
     """delta [d_model] (module docstring) for one fact: its prompts `tokens` [n, T] with the
     key at `positions` [n], the new answer's id `new`, the same subject's other prompts
-    `essence` [m, T] with the key at `essence_positions` [m]; kl_factor and steps default to
-    KL_FACTOR and STEPS."""
-    kl_factor = KL_FACTOR if kl_factor is None else kl_factor
-    steps = STEPS if steps is None else steps
+    `essence` [m, T] with the key at `essence_positions` [m]."""
     target = original_output(model, tokens, positions, store, head, layer)  # [d_model]
     scale = target.norm().clamp(min=1e-6)
     prompts = torch.cat([tokens, essence])  # [n + m, T]
@@ -70,15 +66,15 @@ def optimised_value(model, tokens: torch.Tensor, positions: torch.Tensor, new: i
         before = torch.log_softmax(model(essence)[:, -1].float(), -1)  # [m, O]
     before = before.clone()
     opt = torch.optim.Adam([delta], lr=LR)
-    for step in range(steps):
+    for step in range(STEPS):
         with torch.enable_grad():
             logits = model.run_with_hooks(prompts, fwd_hooks=[(output_hook(store, layer), add)])[:, -1].float()
             log_p = torch.log_softmax(logits, -1)  # [n + m, O]
             nll = -log_p[:len(tokens), new].mean()
             after = log_p[len(tokens):]
             kl = (after.exp() * (after - before)).sum(-1).mean() if len(essence) else nll * 0
-            loss = nll + kl_factor * kl + WEIGHT_DECAY * delta.norm() / scale ** 2
-            if loss.item() < STOP or step == steps - 1:
+            loss = nll + KL_FACTOR * kl + WEIGHT_DECAY * delta.norm() / scale ** 2
+            if loss.item() < STOP or step == STEPS - 1:
                 break
             opt.zero_grad()
             delta.grad = torch.autograd.grad(loss, delta)[0]

@@ -3,6 +3,7 @@ write that the MLP undoes, which the closed form's first try cannot reach, the o
 reaches, and its KL term keeps the same subject's other facts; an empty key is still refused
 before any optimisation."""
 import pytest
+import torch
 
 from models import load
 from probe import edit_keys, edit_values
@@ -86,3 +87,25 @@ def test_the_command_line_writes_an_optimised_edit_apart_from_the_closed_form_s(
     folder = ckpt / "analysis" / "edit_facts" / "5-2_to_8_at-ov" / "value-optimise"
     assert code == 0 and pd.read_csv(folder / "edits.csv")["efficacy"].tolist() == [1.0]
     assert json.loads((folder / "summary.json").read_text())["settings"]["value"] == "optimise"
+
+
+@pytest.mark.parametrize("store, head", [("mlp", None), ("ov", 1)])
+def test_the_output_optimised_around_is_the_store_s_output_at_the_key(tiny, store, head):
+    """The write maps k* to k* W + delta, so the output delta is added to is k* W (+ b_out for
+    the MLP): the store's output at the key, mean over the fact's contexts, the matrix being linear."""
+    from probe.prompts import fact_batch
+
+    model, task = tiny
+    tokens = fact_batch(task, CONTEXTS, 0).tokens[5 * task.n_relations * CONTEXTS:][:CONTEXTS]  # fact 5:0 [8, T]
+    last = torch.full((CONTEXTS,), tokens.shape[1] - 1)
+    k_star = edit_keys.store_keys(model, tokens, store, head).mean(0)  # [d_key]
+    W = model.W_out[0] if store == "mlp" else model.W_O[0, head]
+    expected = k_star @ W.detach() + (model.b_out[0].detach() if store == "mlp" else 0)  # [d_model]
+    got = edit_values.original_output(model, tokens, last, store, head, 0)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-4 * float(expected.norm()))
+
+
+def test_results_of_the_closed_form_record_their_settings_as_before():
+    settings = {"contexts": 8, "margin": 2.0, "value": "closed"}
+    assert edit_values.recorded_settings(settings) == {"contexts": 8, "margin": 2.0}
+    assert edit_values.recorded_settings({**settings, "value": "optimise"}) == {**settings, "value": "optimise"}
