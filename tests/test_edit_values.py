@@ -41,6 +41,14 @@ def test_the_optimised_value_reaches_a_new_answer_the_closed_form_misses(tiny):
     assert optimised[1] == 3 * CONTEXTS and optimised[2] >= 0.95 * 63 * CONTEXTS
 
 
+def test_an_mlp_write_s_value_is_optimised_at_the_mlp_s_output(tiny):
+    """Fact 3:1 at the MLP: v* optimised where the write lands (hook_mlp_out) wins all 8 held-out
+    contexts at the first try and keeps every other prompt (504); optimised at the heads' output
+    instead, the MLP reads it and the write wins none."""
+    _, task = tiny
+    assert written(tiny, FactEdit(3, 1, task.relation_answers(1)[0], "mlp"), "optimise") == (1.0, 24, 504)
+
+
 def test_the_kl_term_keeps_the_same_subject_s_other_facts(tiny, monkeypatch):
     """Fact 3:1 at head 0, whose key is the subject's value on all its prompts: without the KL
     term the write moves the subject's other facts (17 of 24 prompts kept), with ROME's 0.0625
