@@ -9,7 +9,7 @@ position: over every position, since the write reaches them all), and the value 
 the least residual change that puts a_new `margin` logits above every other answer (and
 a_old below it): through the frozen unembedding's dual basis for the last block's write at
 the last position, else through the later blocks' first-order map (edit_keys.output_map,
-in W_U's place). A key under
+in W_U's place), or with value='optimise' by ROME's optimisation (probe/edit_values.py). A key under
 KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
 blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
 fact lives in both stores, the head writes half of the change and the MLP, keyed on the
