@@ -33,6 +33,7 @@ from models.out_folder import FORCE_HELP, prepare_out
 from models.section import one_layer
 from probe import columns, edit_keys
 from probe.edit_effects import edit_effects
+from probe.edit_values import VALUES, recorded_settings
 from probe.editing import POSITIONS, FactEdit, carrying_head, checked_edits, edit_facts, held
 from probe.prompts import fact_batch
 from tasks.factual_recall import FactualRecallTask
@@ -50,6 +51,9 @@ class EditSettings:
     form: str = field(default="exact", metadata={"help": "several facts at once: exact (each key mapped to its "
                                                          "value) | memit (MEMIT's (C + K K^T)^-1 form)",
                                                  "choices": ("exact", "memit")})
+    value: str = field(default="closed", metadata={"help": "each write's value: closed (the margin through the "
+                                                           "unembedding) | optimise (ROME's v*)",
+                                                   "choices": VALUES})
 
     def __post_init__(self):
         cli.at_least(self, contexts=1)
@@ -154,7 +158,7 @@ def main(argv=None) -> int:
         out = out / edits_folder(chosen, args.at, args.layer, args.position) / recorded.settings_folder(settings)
     origin = recorded.source(args.ckpt, args.step)
     wanted = {"step": args.step, recorded.HASH: origin[recorded.HASH],
-              "settings": {**asdict(settings), "seed": args.seed, "at": args.at, "head": args.head,
+              "settings": {**recorded_settings(asdict(settings)), "seed": args.seed, "at": args.at, "head": args.head,
                            "layer": args.layer, "position": args.position,
                            "edits": [[s, r, a] for (s, r), a in zip(facts, answers)]}}
     recorded.refuse_other_results("edit_facts", out, wanted, args.ckpt, "edit_facts")
@@ -165,7 +169,8 @@ def main(argv=None) -> int:
         raise ValueError("--at auto writes where each fact lives: give --layer and --position with --at mlp or ov.")
     start = time.perf_counter()
     edits = plan(model, task, facts, answers, args.at, args.head, settings, args.seed, args.layer, args.position)
-    edited = edit_facts(model, task, edits, settings.contexts, args.seed, settings.margin, settings.form)
+    edited = edit_facts(model, task, edits, settings.contexts, args.seed, settings.margin, settings.form,
+                        value=settings.value)
     table, specificity = edit_effects(model, edited.model, task,
                                       [(e.subject, e.relation, old, e.answer)
                                        for e, old in zip(edited.edits, edited.old_answers)],

@@ -35,6 +35,7 @@ from models import load
 from models.out_folder import claim
 from probe import columns, edit_keys
 from probe.contexts import per_fact
+from probe.edit_values import VALUES, recorded_settings
 from probe.editing import FactEdit, carrying_head
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
@@ -57,6 +58,9 @@ class StudySettings:
     contexts: int = field(default=8, metadata={"help": "noise contexts per fact for the keys (and, held out, "
                                                        "for the measurements)"})
     margin: float = field(default=2.0, metadata={"help": "logits by which the new answer should win"})
+    value: str = field(default="closed", metadata={"help": "each write's value: closed (the margin through the "
+                                                           "unembedding) | optimise (ROME's v*)",
+                                                   "choices": VALUES})
 
     def __post_init__(self):
         cli.at_least(self, per_label=1, draws=1, contexts=1)
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
     write_csv(out / "mass.csv", mass)
     figure(single, mass, out / "study.png")
     write_summary(out / "summary.json", {"edit_study": checkpoints, "overall": summarize(single, mass),
-                                         "settings": {**asdict(settings), "seed": args.seed},
+                                         "settings": {**recorded_settings(asdict(settings)), "seed": args.seed},
                                          "seconds": round(time.perf_counter() - start, 2)})
     print(report(single, mass, out))
     return 0

@@ -32,7 +32,7 @@ def new_answer(task, s: int, r: int, rng: random.Random) -> int:
 
 def measure(model, task, edits: list[FactEdit], settings, seed: int) -> tuple[pd.DataFrame, dict]:
     """One write of `edits` at once: its edits table (with boost) and specificity."""
-    edited = edit_facts(model, task, edits, settings.contexts, seed, settings.margin)
+    edited = edit_facts(model, task, edits, settings.contexts, seed, settings.margin, value=settings.value)
     table, specificity = edit_effects(model, edited.model, task, [(e.subject, e.relation, old, e.answer) for e, old
                                                                   in zip(edited.edits, edited.old_answers)],
                                       settings.contexts, seed)

@@ -9,7 +9,7 @@ position: over every position, since the write reaches them all), and the value 
 the least residual change that puts a_new `margin` logits above every other answer (and
 a_old below it): through the frozen unembedding's dual basis for the last block's write at
 the last position, else through the later blocks' first-order map (edit_keys.output_map,
-in W_U's place). A key under
+in W_U's place), or with value='optimise' by ROME's optimisation (probe/edit_values.py). A key under
 KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
 blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
 fact lives in both stores, the head writes half of the change and the MLP, keyed on the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from probe import edit_keys
+from probe import edit_keys, edit_values
 from probe.contexts import per_fact
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
@@ -147,16 +147,22 @@ def held(model, task: FactualRecallTask, edits: Sequence[FactEdit], contexts: in
 
 
 def edit_facts(model, task: FactualRecallTask, edits: Sequence[FactEdit], contexts: int = 8, seed: int = 0,
-               margin: float = 2.0, form: str = "exact", ridge: float = edit_keys.RIDGE, tries: int = 4) -> Edited:
+               margin: float = 2.0, form: str = "exact", ridge: float = edit_keys.RIDGE, tries: int = 4,
+               value: str = "closed") -> Edited:
     """A copy of `model` with every edit written (module docstring); `contexts` prompts per
     fact (seed `seed`) give the keys and C, `margin` the logits by which the new answer
-    should win, `form` the batched write (edit_keys.write)."""
+    should win, `form` the batched write (edit_keys.write), `value` how each write's value is
+    found: `closed` (the margin through W_U or the later blocks' first-order map) or
+    `optimise` (ROME's v*, probe/edit_values.py; doubled as the closed form's where it does not win)."""
+    if value not in edit_values.VALUES:
+        raise ValueError(f"a write's value is one of {', '.join(edit_values.VALUES)}, got {value!r}.")
     edits = checked_edits(model, task, edits)
     held(model, task, edits, contexts, seed)
     old = tuple(int(task.facts[e.subject, e.relation]) for e in edits)
     boosts = torch.ones(len(edits))
     for attempt in range(tries):
-        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge)
+        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge,
+                                  None if value == "closed" else margin)
         logits = _fact_logits(edited, task, edits, contexts, seed)  # [n, contexts, O]
         new = torch.tensor([e.answer for e in edits], device=logits.device)
         wins = (logits.argmax(-1) == new[:, None]).all(1).cpu()  # [n]
@@ -178,9 +184,10 @@ def _writes(edits: Sequence[FactEdit]) -> list:
     return sorted(groups.items())
 
 
-def _written(model, task, edits, contexts, seed, margins, form, ridge):
+def _written(model, task, edits, contexts, seed, margins, form, ridge, optimise=None):
     """A copy of `model` with every write made in the forward's order (each keyed on the model
-    the earlier writes left)."""
+    the earlier writes left); `optimise`: the margin asked, when the values are ROME's v*
+    (each taken margins / optimise times)."""
     edited = copy.deepcopy(model)
     deltas = {}
     batch = fact_batch(task, contexts, seed, model_device(model))  # [F_all * contexts] prompts
@@ -188,7 +195,7 @@ def _written(model, task, edits, contexts, seed, margins, form, ridge):
         store = ("ov", "mlp")[kind]
         share = torch.tensor([0.5 if edits[i].at == "both" and store == "ov" else 1.0 for i in chosen])
         dW = _store_write(edited, task, [edits[i] for i in chosen], batch, contexts, store, head, layer, position,
-                          margins[chosen] * share, form, ridge)  # [d_key, d_model]
+                          margins[chosen] * share, form, ridge, optimise)  # [d_key, d_model]
         if store == "ov":  # [d_head, d_model] -> W_O's [head, d_head, d_model]
             dW = torch.zeros_like(edited.W_O[layer]).index_copy(0, torch.tensor([head], device=dW.device), dW[None])
         key = store_key(store, layer)
@@ -197,8 +204,10 @@ def _written(model, task, edits, contexts, seed, margins, form, ridge):
     return edited, deltas
 
 
-def _store_write(model, task, edits, batch, contexts, store, head, layer, position, margins, form, ridge):
-    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits;
+def _store_write(model, task, edits, batch, contexts, store, head, layer, position, margins, form, ridge,
+                 optimise=None):
+    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits (or, with
+    `optimise` the margin asked, each ROME's v* taken margins[i] / optimise times);
     EmptyKey where a fact's key carries nothing."""
     at = None if position == "last" else batch.subject_pos
     keys = edit_keys.store_keys(model, batch.tokens, store, head, layer, at)  # [F_all * contexts, d_key]
@@ -215,6 +224,9 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
                 f"fact {e.subject}:{e.relation} has no key at {where}: its norm {norm:.3g} is under "
                 f"{edit_keys.KEY_FLOOR:g} of the keys' typical norm {typical:.3g} (root mean square over the task's "
                 "prompts), so a write there cannot reach it; write it at another store.")
+    if optimise is not None:
+        return edit_keys.write(C, k_star, _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows)
+                               * (margins / optimise)[:, None].to(k_star), form)
     logits = _fact_logits(model, task, edits, contexts, tokens=batch.tokens)  # [n, contexts, O]
     old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=keys.device)
     new = torch.tensor([e.answer for e in edits], device=keys.device)
@@ -229,6 +241,21 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
             edit_keys.output_map(model, batch.tokens[p], layer, where[p], store), change[i:i + 1])
             for i, p in enumerate(prompts)])  # [n, d_model]
     return edit_keys.write(C, k_star, values, form)
+
+
+def _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows) -> torch.Tensor:
+    """ROME's v* [n, d_model] of each edit (probe/edit_values.py): delta at the key's position
+    of the fact's prompts and, for the KL term, of the same subject's other facts' prompts."""
+    T = batch.tokens.shape[1]
+    where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, T - 1)  # [F_all * contexts]
+    out = []
+    for e, row in zip(edits, rows.tolist()):
+        fact = torch.arange(row * contexts, (row + 1) * contexts, device=where.device)  # [contexts]
+        others = torch.tensor([(e.subject * task.n_relations + r) * contexts + c for r in range(task.n_relations)
+                               if r != e.relation for c in range(contexts)], dtype=torch.long, device=where.device)
+        out.append(edit_values.optimised_value(model, batch.tokens[fact], where[fact], e.answer, batch.tokens[others],
+                                               where[others], store, head, layer))
+    return torch.stack(out)  # [n, d_model]
 
 
 def _fact_logits(model, task, edits, contexts, seed=0, tokens=None) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""ROME's v* (probe/edit_values.py, edit_facts(value="optimise")): on the tiny preset a head's
+write that the MLP undoes, which the closed form's first try cannot reach, the optimised value
+reaches, and its KL term keeps the same subject's other facts; an empty key is still refused
+before any optimisation."""
+import pytest
+import torch
+
+from models import load
+from probe import edit_keys, edit_values
+from probe.edit_effects import edit_effects
+from probe.editing import FactEdit, edit_facts
+
+CONTEXTS = 8
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_ckpt):
+    return load(tiny_ckpt, device="cpu")
+
+
+def written(tiny, edit: FactEdit, value: str):
+    """(efficacy, the same subject's other prompts kept of 3 x CONTEXTS, every other prompt kept of 63 x CONTEXTS)
+    of one write, first try only."""
+    model, task = tiny
+    edited = edit_facts(model, task, [edit], CONTEXTS, tries=1, value=value)
+    table, spec = edit_effects(model, edited.model, task, [(edit.subject, edit.relation, edited.old_answers[0],
+                                                            edit.answer)], CONTEXTS)
+    assert spec["same_subject"]["facts"] == 3 and spec["all"]["facts"] == 63
+    return (float(table.iloc[0]["efficacy"]), round(spec["same_subject"]["share"] * 3 * CONTEXTS),
+            round(spec["all"]["share"] * 63 * CONTEXTS))
+
+
+def test_the_optimised_value_reaches_a_new_answer_the_closed_form_misses(tiny):
+    """Fact 5:2 at head 2 (docs/editing.md's table): the closed form's first try wins 3 of 8
+    held-out contexts (and no doubling up to 8 wins: the MLP reads the head's write); ROME's
+    v*, optimised through the MLP, wins all 8 and keeps the subject's 3 other facts."""
+    _, task = tiny
+    edit = FactEdit(5, 2, task.relation_answers(2)[0], "ov", 2)
+    closed, optimised = written(tiny, edit, "closed"), written(tiny, edit, "optimise")
+    assert closed[0] <= 0.5 and optimised[0] == 1.0
+    assert optimised[1] == 3 * CONTEXTS and optimised[2] >= 0.95 * 63 * CONTEXTS
+
+
+def test_an_mlp_write_s_value_is_optimised_at_the_mlp_s_output(tiny):
+    """Fact 3:1 at the MLP: v* optimised where the write lands (hook_mlp_out) wins all 8 held-out
+    contexts at the first try and keeps every other prompt (504); optimised at the heads' output
+    instead, the MLP reads it and the write wins none."""
+    _, task = tiny
+    assert written(tiny, FactEdit(3, 1, task.relation_answers(1)[0], "mlp"), "optimise") == (1.0, 24, 504)
+
+
+def test_the_kl_term_keeps_the_same_subject_s_other_facts(tiny, monkeypatch):
+    """Fact 3:1 at head 0, whose key is the subject's value on all its prompts: without the KL
+    term the write moves the subject's other facts (17 of 24 prompts kept), with ROME's 0.0625
+    it keeps all 24."""
+    _, task = tiny
+    edit = FactEdit(3, 1, task.relation_answers(1)[0], "ov", 0)
+    with_kl = written(tiny, edit, "optimise")
+    monkeypatch.setattr(edit_values, "KL_FACTOR", 0.0)
+    without = written(tiny, edit, "optimise")
+    assert with_kl[0] == without[0] == 1.0
+    assert with_kl[1] == 3 * CONTEXTS and without[1] <= 3 * CONTEXTS - 4
+
+
+def test_an_empty_key_is_refused_before_any_optimisation(monkeypatch):
+    from tests.test_editing_depth import TASK, deep, other_answer
+
+    def never(*args, **kwargs):
+        raise AssertionError("optimised a value for a key that carries nothing")
+    monkeypatch.setattr(edit_values, "optimised_value", never)
+    with pytest.raises(edit_keys.EmptyKey, match="fact 0:0 has no key at layer 1's MLP"):
+        edit_facts(deep("mixed"), TASK, [FactEdit(0, 0, other_answer(0, 0))], contexts=4, value="optimise")
+
+
+def test_a_value_that_is_no_method_is_refused_in_one_line(tiny):
+    model, task = tiny
+    with pytest.raises(ValueError, match="^a write's value is one of closed, optimise, got 'rome'.$"):
+        edit_facts(model, task, [FactEdit(5, 2, task.relation_answers(2)[0])], value="rome")
+
+
+def test_the_command_line_writes_an_optimised_edit_apart_from_the_closed_form_s(tiny_ckpt, tmp_path, capsys):
+    """`--value optimise` reaches edit_facts: fact 5:2 at head 2 wins (the closed form's first
+    try does not), in a settings folder of its own, the summary recording the value."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    from analyses import edit_facts as command
+    from tests.conftest import run_main
+
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path / "tiny", ignore=shutil.ignore_patterns("analysis", "snapshots"))
+    code, said, _ = run_main(command.main, [ckpt, "--fact", "5:2", "--to", "R2:a0", "--at", "ov", "--head", "2",
+                                            "--value", "optimise", "--device", "cpu", "--quiet"], capsys)
+    folder = ckpt / "analysis" / "edit_facts" / "5-2_to_8_at-ov" / "value-optimise"
+    assert code == 0 and pd.read_csv(folder / "edits.csv")["efficacy"].tolist() == [1.0]
+    assert json.loads((folder / "summary.json").read_text())["settings"]["value"] == "optimise"
+
+
+@pytest.mark.parametrize("store, head", [("mlp", None), ("ov", 1)])
+def test_the_output_optimised_around_is_the_store_s_output_at_the_key(tiny, store, head):
+    """The write maps k* to k* W + delta, so the output delta is added to is k* W (+ b_out for
+    the MLP): the store's output at the key, mean over the fact's contexts, the matrix being linear."""
+    from probe.prompts import fact_batch
+
+    model, task = tiny
+    tokens = fact_batch(task, CONTEXTS, 0).tokens[5 * task.n_relations * CONTEXTS:][:CONTEXTS]  # fact 5:0 [8, T]
+    last = torch.full((CONTEXTS,), tokens.shape[1] - 1)
+    k_star = edit_keys.store_keys(model, tokens, store, head).mean(0)  # [d_key]
+    W = model.W_out[0] if store == "mlp" else model.W_O[0, head]
+    expected = k_star @ W.detach() + (model.b_out[0].detach() if store == "mlp" else 0)  # [d_model]
+    got = edit_values.original_output(model, tokens, last, store, head, 0)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-4 * float(expected.norm()))
+
+
+def test_results_of_the_closed_form_record_their_settings_as_before():
+    settings = {"contexts": 8, "margin": 2.0, "value": "closed"}
+    assert edit_values.recorded_settings(settings) == {"contexts": 8, "margin": 2.0}
+    assert edit_values.recorded_settings({**settings, "value": "optimise"}) == {**settings, "value": "optimise"}
