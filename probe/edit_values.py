@@ -56,14 +56,14 @@ def optimised_value(model, tokens: torch.Tensor, positions: torch.Tensor, new: i
     prompts = torch.cat([tokens, essence])  # [n + m, T]
     where = torch.cat([positions, essence_positions])
     rows = torch.arange(len(prompts), device=prompts.device)
-    delta = torch.zeros(model.cfg.d_model, device=prompts.device, requires_grad=True)
+    delta = torch.zeros_like(target, requires_grad=True)
 
     def add(x, hook):
         x = x.clone()
         x[rows, where] = x[rows, where] + delta.to(x.dtype)
         return x
     with torch.inference_mode():
-        before = torch.log_softmax(model(essence)[:, -1].float(), -1)  # [m, O]
+        before = torch.log_softmax(model(prompts)[len(tokens):, -1].float(), -1)  # [m, O], none for m = 0
     before = before.clone()
     opt = torch.optim.Adam([delta], lr=LR)
     for step in range(STEPS):
@@ -72,7 +72,7 @@ def optimised_value(model, tokens: torch.Tensor, positions: torch.Tensor, new: i
             log_p = torch.log_softmax(logits, -1)  # [n + m, O]
             nll = -log_p[:len(tokens), new].mean()
             after = log_p[len(tokens):]
-            kl = (after.exp() * (after - before)).sum(-1).mean() if len(essence) else nll * 0
+            kl = (after.exp() * (after - before)).sum() / max(len(essence), 1)  # mean over the m prompts
             loss = nll + KL_FACTOR * kl + WEIGHT_DECAY * delta.norm() / scale ** 2
             if loss.item() < STOP or step == STEPS - 1:
                 break

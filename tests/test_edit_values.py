@@ -117,3 +117,88 @@ def test_results_of_the_closed_form_record_their_settings_as_before():
     settings = {"contexts": 8, "margin": 2.0, "value": "closed"}
     assert edit_values.recorded_settings(settings) == {"contexts": 8, "margin": 2.0}
     assert edit_values.recorded_settings({**settings, "value": "optimise"}) == {**settings, "value": "optimise"}
+
+
+@pytest.fixture(scope="module")
+def subject_5(tiny):
+    """A copy of the tiny model with its MLP's output scaled by 0.005 (the store's output at the key
+    then has norm 0.53: ||o||^2, ||o||^3 and a floor at 1 differ), fact 5:0's prompts [8, T],
+    subject 5's other facts' prompts [24, T] (the key at the last position) and a new answer."""
+    import copy
+
+    from probe.prompts import fact_batch
+
+    model, task = tiny
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".mlp." in name and ".fc_out." in name:
+                p.mul_(0.005)
+    R = task.n_relations
+    prompts = fact_batch(task, CONTEXTS, 0).tokens[5 * R * CONTEXTS:6 * R * CONTEXTS]  # [R * 8, T]
+    return model, prompts[:CONTEXTS], prompts[CONTEXTS:], int(task.relation_answers(0)[1])
+
+
+def v_star_loss(model, tokens, essence, new, delta):
+    """docs/editing.md's loss at delta [d_model] (added to the MLP's output at the last position),
+    written from its definition: -log p(new) on `tokens`, KL(edited || original) on `essence`,
+    the weight decay over the squared norm of the MLP's output at the key (mean over `tokens`)."""
+    def add(x, hook):
+        return torch.cat([x[:, :-1], x[:, -1:] + delta], 1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        o = cache["blocks.0.hook_mlp_out"][:, -1].mean(0)  # [d_model]
+        prompts = torch.cat([tokens, essence])  # [n + m, T]
+        before = [row.log_softmax(-1) for row in model(prompts)[len(tokens):, -1]]
+        after = [row.log_softmax(-1) for row in model.run_with_hooks(prompts, fwd_hooks=[
+            ("blocks.0.hook_mlp_out", add)])[:, -1]]
+    nll = -sum(a[new] for a in after[:len(tokens)]) / len(tokens)
+    kl = sum(float((a.exp() * (a - b)).sum()) for a, b in zip(after[len(tokens):], before)) / max(len(essence), 1)
+    return float(nll) + edit_values.KL_FACTOR * kl + edit_values.WEIGHT_DECAY * float(delta.norm() / o.norm() ** 2)
+
+
+def first_adam_step(model, tokens, new):
+    """Adam's first step from delta = 0: LR against the sign of -log p(new)'s gradient (the KL and
+    the weight decay have none at 0) [d_model]."""
+    delta = torch.zeros(model.cfg.d_model, requires_grad=True)
+
+    def add(x, hook):
+        return torch.cat([x[:, :-1], x[:, -1:] + delta], 1)
+    nll = -model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", add)])[:, -1].log_softmax(-1)[:, new]
+    grad, = torch.autograd.grad(nll.mean(), delta)
+    assert grad.abs().min() > 1e-5  # Adam's eps (1e-8) is then far below every coordinate's gradient
+    return -edit_values.LR * grad.sign()
+
+
+@pytest.mark.parametrize("others", [slice(None), slice(16, 17), slice(0)])
+def test_v_star_takes_steps_minus_one_adam_steps_and_stops_under_the_loss(subject_5, monkeypatch, others):
+    """With STEPS = 2 v* is Adam's first step (every coordinate LR against the NLL's gradient);
+    with STEPS = 3 it stops there when the loss at that step (computed here from its definition,
+    with and without the subject's other prompts) is under STOP, and takes the second step when
+    it is not."""
+    model, tokens, essence, new = subject_5
+    essence = essence[others]
+    last = torch.full((len(tokens) + len(essence),), tokens.shape[1] - 1)  # [n + m]
+    monkeypatch.setattr(edit_values, "CLAMP", 1e6)
+    monkeypatch.setattr(edit_values, "WEIGHT_DECAY", 0.05)  # the first step's loss (0.65) under the start's (1.42)
+
+    def v_star(steps, stop):
+        monkeypatch.setattr(edit_values, "STEPS", steps)
+        monkeypatch.setattr(edit_values, "STOP", stop)
+        return edit_values.optimised_value(model, tokens, last[:len(tokens)], new, essence, last[len(tokens):], "mlp",
+                                           None, 0)
+    step = first_adam_step(model, tokens, new)
+    assert torch.allclose(v_star(2, 0.0), step, rtol=0, atol=1e-3 * edit_values.LR)
+    loss = v_star_loss(model, tokens, essence, new, step)
+    assert torch.allclose(v_star(3, loss * 1.001), step, rtol=0, atol=1e-3 * edit_values.LR)
+    assert (v_star(3, loss * 0.999) - step).abs().max() > 0.1 * edit_values.LR
+
+
+def test_v_star_reaches_only_the_key_s_position(subject_5):
+    """In a one-layer model nothing reads the MLP's output at the first position into the last
+    one's logits: with the key there, the loss has no gradient and v* stays 0."""
+    model, tokens, essence, new = subject_5
+    first = torch.zeros(len(tokens) + len(essence), dtype=torch.long)  # [n + m]
+    got = edit_values.optimised_value(model, tokens, first[:len(tokens)], new, essence, first[len(tokens):], "mlp",
+                                      None, 0)
+    assert torch.equal(got, torch.zeros(model.cfg.d_model))
