@@ -102,7 +102,7 @@ def test_the_help_names_the_command_its_default_folder_and_what_the_seed_draws()
            "What localization is worth: per checkpoint," in said  # the module's docstring
     assert said.startswith("usage: python -m analyses.edit_study [-h] [--out OUT] [--device DEVICE] [--seed SEED] "
                            "[--quiet] [--per-label PER_LABEL] [--sizes SIZES] [--draws DRAWS] [--contexts CONTEXTS] "
-                           "[--margin MARGIN] ckpt [ckpt ...] ")
+                           "[--margin MARGIN] [--value {closed,optimise}] ckpt [ckpt ...] ")
     for line in ("ckpt checkpoint directory (docs/checkpoint_format.md); one or more",
                  "--out OUT output directory (default CKPT/analysis/edit_study, one checkpoint only)",
                  "--device DEVICE auto (CUDA when present) | cpu | cuda | cuda:N",
