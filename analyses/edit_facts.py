@@ -51,8 +51,11 @@ class EditSettings:
     form: str = field(default="exact", metadata={"help": "several facts at once: exact (each key mapped to its "
                                                          "value) | memit (MEMIT's (C + K K^T)^-1 form)",
                                                  "choices": ("exact", "memit")})
-    value: str = field(default="closed", metadata={"help": "each write's value: closed (the margin through the "
-                                                           "unembedding) | optimise (ROME's v*)",
+    value: str = field(default="auto", metadata={"help": "each write's value: auto (closed where it is exact: "
+                                                         "the last block's write at the last position with d_model >= "
+                                                         "the answers' count; optimise elsewhere) | closed (the margin "
+                                                         "through the unembedding or the later blocks, to first order) "
+                                                         "| optimise (ROME's v*)",
                                                    "choices": VALUES})
 
     def __post_init__(self):

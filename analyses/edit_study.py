@@ -58,8 +58,11 @@ class StudySettings:
     contexts: int = field(default=8, metadata={"help": "noise contexts per fact for the keys (and, held out, "
                                                        "for the measurements)"})
     margin: float = field(default=2.0, metadata={"help": "logits by which the new answer should win"})
-    value: str = field(default="closed", metadata={"help": "each write's value: closed (the margin through the "
-                                                           "unembedding) | optimise (ROME's v*)",
+    value: str = field(default="auto", metadata={"help": "each write's value: auto (closed where it is exact: "
+                                                         "the last block's write at the last position with d_model >= "
+                                                         "the answers' count; optimise elsewhere) | closed (the margin "
+                                                         "through the unembedding or the later blocks, to first order) "
+                                                         "| optimise (ROME's v*)",
                                                    "choices": VALUES})
 
     def __post_init__(self):

@@ -24,7 +24,7 @@ KL_FACTOR = 0.0625  # kl_factor
 WEIGHT_DECAY = 0.5  # v_weight_decay
 CLAMP = 4.0  # clamp_norm_factor
 STOP = 0.05  # the loss under which ROME stops
-VALUES = ("closed", "optimise")  # how the editor finds a write's value
+VALUES = ("auto", "closed", "optimise")  # how the editor finds a write's value (probe/editing.py)
 
 
 def output_hook(store: str, layer: int) -> str:

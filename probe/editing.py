@@ -9,7 +9,8 @@ position: over every position, since the write reaches them all), and the value 
 the least residual change that puts a_new `margin` logits above every other answer (and
 a_old below it): through the frozen unembedding's dual basis for the last block's write at
 the last position, else through the later blocks' first-order map (edit_keys.output_map,
-in W_U's place), or with value='optimise' by ROME's optimisation (probe/edit_values.py). A key under
+in W_U's place), or with value='optimise' by ROME's optimisation (probe/edit_values.py); the
+default 'auto' takes the closed form where it is exact (closed_form_exact) and optimises elsewhere. A key under
 KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
 blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
 fact lives in both stores, the head writes half of the change and the MLP, keyed on the
@@ -36,6 +37,13 @@ from tasks.factual_recall import FactualRecallTask
 AT = ("mlp", "ov", "both")  # where a fact is written
 POSITIONS = ("last", "subject")  # where an MLP write's key is read
 TIE = 0.01  # heads' shares restored (and their keys' norms, relative) this close are a tie
+
+
+def closed_form_exact(model, layer: int, position: str) -> bool:
+    """Whether the closed-form value reaches the logits asked for: the last block's write at the
+    last position (only the unembedding after it) with d_model >= the answers' count, so that
+    W_U [d_model, O] has a right inverse."""
+    return position == "last" and layer == model.cfg.n_layers - 1 and model.cfg.d_model >= model.cfg.d_vocab_out
 
 
 def store_key(store: str, layer: int = 0) -> str:
@@ -148,21 +156,23 @@ def held(model, task: FactualRecallTask, edits: Sequence[FactEdit], contexts: in
 
 def edit_facts(model, task: FactualRecallTask, edits: Sequence[FactEdit], contexts: int = 8, seed: int = 0,
                margin: float = 2.0, form: str = "exact", ridge: float = edit_keys.RIDGE, tries: int = 4,
-               value: str = "closed") -> Edited:
+               value: str = "auto") -> Edited:
     """A copy of `model` with every edit written (module docstring); `contexts` prompts per
     fact (seed `seed`) give the keys and C, `margin` the logits by which the new answer
     should win, `form` the batched write (edit_keys.write), `value` how each write's value is
-    found: `closed` (the margin through W_U or the later blocks' first-order map) or
-    `optimise` (ROME's v*, probe/edit_values.py; doubled as the closed form's where it does not win)."""
+    found: `closed` (the margin through W_U or the later blocks' first-order map), `optimise`
+    (ROME's v*, probe/edit_values.py; doubled as the closed form's where it does not win), or
+    `auto` (closed where closed_form_exact, optimised elsewhere)."""
     if value not in edit_values.VALUES:
         raise ValueError(f"a write's value is one of {', '.join(edit_values.VALUES)}, got {value!r}.")
     edits = checked_edits(model, task, edits)
     held(model, task, edits, contexts, seed)
     old = tuple(int(task.facts[e.subject, e.relation]) for e in edits)
     boosts = torch.ones(len(edits))
+    optimised = {}  # ROME's v* of each write, by the model it was keyed on: found once, not on every try
     for attempt in range(tries):
-        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge,
-                                  None if value == "closed" else margin)
+        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge, value, margin,
+                                  optimised)
         logits = _fact_logits(edited, task, edits, contexts, seed)  # [n, contexts, O]
         new = torch.tensor([e.answer for e in edits], device=logits.device)
         wins = (logits.argmax(-1) == new[:, None]).all(1).cpu()  # [n]
@@ -184,18 +194,23 @@ def _writes(edits: Sequence[FactEdit]) -> list:
     return sorted(groups.items())
 
 
-def _written(model, task, edits, contexts, seed, margins, form, ridge, optimise=None):
+def _written(model, task, edits, contexts, seed, margins, form, ridge, value, margin, optimised: dict):
     """A copy of `model` with every write made in the forward's order (each keyed on the model
-    the earlier writes left); `optimise`: the margin asked, when the values are ROME's v*
-    (each taken margins / optimise times)."""
+    the earlier writes left); where `value` optimises a write, ROME's v* (each taken
+    margins / margin times), kept in `optimised` under the write and the margins of the writes
+    before it, which fix the model it is keyed on."""
     edited = copy.deepcopy(model)
-    deltas = {}
+    deltas, before = {}, []
     batch = fact_batch(task, contexts, seed, model_device(model))  # [F_all * contexts] prompts
-    for (layer, kind, head, position), chosen in _writes(edits):
+    for where, chosen in _writes(edits):
+        layer, kind, head, position = where
         store = ("ov", "mlp")[kind]
         share = torch.tensor([0.5 if edits[i].at == "both" and store == "ov" else 1.0 for i in chosen])
+        closed = value == "closed" or (value == "auto" and closed_form_exact(model, layer, position))
         dW = _store_write(edited, task, [edits[i] for i in chosen], batch, contexts, store, head, layer, position,
-                          margins[chosen] * share, form, ridge, optimise)  # [d_key, d_model]
+                          margins[chosen] * share, form, ridge, None if closed else margin, optimised,
+                          (where, tuple(before)))  # [d_key, d_model]
+        before += (margins[chosen] * share).tolist()
         if store == "ov":  # [d_head, d_model] -> W_O's [head, d_head, d_model]
             dW = torch.zeros_like(edited.W_O[layer]).index_copy(0, torch.tensor([head], device=dW.device), dW[None])
         key = store_key(store, layer)
@@ -205,10 +220,10 @@ def _written(model, task, edits, contexts, seed, margins, form, ridge, optimise=
 
 
 def _store_write(model, task, edits, batch, contexts, store, head, layer, position, margins, form, ridge,
-                 optimise=None):
+                 optimise=None, optimised=None, state=None):
     """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits (or, with
-    `optimise` the margin asked, each ROME's v* taken margins[i] / optimise times);
-    EmptyKey where a fact's key carries nothing."""
+    `optimise` the margin asked, each ROME's v* taken margins[i] / optimise times, found once
+    per `state` in the dict `optimised`); EmptyKey where a fact's key carries nothing."""
     at = None if position == "last" else batch.subject_pos
     keys = edit_keys.store_keys(model, batch.tokens, store, head, layer, at)  # [F_all * contexts, d_key]
     C = edit_keys.second_moment(keys if at is None else
@@ -225,8 +240,9 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
                 f"{edit_keys.KEY_FLOOR:g} of the keys' typical norm {typical:.3g} (root mean square over the task's "
                 "prompts), so a write there cannot reach it; write it at another store.")
     if optimise is not None:
-        return edit_keys.write(C, k_star, _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows)
-                               * (margins / optimise)[:, None].to(k_star), form)
+        if state not in optimised:
+            optimised[state] = _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows)
+        return edit_keys.write(C, k_star, optimised[state] * (margins / optimise)[:, None].to(k_star), form)
     logits = _fact_logits(model, task, edits, contexts, tokens=batch.tokens)  # [n, contexts, O]
     old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=keys.device)
     new = torch.tensor([e.answer for e in edits], device=keys.device)

@@ -1,4 +1,4 @@
-"""python scripts/edit_depth.py CKPT --out DIR [--contexts 8] [--margin 2]
+"""python scripts/edit_depth.py CKPT --out DIR [--contexts 8] [--margin 2] [--value auto|closed|optimise]
 
 Hase et al.'s question where the truth is known: on a depth construction
 (models.recall.deep_constructions, each fact's store in config.json's training.stores),
@@ -8,6 +8,7 @@ later block can carry it), one fact at a time, and each write is measured (effic
 specificity, leak: probe/edit_effects.py) or refused where the store has no key for the
 fact. With causal_tracing's peaks.csv in CKPT/analysis/causal_tracing, each edit also says
 whether it was made at the fact's traced peak. Writes edits_marginM.csv and table_marginM.md
+(edits_marginM_V.csv and table_marginM_V.md with --value V other than closed)
 to DIR.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from models.out_folder import claim, only
 from probe import edit_keys
 from probe.edit_effects import edit_effects
 from probe.edit_stores import name, stores
+from probe.edit_values import VALUES
 from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.prompts import fact_batch
 
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--contexts", type=int, default=8)
     p.add_argument("--margin", type=float, default=2.0)
+    p.add_argument("--value", choices=VALUES, default="auto", help="each write's value (probe/editing.py)")
     args = p.parse_args(argv)
     try:  # the one --out rule: a folder of its own (a run per margin), refused before any edit
         claim(args.out, only("edits_margin*.csv", "table_margin*.md"), ckpt=args.ckpt)
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
                    "lives": store == lives, "peak": peaks.get((s, r)) == store, "refused": ""}
             try:
                 edited = edit_facts(model, task, [FactEdit(s, r, new, at, head, layer, position)], args.contexts,
-                                    margin=args.margin)
+                                    margin=args.margin, value=args.value)
             except edit_keys.EmptyKey as e:
                 rows.append({**row, "refused": str(e)})
                 continue
@@ -85,8 +88,9 @@ def main(argv=None) -> int:
                          "boost": edited.boosts[0], **{f"kept_{g}": spec[g]["share"] for g in spec},
                          "weight_change": sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5})
     edits = pd.DataFrame(rows)
-    atomic_write(args.out / f"edits_margin{args.margin:g}.csv", lambda tmp: edits.to_csv(tmp, index=False))
-    atomic_write(args.out / f"table_margin{args.margin:g}.md", lambda tmp: Path(tmp).write_text(tables(edits)))
+    run = f"margin{args.margin:g}" + ("" if args.value == "closed" else f"_{args.value}")
+    atomic_write(args.out / f"edits_{run}.csv", lambda tmp: edits.to_csv(tmp, index=False))
+    atomic_write(args.out / f"table_{run}.md", lambda tmp: Path(tmp).write_text(tables(edits)))
     print(tables(edits))
     return 0
 

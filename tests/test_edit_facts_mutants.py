@@ -63,8 +63,8 @@ def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_l
     assert (e["at"], e["head"], e["layer"], e["position"], e["old_name"], e["new_name"], e["boost"], e["efficacy"]) == \
         ("ov", 0, 0, "last", "R1:a3", "R1:a0", 1.0, 1.0)
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["settings"] == {"contexts": 8, "margin": 3.0, "form": "exact", "seed": 0, "at": "ov", "head": 0,
-                                   "layer": None, "position": "last", "edits": [[3, 1, 4]]}
+    assert summary["settings"] == {"contexts": 8, "margin": 3.0, "form": "exact", "value": "auto", "seed": 0,
+                                   "at": "ov", "head": 0, "layer": None, "position": "last", "edits": [[3, 1, 4]]}
     assert summary["step"] is None and summary["efficacy"] == 1.0 and list(summary["weight_change"]) == ["W_O"]
     model, _ = load(ckpt, "cpu")
     change = summary["weight_change"]["W_O"]

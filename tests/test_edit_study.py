@@ -102,7 +102,7 @@ def test_the_help_names_the_command_its_default_folder_and_what_the_seed_draws()
            "What localization is worth: per checkpoint," in said  # the module's docstring
     assert said.startswith("usage: python -m analyses.edit_study [-h] [--out OUT] [--device DEVICE] [--seed SEED] "
                            "[--quiet] [--per-label PER_LABEL] [--sizes SIZES] [--draws DRAWS] [--contexts CONTEXTS] "
-                           "[--margin MARGIN] [--value {closed,optimise}] ckpt [ckpt ...] ")
+                           "[--margin MARGIN] [--value {auto,closed,optimise}] ckpt [ckpt ...] ")
     for line in ("ckpt checkpoint directory (docs/checkpoint_format.md); one or more",
                  "--out OUT output directory (default CKPT/analysis/edit_study, one checkpoint only)",
                  "--device DEVICE auto (CUDA when present) | cpu | cuda | cuda:N",
@@ -211,7 +211,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert (record["shape"], record["facts"], record["held"], record["labels"]) == (
         {"d": 48, "H": 4, "d_h": 4, "m": 32}, facts, facts, {"mlp": facts})  # one layer: no L
     assert summary["settings"] == {"per_label": 2, "sizes": "1,4", "draws": 1, "contexts": contexts, "margin": 2.0,
-                                   "seed": 0}
+                                   "value": "auto", "seed": 0}
     assert summary["overall"] == {k: record[k] for k in ("by_label_store", "by_where", "mass")}  # one checkpoint
     assert 0 < summary["seconds"] <= took + 0.01 and summary["seconds"] == round(summary["seconds"], 2)
     assert "where the fact lives  : 2 edits, efficacy 1.000 [0.676, 1.000] 8/8," in out  # share [interval] k/n

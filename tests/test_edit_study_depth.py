@@ -85,9 +85,10 @@ def test_at_two_layers_each_fact_lives_where_the_construction_keeps_it_and_keyle
     """Every fact of the mixed construction, edited at the 5 stores of its 2 blocks: the one store
     where it lives is its known store; block 0's MLP at the last position never fires (every write
     there refused), the last MLP has a unit for its own facts only (refused for the others); every
-    write made reaches the new answer (margin 2, as in results/editing/README.md "At depth")."""
+    write made reaches the new answer (the closed form, margin 2, as in results/editing/README.md
+    "At depth")."""
     code, out, err = run_main(main, [mixed2, "--per-label", "32", "--sizes", "1", "--draws", "1", "--contexts", "2",
-                                     "--out", tmp_path, "--quiet", "--device", "cpu"], capsys)
+                                     "--value", "closed", "--out", tmp_path, "--quiet", "--device", "cpu"], capsys)
     assert code == 0, err
     stored = json.loads((mixed2 / "config.json").read_text())["training"]["stores"]
     truth = {(d["s"], d["r"]): d["store"] for d in stored}  # the construction's plan

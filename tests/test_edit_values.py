@@ -83,7 +83,7 @@ def test_an_empty_key_is_refused_before_any_optimisation(mixed, monkeypatch):
 
 def test_a_value_that_is_no_method_is_refused_in_one_line(tiny):
     model, task = tiny
-    with pytest.raises(ValueError, match="^a write's value is one of closed, optimise, got 'rome'.$"):
+    with pytest.raises(ValueError, match="^a write's value is one of auto, closed, optimise, got 'rome'.$"):
         edit_facts(model, task, [FactEdit(5, 2, task.relation_answers(2)[0])], value="rome")
 
 

@@ -49,7 +49,8 @@ def test_a_head_write_below_the_last_block_asks_its_value_through_the_later_bloc
     before = last_mlp_units(model, s, r)  # [contexts, d_mlp]
     unit = int(before[0].argmax())
     assert ((before[:, unit] - 0.5).abs() < 1e-4).all() and int((before > 1e-4).sum()) == 4  # the fact's unit alone
-    edited = edit_facts(model, TASK, [FactEdit(s, r, other_answer(s, r), "ov", head, 0)], contexts=4)
+    edited = edit_facts(model, TASK, [FactEdit(s, r, other_answer(s, r), "ov", head, 0)], contexts=4,
+                        value="closed")
     assert edited.edits[0].layer == 0 and set(edited.deltas) == {"blocks.0.attn.W_O"} and edited.boosts == (1.0,)
     table, specificity = edit_effects(model, edited.model, TASK, [(s, r, edited.old_answers[0], other_answer(s, r))],
                                       contexts=4)
@@ -66,7 +67,7 @@ def test_two_enriched_facts_written_at_once_at_the_subject_are_each_exact():
     model = deep("mixed")
     chosen = [(0, 1), (1, 2)]  # enriched: (s + 2 r) mod 3 = 2
     edits = [FactEdit(s, r, other_answer(s, r), "mlp", position="subject") for s, r in chosen]
-    edited = edit_facts(model, TASK, edits, contexts=4)
+    edited = edit_facts(model, TASK, edits, contexts=4, value="closed")
     table, specificity = edit_effects(model, edited.model, TASK, [(s, r, old, other_answer(s, r)) for (s, r), old
                                                                   in zip(chosen, edited.old_answers)], contexts=4)
     assert edited.boosts == (1.0, 1.0) and table["efficacy"].tolist() == [1.0, 1.0]
@@ -84,7 +85,8 @@ def test_a_write_at_the_subject_is_the_least_change_over_every_position_it_reach
     weights["blocks.0.mlp.W_in"][:, :TASK.n_subjects] += reader[:, [TASK.eos]]  # unit s: subject s, and every EOS
     model = deep("mixed", weights)
     s, r = 0, 1  # enriched
-    edited = edit_facts(model, TASK, [FactEdit(s, r, other_answer(s, r), "mlp", position="subject")], contexts=4)
+    edited = edit_facts(model, TASK, [FactEdit(s, r, other_answer(s, r), "mlp", position="subject")], contexts=4,
+                        value="closed")
     table, _ = edit_effects(model, edited.model, TASK, [(s, r, edited.old_answers[0], other_answer(s, r))],
                             contexts=4)
     assert edited.boosts == (1.0,) and table["efficacy"][0] == 1.0 and abs(table["new_margin"][0] - 2.0) < 0.05
