@@ -112,6 +112,9 @@ def main(argv=None) -> int:
     if not args.study.is_file():
         print(f"error: no study.csv at {args.study}", file=sys.stderr)
         return 2
+    if args.out.exists():
+        print(f"error: --out {args.out} exists; give a new file (nothing is written over)", file=sys.stderr)
+        return 2
     edit_values.CLAMP, edit_values.STEPS, edit_values.WEIGHT_DECAY = args.clamp, args.steps, args.weight_decay
     try:
         model, task = load(args.ckpt, "cpu", kind="factual_recall")

@@ -66,3 +66,11 @@ def test_bad_input_is_one_line_and_writes_nothing(reach, tmp_path, capsys, argv,
     assert reach.main([str(ckpt), str(study), *(x for kv in named.items() for x in kv), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and said in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_file_already_at_out_is_kept(reach, tmp_path, capsys):
+    study, out = tmp_path / "study.csv", tmp_path / "reach.csv"
+    pd.DataFrame([{"subject": 0, "relation": 1, "store": "attention L0", "head": 0}]).to_csv(study, index=False)
+    out.write_text("mine")
+    assert reach.main([str(tmp_path / "missing"), str(study), "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_text() == "mine"
