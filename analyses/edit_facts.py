@@ -33,7 +33,7 @@ from models.out_folder import FORCE_HELP, prepare_out
 from models.section import one_layer
 from probe import columns, edit_keys
 from probe.edit_effects import edit_effects
-from probe.edit_values import VALUES, recorded_settings
+from probe.edit_values import VALUES, found_by, recorded_settings
 from probe.editing import POSITIONS, FactEdit, carrying_head, checked_edits, edit_facts, held
 from probe.prompts import fact_batch
 from tasks.factual_recall import FactualRecallTask
@@ -185,6 +185,8 @@ def main(argv=None) -> int:
     table["old_name"] = [task.answer_label(a) for a in table["old_answer"]]
     table["new_name"] = [task.answer_label(a) for a in table["new_answer"]]
     table["boost"] = edited.boosts
+    if settings.value != "closed":
+        table["value"] = found_by(edited.optimised)
     norms = {}
     for key, delta in edited.deltas.items():  # blocks.L.mlp.W_out, blocks.L.attn.W_O
         layer, weight = int(key.split(".")[1]), key.split(".")[-1]

@@ -147,6 +147,7 @@ def single_edits(model, task, located: pd.DataFrame, settings: StudySettings, se
                 one = table.iloc[0]
                 rows.append({**row, **edit_counts.single_counts(one, spec, settings.contexts),
                              "old_rank": one["old_rank"], "leak": one["leak"], "boost": one["boost"],
+                             **({"value": one["value"]} if "value" in one else {}),
                              "weight_change": one["weight_change"]})
     return pd.DataFrame(rows)
 
@@ -168,7 +169,8 @@ def mass_edits(model, task, located: pd.DataFrame, settings: StudySettings, seed
                 row = {"facts_edited": n, "draw": draw, "store": store, **columns_first}
                 rows.append({**row, REFUSED: refusal} if refusal else
                             {**row, **edit_counts.batch_counts(table, spec, settings.contexts),
-                             "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0])})
+                             "others": spec["all"]["facts"], "weight_change": float(table["weight_change"].iloc[0]),
+                             **({"optimised": int((table["value"] == "optimised").sum())} if "value" in table else {})})
     return pd.DataFrame(rows)
 
 
@@ -197,13 +199,14 @@ def figure(single: pd.DataFrame, mass: pd.DataFrame, path: Path | None = None):
     left.set_xticks(list(x), names, fontsize=7, rotation=90)
     left.set(ylim=(0, 1.05), ylabel="share", title="One fact edited: by storage label @ store")
     left.legend(fontsize=8, loc="lower left")
-    for (ckpt, store), part in mass.groupby(["checkpoint", "store"]):
+    for (ckpt, store), part in mass.groupby(["checkpoint", "store"]) if "kept" in mass else ():  # none: all refused
         means = part.groupby("facts_edited")["kept"].mean()
         right.plot(means.index, means.values, marker="o",
                    label=f"{Path(ckpt).name} (fill {part['fill'].iloc[0]:.2f}) @ {store}")
     right.set(xscale="log", ylim=(0, 1.05), xlabel="facts edited at once", ylabel="other facts kept",
               title="Mass editing")
-    right.legend(fontsize=7)
+    if right.get_lines():
+        right.legend(fontsize=7)
     return save_figure(fig, path)
 
 

@@ -17,6 +17,7 @@ from analyses import edit_counts
 from probe import columns, edit_keys
 from probe.edit_effects import edit_effects
 from probe.edit_stores import lives_in, name, stores
+from probe.edit_values import found_by
 from probe.editing import FactEdit, carrying_head, edit_facts
 from probe.hooks import has_mlp, model_device
 from probe.prompts import fact_batch
@@ -37,6 +38,8 @@ def measure(model, task, edits: list[FactEdit], settings, seed: int) -> tuple[pd
                                                                   in zip(edited.edits, edited.old_answers)],
                                       settings.contexts, seed)
     table["boost"] = edited.boosts
+    if settings.value != "closed":
+        table["value"] = found_by(edited.optimised)
     table["weight_change"] = sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5
     return table, specificity
 

@@ -86,6 +86,12 @@ def optimised_value(model, tokens: torch.Tensor, positions: torch.Tensor, new: i
     return delta.detach()
 
 
+def found_by(optimised) -> list[str]:
+    """Each edit's value as results record it (a `value` column, beside any run's but the closed
+    form's): `optimised` (ROME's v*) or `closed`."""
+    return ["optimised" if o else "closed" for o in optimised]
+
+
 def recorded_settings(settings: dict) -> dict:
     """An edit's settings as results record them: `value` only where it is not the closed form,
     so that the closed form's results read as before."""

@@ -10,14 +10,15 @@ the least residual change that puts a_new `margin` logits above every other answ
 a_old below it): through the frozen unembedding's dual basis for the last block's write at
 the last position, else through the later blocks' first-order map (edit_keys.output_map,
 in W_U's place), or with value='optimise' by ROME's optimisation (probe/edit_values.py); the
-default 'auto' takes the closed form where it is exact (closed_form_exact) and optimises elsewhere. A key under
+default 'auto' keeps the closed form where it (doubled as below) makes a_new win on all the
+fact's prompts, and takes ROME's v* for the facts where it does not. A key under
 KEY_FLOOR of the keys' typical norm carries nothing: the write is refused (EmptyKey), not
 blown up by C^-1. W' = W + C^-1 k* Lambda^T, Lambda = (v* - W k*) / (k*^T C^-1 k*). Where a
 fact lives in both stores, the head writes half of the change and the MLP, keyed on the
 model the head's write left, the rest. What the closed form misses (the block's MLP reading
 its heads' new write, the later blocks past first order, keys that vary over contexts,
 d_model < R*D) is made up by doubling a fact's
-change until the new answer wins on the fact's prompts (`tries` times at most).
+change (or v*) until the new answer wins on the fact's prompts (`tries` times at most).
 """
 from __future__ import annotations
 
@@ -37,13 +38,6 @@ from tasks.factual_recall import FactualRecallTask
 AT = ("mlp", "ov", "both")  # where a fact is written
 POSITIONS = ("last", "subject")  # where an MLP write's key is read
 TIE = 0.01  # heads' shares restored (and their keys' norms, relative) this close are a tie
-
-
-def closed_form_exact(model, layer: int, position: str) -> bool:
-    """Whether the closed-form value reaches the logits asked for: the last block's write at the
-    last position (only the unembedding after it) with d_model >= the answers' count, so that
-    W_U [d_model, O] has a right inverse."""
-    return position == "last" and layer == model.cfg.n_layers - 1 and model.cfg.d_model >= model.cfg.d_vocab_out
 
 
 def store_key(store: str, layer: int = 0) -> str:
@@ -78,7 +72,8 @@ class Edited:
     edits: tuple[FactEdit, ...]  # as written (each ov write's head and each layer filled in)
     old_answers: tuple[int, ...]  # each edited fact's answer before the edit
     deltas: dict[str, torch.Tensor] = field(default_factory=dict)  # checkpoint key -> dW, its layout
-    boosts: tuple[float, ...] = ()  # how many times each fact's closed-form change was taken
+    boosts: tuple[float, ...] = ()  # how many times each fact's value (closed-form change, or v*) was taken
+    optimised: tuple[bool, ...] = ()  # whether each fact's value is ROME's v* (else the closed form)
 
 
 def carrying_head(restored: Sequence[float], key_norms: Sequence[float]) -> int:
@@ -162,24 +157,41 @@ def edit_facts(model, task: FactualRecallTask, edits: Sequence[FactEdit], contex
     should win, `form` the batched write (edit_keys.write), `value` how each write's value is
     found: `closed` (the margin through W_U or the later blocks' first-order map), `optimise`
     (ROME's v*, probe/edit_values.py; doubled as the closed form's where it does not win), or
-    `auto` (closed where closed_form_exact, optimised elsewhere)."""
+    `auto` (the closed form for the facts it wins, then ROME's v* for the others)."""
     if value not in edit_values.VALUES:
         raise ValueError(f"a write's value is one of {', '.join(edit_values.VALUES)}, got {value!r}.")
     edits = checked_edits(model, task, edits)
     held(model, task, edits, contexts, seed)
     old = tuple(int(task.facts[e.subject, e.relation]) for e in edits)
-    boosts = torch.ones(len(edits))
-    optimised = {}  # ROME's v* of each write, by the model it was keyed on: found once, not on every try
+    new = torch.tensor([e.answer for e in edits])
+    optimise = torch.full((len(edits),), value == "optimise")  # [n] whose value is ROME's v*
+    found = {}  # ROME's v* of each write, by the model it was keyed on: found once, not on every try
+    edited, deltas, boosts, wins = _tried(model, task, edits, contexts, seed, margin, form, ridge, tries, new, optimise,
+                                          torch.ones(len(edits)), found)
+    if value == "auto" and not wins.all():  # ROME's v* for the facts the closed form does not reach
+        optimise = ~wins
+        edited, deltas, boosts, wins = _tried(model, task, edits, contexts, seed, margin, form, ridge, tries, new,
+                                              optimise, torch.where(optimise, 1.0, boosts), found)
+    return Edited(edited, edits, old, deltas, tuple(boosts.tolist()), tuple(optimise.tolist()))
+
+
+def _tried(model, task, edits, contexts, seed, margin, form, ridge, tries, new, optimise, boosts, found):
+    """The writes, each fact's value doubled until its new answer wins on its prompts (`tries`
+    writes at most): (edited model, deltas, boosts [n], wins [n])."""
     for attempt in range(tries):
-        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge, value, margin,
-                                  optimised)
-        logits = _fact_logits(edited, task, edits, contexts, seed)  # [n, contexts, O]
-        new = torch.tensor([e.answer for e in edits], device=logits.device)
-        wins = (logits.argmax(-1) == new[:, None]).all(1).cpu()  # [n]
+        edited, deltas = _written(model, task, edits, contexts, seed, margin * boosts, form, ridge, optimise, margin,
+                                  found)
+        wins = _wins(edited, task, edits, contexts, seed, new)
         if wins.all() or attempt == tries - 1:
             break
         boosts = torch.where(wins, boosts, 2 * boosts)
-    return Edited(edited, edits, old, deltas, tuple(boosts.tolist()))
+    return edited, deltas, boosts, wins
+
+
+def _wins(model, task, edits, contexts, seed, new: torch.Tensor) -> torch.Tensor:
+    """Whether each edit's new answer (ids `new` [n]) wins on all its prompts [n], on the CPU."""
+    logits = _fact_logits(model, task, edits, contexts, seed)  # [n, contexts, O]
+    return (logits.argmax(-1) == new.to(logits.device)[:, None]).all(1).cpu()
 
 
 def _writes(edits: Sequence[FactEdit]) -> list:
@@ -194,10 +206,10 @@ def _writes(edits: Sequence[FactEdit]) -> list:
     return sorted(groups.items())
 
 
-def _written(model, task, edits, contexts, seed, margins, form, ridge, value, margin, optimised: dict):
+def _written(model, task, edits, contexts, seed, margins, form, ridge, optimise, margin, found: dict):
     """A copy of `model` with every write made in the forward's order (each keyed on the model
-    the earlier writes left); where `value` optimises a write, ROME's v* (each taken
-    margins / margin times), kept in `optimised` under the write and the margins of the writes
+    the earlier writes left); the facts where `optimise` [n] take ROME's v* (taken
+    margins / margin times), kept in `found` under the write and the margins of the writes
     before it, which fix the model it is keyed on."""
     edited = copy.deepcopy(model)
     deltas, before = {}, []
@@ -206,9 +218,8 @@ def _written(model, task, edits, contexts, seed, margins, form, ridge, value, ma
         layer, kind, head, position = where
         store = ("ov", "mlp")[kind]
         share = torch.tensor([0.5 if edits[i].at == "both" and store == "ov" else 1.0 for i in chosen])
-        closed = value == "closed" or (value == "auto" and closed_form_exact(model, layer, position))
         dW = _store_write(edited, task, [edits[i] for i in chosen], batch, contexts, store, head, layer, position,
-                          margins[chosen] * share, form, ridge, None if closed else margin, optimised,
+                          margins[chosen] * share, form, ridge, optimise[chosen], margin, found,
                           (where, tuple(before)))  # [d_key, d_model]
         before += (margins[chosen] * share).tolist()
         if store == "ov":  # [d_head, d_model] -> W_O's [head, d_head, d_model]
@@ -220,10 +231,10 @@ def _written(model, task, edits, contexts, seed, margins, form, ridge, value, ma
 
 
 def _store_write(model, task, edits, batch, contexts, store, head, layer, position, margins, form, ridge,
-                 optimise=None, optimised=None, state=None):
-    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits (or, with
-    `optimise` the margin asked, each ROME's v* taken margins[i] / optimise times, found once
-    per `state` in the dict `optimised`); EmptyKey where a fact's key carries nothing."""
+                 optimise, margin, found, state):
+    """dW of one store [d_key, d_model] for `edits`, each asking `margins[i]` logits: the closed
+    form's value, or where `optimise` [n] ROME's v* taken margins[i] / margin times (found once
+    per `state` in the dict `found`); EmptyKey where a fact's key carries nothing."""
     at = None if position == "last" else batch.subject_pos
     keys = edit_keys.store_keys(model, batch.tokens, store, head, layer, at)  # [F_all * contexts, d_key]
     C = edit_keys.second_moment(keys if at is None else
@@ -239,24 +250,37 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
                 f"fact {e.subject}:{e.relation} has no key at {where}: its norm {norm:.3g} is under "
                 f"{edit_keys.KEY_FLOOR:g} of the keys' typical norm {typical:.3g} (root mean square over the task's "
                 "prompts), so a write there cannot reach it; write it at another store.")
-    if optimise is not None:
-        if state not in optimised:
-            optimised[state] = _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows)
-        return edit_keys.write(C, k_star, optimised[state] * (margins / optimise)[:, None].to(k_star), form)
+    values = torch.zeros(len(edits), model.cfg.d_model, dtype=k_star.dtype, device=k_star.device)  # [n, d_model]
+    closed = ~optimise  # [n], on the CPU as margins
+    if closed.any():
+        values[closed.to(values.device)] = _closed_values(
+            model, task, [e for e, c in zip(edits, closed.tolist()) if c], batch, contexts, store, layer, at,
+            rows[closed.to(rows.device)], margins[closed]).to(values)
+    if optimise.any():
+        if state not in found:  # ROME's v* on the model this write is keyed on: the same on every try
+            found[state] = _optimised(model, task, [e for e, o in zip(edits, optimise.tolist()) if o], batch, contexts,
+                                      store, head, layer, at, rows[optimise.to(rows.device)])
+        values[optimise.to(values.device)] = (found[state] * (margins[optimise] / margin)[:, None].to(found[state])
+                                              ).to(values)
+    return edit_keys.write(C, k_star, values, form)
+
+
+def _closed_values(model, task, edits, batch, contexts, store, layer, at, rows, margins) -> torch.Tensor:
+    """The closed form's value [n, d_model] of each edit: the least change of the store's output
+    that moves the logits by the margin asked, through W_U or the later blocks' first-order map."""
     logits = _fact_logits(model, task, edits, contexts, tokens=batch.tokens)  # [n, contexts, O]
-    old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=keys.device)
-    new = torch.tensor([e.answer for e in edits], device=keys.device)
+    old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=rows.device)
+    new = torch.tensor([e.answer for e in edits], device=rows.device)
     change = torch.cat([edit_keys.logit_change(logits[i:i + 1], old[i:i + 1], new[i:i + 1], float(margins[i]))
                         for i in range(len(edits))])  # [n, O]
     if at is None and layer == model.cfg.n_layers - 1:  # the last block's write at the last position
-        values = edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model] through W_U
-    else:  # a block below the last, or the subject's position: through the later blocks, to first order
-        where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, batch.tokens.shape[1] - 1)
-        prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device))  # [n, contexts]
-        values = torch.cat([edit_keys.residual_change(
-            edit_keys.output_map(model, batch.tokens[p], layer, where[p], store), change[i:i + 1])
-            for i, p in enumerate(prompts)])  # [n, d_model]
-    return edit_keys.write(C, k_star, values, form)
+        return edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model] through W_U
+    # a block below the last, or the subject's position: through the later blocks, to first order
+    where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, batch.tokens.shape[1] - 1)
+    prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device))  # [n, contexts]
+    return torch.cat([edit_keys.residual_change(
+        edit_keys.output_map(model, batch.tokens[p], layer, where[p], store), change[i:i + 1])
+        for i, p in enumerate(prompts)])  # [n, d_model]
 
 
 def _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows) -> torch.Tensor:

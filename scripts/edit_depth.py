@@ -26,7 +26,7 @@ from models.out_folder import claim, only
 from probe import edit_keys
 from probe.edit_effects import edit_effects
 from probe.edit_stores import name, stores
-from probe.edit_values import VALUES
+from probe.edit_values import VALUES, found_by
 from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.prompts import fact_batch
 
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
             table, spec = edit_effects(model, edited.model, task, [(s, r, edited.old_answers[0], new)], args.contexts)
             rows.append({**row, "efficacy": table["efficacy"][0], "leak": table["leak"][0],
                          "boost": edited.boosts[0], **{f"kept_{g}": spec[g]["share"] for g in spec},
+                         **({} if args.value == "closed" else {"value": found_by(edited.optimised)[0]}),
                          "weight_change": sum(float(d.norm() ** 2) for d in edited.deltas.values()) ** 0.5})
     edits = pd.DataFrame(rows)
     run = f"margin{args.margin:g}" + ("" if args.value == "closed" else f"_{args.value}")

@@ -1,8 +1,6 @@
-"""The editor's default value, `auto` (probe/editing.py): the closed form where it is exact (the
-last block's write at the last position, d_model >= the answers' count), ROME's optimisation
-elsewhere; and ROME's v*, found once per model it is keyed on, not again on each doubling."""
-from types import SimpleNamespace
-
+"""The editor's default value, `auto` (probe/editing.py): the closed form where it (doubled up
+to `tries` times) wins, ROME's v* for the facts where it does not; and ROME's v*, found once per
+model it is keyed on, not again on each doubling."""
 import pytest
 import torch
 
@@ -10,15 +8,15 @@ from models import build_bridge, load
 from models.recall.constructions import CONSTRUCTION_TASK
 from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for
 from probe import edit_values, editing
-from probe.editing import FactEdit, closed_form_exact, edit_facts
+from probe.editing import FactEdit, edit_facts
 
-TASK = CONSTRUCTION_TASK.build()  # O = R * D = 16 answers
+TASK = CONSTRUCTION_TASK.build()
 
 
 @pytest.fixture(scope="module")
 def mixed():
-    """The two-layer construction (d = 80): facts in block 0's heads, block 1's MLP, or enriched
-    at block 0's MLP at the subject's position."""
+    """The two-layer construction: facts in block 0's heads, block 1's MLP, or enriched at block
+    0's MLP at the subject's position; the closed form is exact at every store."""
     return build_bridge(DEPTH_MODEL.checkpoint_section(TASK), build_depth(TASK, DEPTH_MODEL, plan_for("mixed", TASK)),
                         task=TASK)
 
@@ -33,57 +31,46 @@ def other_answer(task, s: int, r: int) -> int:
     return block[(int(task.facts[s, r]) - block.start + 1) % len(block)]
 
 
-@pytest.mark.parametrize("d_model, layer, position, exact", [
-    (16, 1, "last", True),  # d = O: W_U [16, 16] is invertible
-    (15, 1, "last", False),  # d < O: least squares only
-    (80, 0, "last", False),  # a block below the last: the later block is in between
-    (80, 0, "subject", False),
-    (80, 1, "subject", False),
-])
-def test_the_closed_form_is_exact_at_the_last_block_s_last_position_when_d_holds_the_answers(d_model, layer, position,
-                                                                                              exact):
-    model = SimpleNamespace(cfg=SimpleNamespace(d_model=d_model, n_layers=2, d_vocab_out=16))
-    assert closed_form_exact(model, layer, position) is exact
-
-
 def counted(monkeypatch, scale: float = 1.0) -> list:
-    """Count (and scale) every optimised value the editor asks for."""
+    """Count (and scale) every optimised value the editor asks for; each call records its layer."""
     calls, optimise = [], edit_values.optimised_value
 
     def value(*args):
-        calls.append(args[-1])  # the layer
+        calls.append(args[-1])
         return scale * optimise(*args)
     monkeypatch.setattr(edit_values, "optimised_value", value)
     return calls
 
 
-def test_auto_takes_the_closed_form_where_exact_and_optimises_below(mixed, monkeypatch):
-    """On the two-layer construction, one batch: block 1's MLP fact at the last position (exact:
-    d = 80 >= 16) is written as the closed form writes it, block 0's MLP fact at the subject's
-    position as ROME's v* writes it; only block 0's value is optimised."""
-    last, subject = FactEdit(1, 0, other_answer(TASK, 1, 0), "mlp"), FactEdit(0, 1, other_answer(TASK, 0, 1), "mlp",
-                                                                                position="subject")
+def test_where_the_closed_form_wins_auto_writes_it_and_optimises_nothing(mixed, monkeypatch):
+    """On the construction one batch, block 1's MLP at the last position and block 0's MLP at the
+    subject's: the closed form wins both, so auto writes exactly what `closed` writes (ROME's v*
+    would not: optimised, block 0's write differs)."""
+    edits = [FactEdit(1, 0, other_answer(TASK, 1, 0), "mlp"),
+             FactEdit(0, 1, other_answer(TASK, 0, 1), "mlp", position="subject")]
     calls = counted(monkeypatch)
-    auto = edit_facts(mixed, TASK, [last, subject], contexts=4, tries=1).deltas
-    assert calls == [0]
-    closed = edit_facts(mixed, TASK, [last], contexts=4, tries=1, value="closed").deltas
-    optimised = edit_facts(mixed, TASK, [subject], contexts=4, tries=1, value="optimise").deltas
-    assert torch.allclose(auto["blocks.1.mlp.W_out"], closed["blocks.1.mlp.W_out"], atol=1e-6)
-    assert torch.allclose(auto["blocks.0.mlp.W_out"], optimised["blocks.0.mlp.W_out"], atol=1e-6)
-    assert not torch.allclose(optimised["blocks.0.mlp.W_out"], edit_facts(
-        mixed, TASK, [subject], contexts=4, tries=1, value="closed").deltas["blocks.0.mlp.W_out"], atol=1e-3)
+    auto = edit_facts(mixed, TASK, edits, contexts=4)
+    assert calls == [] and auto.optimised == (False, False) and auto.boosts == (1.0, 1.0)
+    closed = edit_facts(mixed, TASK, edits, contexts=4, value="closed")
+    assert set(auto.deltas) == set(closed.deltas) == {"blocks.0.mlp.W_out", "blocks.1.mlp.W_out"}
+    assert all(torch.equal(auto.deltas[k], closed.deltas[k]) for k in auto.deltas) and closed.optimised == (False,) * 2
+    optimised = edit_facts(mixed, TASK, edits[1:], contexts=4, tries=1, value="optimise")
+    assert optimised.optimised == (True,) and calls == [0]
+    assert not torch.allclose(optimised.deltas["blocks.0.mlp.W_out"], closed.deltas["blocks.0.mlp.W_out"], atol=1e-3)
 
 
-def test_on_a_one_layer_model_with_room_for_every_answer_auto_is_the_closed_form(tiny, monkeypatch):
-    """The tiny preset (one layer, d = 32 >= R * D = 16): auto never optimises, and writes what
-    the closed form writes, at the heads and at the MLP."""
+def test_where_the_closed_form_s_first_write_loses_auto_takes_rome_s_value_for_that_fact_only(tiny, monkeypatch):
+    """The tiny preset, one try: fact 2:2 at head 2 (the MLP reads the head's write; the closed
+    form's first try loses, tests/test_edit_values.py) and fact 3:1 at the MLP (it wins) in one
+    batch: auto optimises 2:2's value alone, and writes what `optimise` writes for 2:2 alone."""
     model, task = tiny
+    head, mlp = FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2), FactEdit(3, 1, other_answer(task, 3, 1), "mlp")
     calls = counted(monkeypatch)
-    edits = [FactEdit(3, 1, other_answer(task, 3, 1), "both", 0)]
-    auto, closed = (edit_facts(model, task, edits, 4, value=v) for v in ("auto", "closed"))
-    assert calls == [] and auto.boosts == closed.boosts and set(auto.deltas) == set(closed.deltas) == {
-        "blocks.0.attn.W_O", "blocks.0.mlp.W_out"}
-    assert all(torch.equal(auto.deltas[k], closed.deltas[k]) for k in auto.deltas)
+    auto = edit_facts(model, task, [head, mlp], 8, tries=1)
+    assert auto.optimised == (True, False) and calls == [0]
+    alone = edit_facts(model, task, [head], 8, tries=1, value="optimise")
+    assert torch.allclose(auto.deltas["blocks.0.attn.W_O"], alone.deltas["blocks.0.attn.W_O"], atol=1e-6)
+    assert edit_facts(model, task, [head], 8, tries=1, value="closed").optimised == (False,)
 
 
 def test_rome_s_value_is_found_once_per_model_it_is_keyed_on_across_doublings(tiny, monkeypatch):
@@ -99,5 +86,5 @@ def test_rome_s_value_is_found_once_per_model_it_is_keyed_on_across_doublings(ti
     assert tries >= 3 and len(calls) == 1 + tries
     checked = editing.checked_edits(model, task, edits)
     _, fresh = editing._written(model, task, checked, 4, 0, 2.0 * torch.tensor(edited.boosts), "exact",
-                                editing.edit_keys.RIDGE, "optimise", 2.0, {})
+                                editing.edit_keys.RIDGE, torch.ones(1, dtype=torch.bool), 2.0, {})
     assert all(torch.allclose(edited.deltas[k], fresh[k], atol=1e-5 * float(fresh[k].abs().max())) for k in fresh)

@@ -58,10 +58,10 @@ def test_an_ov_write_at_the_head_asked_is_written_recorded_and_printed_line_by_l
     edits = pd.read_csv(folder / "edits.csv")
     assert list(edits.columns) == ["subject", "relation", "at", "head", "layer", "position", "old_answer",
                                    "new_answer", "efficacy", "efficacy_low", "efficacy_high", "old_rank", "new_margin",
-                                   "leak", "old_name", "new_name", "boost"]
+                                   "leak", "old_name", "new_name", "boost", "value"]
     e = edits.iloc[0]
-    assert (e["at"], e["head"], e["layer"], e["position"], e["old_name"], e["new_name"], e["boost"], e["efficacy"]) == \
-        ("ov", 0, 0, "last", "R1:a3", "R1:a0", 1.0, 1.0)
+    assert (e["at"], e["head"], e["layer"], e["position"], e["old_name"], e["new_name"], e["boost"], e["efficacy"],
+            e["value"]) == ("ov", 0, 0, "last", "R1:a3", "R1:a0", 1.0, 1.0, "closed")  # the closed form's write won
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["settings"] == {"contexts": 8, "margin": 3.0, "form": "exact", "value": "auto", "seed": 0,
                                    "at": "ov", "head": 0, "layer": None, "position": "last", "edits": [[3, 1, 4]]}

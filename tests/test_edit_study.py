@@ -199,6 +199,7 @@ def test_every_share_is_counted_with_its_wilson_interval(theorem4, tmp_path, cap
     assert (mass["kept_n"] == (facts - mass["facts_edited"]) * contexts).all()
     assert (mass["others"] == facts - mass["facts_edited"]).all() and (mass["weight_change"] > 0).all()
     assert (study["checkpoint"] == str(theorem4)).all() and (mass["checkpoint"] == str(theorem4)).all()
+    assert (study["value"] == "closed").all() and (mass["optimised"] == 0).all()  # the closed form wins on Theorem 4
     cells = {(c["facts_edited"], c["store"]): c for c in record["mass"]}  # each batch size's counts, added
     assert (cells[4, "mlp"]["efficacy_n"], cells[4, "mlp"]["won_n"], cells[4, "mlp"]["kept_n"]) == (
         4 * contexts, 4, (facts - 4) * contexts)
@@ -437,6 +438,9 @@ def test_the_figure_shows_each_pooled_share_with_its_wilson_interval_and_the_mea
     assert left.get_ylim() == right.get_ylim() == (0, 1.05) and right.get_xscale() == "log"  # set: no share is 1
     lines = {line.get_label(): line.get_xydata().tolist() for line in right.get_lines()}
     assert lines == {"a (fill 0.25) @ mlp": [[1, 0.75], [4, 0.5]], "b (fill 0.50) @ mlp": [[1, 1.0], [4, 0.0]]}
+    refused = pd.DataFrame({"checkpoint": ["runs/c"], "store": ["mlp"], "facts_edited": [4], "draw": [0],
+                            "fill": [0.5], "refused": ["fact 4:9 has no key at layer 0's MLP"]})
+    assert figure(single, refused).axes[1].get_lines() == []  # every batch refused: nothing kept to draw
 
 
 def test_the_report_gives_each_pool_its_counts_and_refusals_in_whole_lines():

@@ -101,13 +101,13 @@ def test_a_change_that_does_not_win_is_doubled_up_to_tries_times_and_one_that_wi
     short of 3:1's margin by q / (1 + q) and is doubled once; 1:2 on its own head wins at once."""
     model = construction("attention")
     edits = [FactEdit(3, 1, A31, "ov", 0), FactEdit(1, 2, other_answer(1, 2), "ov", 1)]
-    short = edit_facts(model, TASK, edits, margin=-1.0)
+    short = edit_facts(model, TASK, edits, margin=-1.0, value="closed")
     assert short.boosts == (8.0, 8.0)  # 4 tries: 1, 2, 4, 8
     assert (new_margin(short.model, 3, 1, A31) + 8.0).abs().max() < 1e-3
-    assert edit_facts(model, TASK, edits, margin=-1.0, tries=2).boosts == (2.0, 2.0)
+    assert edit_facts(model, TASK, edits, margin=-1.0, tries=2, value="closed").boosts == (2.0, 2.0)
     edits = [FactEdit(3, 1, A31, "ov", 3), FactEdit(1, 2, other_answer(1, 2), "ov", 1)]
-    assert edit_facts(model, TASK, edits, form="memit", tries=1).boosts == (1.0, 1.0)
-    doubled = edit_facts(model, TASK, edits, form="memit")
+    assert edit_facts(model, TASK, edits, form="memit", tries=1, value="closed").boosts == (1.0, 1.0)
+    doubled = edit_facts(model, TASK, edits, form="memit", value="closed")
     assert doubled.boosts == (2.0, 1.0)
     assert new_margin(doubled.model, 3, 1, A31).min() > 0.5  # won at twice the change (short at once: -0.43)
     chosen = [(0, 0), (3, 1), (5, 2), (7, 3), (3, 2)]  # Theorem 4: each fact's own unit, all exact at once
