@@ -277,6 +277,6 @@ def test_a_write_after_a_doubled_one_is_optimised_again_on_the_model_it_left(tin
     edited = edit_facts(model, task, edits, 4, tries=2, value="optimise")
     assert edited.boosts[:2] == (2.0, 1.0)
     _, fresh = editing._written(model, task, edits, 4, 0, 2.0 * torch.tensor(edited.boosts), "exact", edit_keys.RIDGE,
-                                "optimise", 2.0, {})
+                                torch.ones(3, dtype=torch.bool), 2.0, {})
     assert all(torch.allclose(edited.deltas[k], fresh[k], rtol=0, atol=1e-5 * float(fresh[k].abs().max()))
                for k in ("blocks.0.attn.W_O", "blocks.0.mlp.W_out"))
