@@ -89,7 +89,8 @@ def test_a_value_that_is_no_method_is_refused_in_one_line(tiny):
 
 def test_the_command_line_writes_an_optimised_edit_apart_from_the_closed_form_s(tiny_ckpt, tmp_path, capsys):
     """`--value optimise` reaches edit_facts: fact 5:2 at head 2 wins (the closed form's first
-    try does not), in a settings folder of its own, the summary recording the value."""
+    try does not), in a settings folder of its own, the summary recording the value and edits.csv
+    the value each edit took."""
     import json
     import shutil
 
@@ -102,7 +103,8 @@ def test_the_command_line_writes_an_optimised_edit_apart_from_the_closed_form_s(
     code, said, _ = run_main(command.main, [ckpt, "--fact", "5:2", "--to", "R2:a0", "--at", "ov", "--head", "2",
                                             "--value", "optimise", "--device", "cpu", "--quiet"], capsys)
     folder = ckpt / "analysis" / "edit_facts" / "5-2_to_8_at-ov" / "value-optimise"
-    assert code == 0 and pd.read_csv(folder / "edits.csv")["efficacy"].tolist() == [1.0]
+    edits = pd.read_csv(folder / "edits.csv")
+    assert code == 0 and edits["efficacy"].tolist() == [1.0] and edits["value"].tolist() == ["optimised"]
     assert json.loads((folder / "summary.json").read_text())["settings"]["value"] == "optimise"
 
 
@@ -126,6 +128,7 @@ def test_results_of_the_closed_form_record_their_settings_as_before():
     settings = {"contexts": 8, "margin": 2.0, "value": "closed"}
     assert edit_values.recorded_settings(settings) == {"contexts": 8, "margin": 2.0}
     assert edit_values.recorded_settings({**settings, "value": "optimise"}) == {**settings, "value": "optimise"}
+    assert edit_values.found_by((True, False)) == ["optimised", "closed"]  # each edit's value, in results' tables
 
 
 @pytest.fixture(scope="module")
