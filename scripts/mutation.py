@@ -44,7 +44,7 @@ MODULES = {
     "analyses/hops.py": ["tests/test_hops_command.py", "tests/test_hops.py", "-m", "not slow"],
     "probe/editing.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_edit_facts_cli.py",
                          "tests/test_editing_mutants.py", "tests/test_editing_deeper.py",
-                         "tests/test_edit_values.py", "tests/test_edit_auto.py"],
+                         "tests/test_edit_values.py", "tests/test_edit_auto.py", "tests/test_edit_value_choice.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_editing_deeper.py"],
     "probe/edit_effects.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
     "probe/edit_values.py": ["tests/test_edit_values.py"],

@@ -1,0 +1,47 @@
+"""The editor's value choice at its edges (probe/editing.py): every prompt an edit reads is drawn
+with the seed given, and ROME's v* of a fact whose subject has no other facts (a one-relation
+task: no prompts for the KL term)."""
+import pytest
+
+from models import build_bridge, load
+from models.recall.config import TaskConfig
+from models.recall.constructions import CONSTRUCTION_MODEL, build
+from probe import editing
+from probe.edit_effects import edit_effects
+from probe.editing import FactEdit, edit_facts
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_ckpt):
+    return load(tiny_ckpt, device="cpu")
+
+
+def test_every_prompt_an_auto_edit_reads_is_drawn_with_the_seed_given(tiny, monkeypatch):
+    """Fact 2:2 at head 2 (the closed form's first try loses: tests/test_edit_values.py) and 3:1
+    at the MLP, seed 3: the held check, the keys and C, the closed form's logits, ROME's v* and
+    the test of a win all read prompts drawn with seed 3, none with the default 0."""
+    model, task = tiny
+    seeds, drawn = [], editing.fact_batch
+
+    def fact_batch(task, contexts, seed, *args, **kwargs):
+        seeds.append(seed)
+        return drawn(task, contexts, seed, *args, **kwargs)
+    monkeypatch.setattr(editing, "fact_batch", fact_batch)
+    edited = edit_facts(model, task, [FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2),
+                                      FactEdit(3, 1, task.relation_answers(1)[0], "mlp")], 8, seed=3, tries=1)
+    assert edited.optimised == (True, False) and len(seeds) >= 4 and set(seeds) == {3}
+
+
+def test_a_subject_with_no_other_facts_is_optimised_without_the_kl_term():
+    """The MLP construction on a one-relation task: subject 3's fact has no other facts of its
+    subject, so ROME's v* has no prompts for the KL term; it is optimised on the NLL and the
+    weight decay alone, and wins all 4 contexts at the first try, keeping the 7 other facts."""
+    task = TaskConfig(n_subjects=8, n_relations=1, answers_per_relation=4, n_noise=16, seq_len=12).build()
+    model = build_bridge(CONSTRUCTION_MODEL.checkpoint_section(task), build("mlp", task, CONSTRUCTION_MODEL),
+                         task=task)
+    block = task.relation_answers(0)
+    new = block[(int(task.facts[3, 0]) - block.start + 1) % len(block)]
+    edited = edit_facts(model, task, [FactEdit(3, 0, new, "mlp")], 4, tries=1, value="optimise")
+    table, spec = edit_effects(model, edited.model, task, [(3, 0, edited.old_answers[0], new)], 4)
+    assert edited.optimised == (True,) and edited.boosts == (1.0,) and table["efficacy"][0] == 1.0
+    assert spec["same_subject"]["facts"] == 0 and spec["all"]["facts"] == 7 and spec["all"]["share"] == 1.0
