@@ -45,3 +45,28 @@ def test_a_subject_with_no_other_facts_is_optimised_without_the_kl_term():
     table, spec = edit_effects(model, edited.model, task, [(3, 0, edited.old_answers[0], new)], 4)
     assert edited.optimised == (True,) and edited.boosts == (1.0,) and table["efficacy"][0] == 1.0
     assert spec["same_subject"]["facts"] == 0 and spec["all"]["facts"] == 7 and spec["all"]["share"] == 1.0
+
+
+def other_answer(task, s: int, r: int) -> int:
+    block = task.relation_answers(r)
+    return block[(int(task.facts[s, r]) - block.start + 1) % len(block)]
+
+
+def test_a_write_s_v_star_is_found_again_when_any_earlier_write_s_margin_changes(tiny, monkeypatch):
+    """Three writes in the forward's order: head 0's half of fact 3:1 (its v* made too weak, / 50:
+    doubled on each of 3 tries), head 2's write of fact 2:2 (v* whole: it wins at the first try,
+    its margin never changes) and the MLP's half of 3:1. The MLP is keyed on the model both
+    heads' writes left, which changes with head 0's doubling though head 2's margin does not: its
+    v* is found on every try (head 0's once, head 2's on every try), 1 + 3 + 3 in all."""
+    model, task = tiny
+    calls, optimise = [], editing.edit_values.optimised_value
+
+    def value(*args):  # optimised_value(model, tokens, positions, new, essence, positions, store, head, layer)
+        calls.append((args[6], args[7]))
+        return (1.0 if args[7] == 2 else 0.02) * optimise(*args)
+    monkeypatch.setattr(editing.edit_values, "optimised_value", value)
+    monkeypatch.setattr(editing.edit_values, "STEPS", 6)  # cheaper; head 2's v* still wins at once
+    edits = [FactEdit(3, 1, other_answer(task, 3, 1), "both", 0), FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2)]
+    edited = edit_facts(model, task, edits, 4, value="optimise", tries=3)
+    assert edited.boosts == (4.0, 1.0)
+    assert sorted(calls) == sorted([("ov", 0)] + [("ov", 2)] * 3 + [("mlp", -1)] * 3)
