@@ -19,17 +19,18 @@ def tiny(tiny_ckpt):
 def test_every_prompt_an_auto_edit_reads_is_drawn_with_the_seed_given(tiny, monkeypatch):
     """Fact 2:2 at head 2 (the closed form's first try loses: tests/test_edit_values.py) and 3:1
     at the MLP, seed 3: the held check, the keys and C, the closed form's logits, ROME's v* and
-    the test of a win all read prompts drawn with seed 3, none with the default 0."""
+    the test of a win all read prompts drawn with seed 3, none with the default 0, and the
+    default 8 contexts per fact."""
     model, task = tiny
     seeds, drawn = [], editing.fact_batch
 
     def fact_batch(task, contexts, seed, *args, **kwargs):
-        seeds.append(seed)
+        seeds.append((contexts, seed))
         return drawn(task, contexts, seed, *args, **kwargs)
     monkeypatch.setattr(editing, "fact_batch", fact_batch)
     edited = edit_facts(model, task, [FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2),
-                                      FactEdit(3, 1, task.relation_answers(1)[0], "mlp")], 8, seed=3, tries=1)
-    assert edited.optimised == (True, False) and len(seeds) >= 4 and set(seeds) == {3}
+                                      FactEdit(3, 1, task.relation_answers(1)[0], "mlp")], seed=3, tries=1)
+    assert edited.optimised == (True, False) and len(seeds) >= 4 and set(seeds) == {(8, 3)}
 
 
 def test_a_subject_with_no_other_facts_is_optimised_without_the_kl_term():
