@@ -2,6 +2,7 @@
 with the seed given, and ROME's v* of a fact whose subject has no other facts (a one-relation
 task: no prompts for the KL term)."""
 import pytest
+import torch
 
 from models import build_bridge, load
 from models.recall.config import TaskConfig
@@ -71,3 +72,29 @@ def test_a_write_s_v_star_is_found_again_when_any_earlier_write_s_margin_changes
     edited = edit_facts(model, task, edits, 4, value="optimise", tries=3)
     assert edited.boosts == (4.0, 1.0)
     assert sorted(calls) == sorted([("ov", 0)] + [("ov", 2)] * 3 + [("mlp", -1)] * 3)
+
+
+def test_a_head_write_below_the_last_block_asks_its_value_through_its_own_block_s_mlp():
+    """Construction (a) with block 0's MLP made linear along u = W_U[new] - W_U[old] (unit; it
+    writes -0.5 (u . x) u: two units on at 10, one reading u): the MLP of the head's own block
+    takes back half of the head's write along u. The closed form's map from the heads' output
+    (not the MLP's) counts that in, so the margin asked is met exactly (2.00; mapped from the
+    MLP's output instead, the same write misses the new answer, -0.77)."""
+    from models.recall.constructions import CONSTRUCTION_TASK, head_groups
+    from models.recall.deep_constructions import DEPTH_MODEL, build_depth, plan_for
+
+    task, (s, r) = CONSTRUCTION_TASK.build(), (3, 1)
+    new, old = other_answer(task, s, r), int(task.facts[s, r])
+    w = build_depth(task, DEPTH_MODEL, plan_for("last-mlp", task))
+    u = w["unembed.W_U"][:, new] - w["unembed.W_U"][:, old]
+    u = u / u.norm()  # [d_model]
+    d_model, d_mlp = w["blocks.0.mlp.W_in"].shape
+    w["blocks.0.mlp.W_in"], w["blocks.0.mlp.b_in"] = torch.zeros(d_model, d_mlp), torch.zeros(d_mlp)
+    w["blocks.0.mlp.W_in"][:, 0], w["blocks.0.mlp.b_in"][:2] = u, 10.0
+    w["blocks.0.mlp.W_out"] = torch.zeros(d_mlp, d_model)
+    w["blocks.0.mlp.W_out"][0], w["blocks.0.mlp.W_out"][1] = -0.5 * u, 0.5 * u  # -0.5 (u . x + 10) u + 5 u
+    model = build_bridge(DEPTH_MODEL.checkpoint_section(task), w, task=task)
+    head = next(h for h, group in enumerate(head_groups(task, DEPTH_MODEL.n_heads)) if s in group)
+    edited = edit_facts(model, task, [FactEdit(s, r, new, "ov", head, 0)], 4, value="closed", tries=1)
+    table, _ = edit_effects(model, edited.model, task, [(s, r, old, new)], 4)
+    assert edited.edits[0].layer == 0 and table["efficacy"][0] == 1.0 and abs(table["new_margin"][0] - 2.0) < 0.01
