@@ -47,7 +47,7 @@ MODULES = {
                          "tests/test_edit_values.py", "tests/test_edit_auto.py", "tests/test_edit_value_choice.py"],
     "probe/edit_keys.py": ["tests/test_editing.py", "tests/test_editing_depth.py", "tests/test_editing_deeper.py"],
     "probe/edit_effects.py": ["tests/test_editing.py", "tests/test_edit_facts_cli.py"],
-    "probe/edit_values.py": ["tests/test_edit_values.py"],
+    "probe/edit_values.py": ["tests/test_edit_values.py", "tests/test_edit_value_choice.py"],
     "analyses/edit_facts.py": ["tests/test_edit_facts_cli.py", "tests/test_edit_facts_mutants.py"],
     "analyses/edit_view.py": ["tests/test_edit_study.py", "tests/test_edit_view_mutants.py", "-k",
                               "report_s_edit or view"],

@@ -98,3 +98,11 @@ def test_a_head_write_below_the_last_block_asks_its_value_through_its_own_block_
     edited = edit_facts(model, task, [FactEdit(s, r, new, "ov", head, 0)], 4, value="closed", tries=1)
     table, _ = edit_effects(model, edited.model, task, [(s, r, old, new)], 4)
     assert edited.edits[0].layer == 0 and table["efficacy"][0] == 1.0 and abs(table["new_margin"][0] - 2.0) < 0.01
+
+
+def test_results_record_each_edit_s_value_as_the_one_it_took():
+    """The `value` column of edits.csv and study.csv: `optimised` where the edit took ROME's v*,
+    `closed` where it took the closed form, edit by edit."""
+    from probe.edit_values import found_by
+
+    assert found_by((True, False, True)) == ["optimised", "closed", "optimised"] and found_by(()) == []
