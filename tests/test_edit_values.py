@@ -63,14 +63,22 @@ def test_the_kl_term_keeps_the_same_subject_s_other_facts(tiny, monkeypatch):
     assert with_kl[1] == 3 * CONTEXTS and without[1] <= 3 * CONTEXTS - 4
 
 
-def test_an_empty_key_is_refused_before_any_optimisation(monkeypatch):
-    from tests.test_editing_depth import TASK, deep, other_answer
+@pytest.fixture(scope="module")
+def mixed():
+    """The two-layer mixed construction (tests/test_editing_depth.py): each fact's store known."""
+    from tests.test_editing_depth import deep
+
+    return deep("mixed")
+
+
+def test_an_empty_key_is_refused_before_any_optimisation(mixed, monkeypatch):
+    from tests.test_editing_depth import TASK, other_answer
 
     def never(*args, **kwargs):
         raise AssertionError("optimised a value for a key that carries nothing")
     monkeypatch.setattr(edit_values, "optimised_value", never)
     with pytest.raises(edit_keys.EmptyKey, match="fact 0:0 has no key at layer 1's MLP"):
-        edit_facts(deep("mixed"), TASK, [FactEdit(0, 0, other_answer(0, 0))], contexts=4, value="optimise")
+        edit_facts(mixed, TASK, [FactEdit(0, 0, other_answer(0, 0))], contexts=4, value="optimise")
 
 
 def test_a_value_that_is_no_method_is_refused_in_one_line(tiny):
@@ -203,3 +211,50 @@ def test_v_star_reaches_only_the_key_s_position(subject_5):
     got = edit_values.optimised_value(model, tokens, first[:len(tokens)], new, essence, first[len(tokens):], "mlp",
                                       None, 0)
     assert torch.equal(got, torch.zeros(model.cfg.d_model))
+
+
+def test_memit_s_optimised_write_of_one_key_is_the_exact_write_shrunk(tiny):
+    """MEMIT's batched form (C + k k^T)^-1 k v^T of one key is the exact write C^-1 k v^T / (k^T C^-1 k)
+    times a / (1 + a), a = k^T C^-1 k (Sherman-Morrison): the same direction, reaching the key only
+    in part (0.98 of it for fact 3:1 at the tiny model's MLP, whose a is near 49)."""
+    model, task = tiny
+    edit = [FactEdit(3, 1, task.relation_answers(1)[0], "mlp")]
+    exact, memit = (edit_facts(model, task, edit, CONTEXTS, tries=1, value="optimise", form=form)
+                    .deltas["blocks.0.mlp.W_out"] for form in ("exact", "memit"))  # [d_mlp, d_model]
+    share = float((exact * memit).sum() / exact.pow(2).sum())
+    assert 0.9 < share < 0.995 and float((memit - share * exact).norm()) < 0.01 * float(memit.norm())
+
+
+def test_a_doubled_optimised_write_is_twice_the_first_and_a_head_s_half_of_both_is_half(tiny, monkeypatch):
+    """With one Adam step (STEPS = 2) fact 2:2's write at head 2 does not win at the first try: the
+    second try takes v* twice, the whole change twice the first try's. Written at both stores, the
+    head writes half of the change (the MLP, keyed on the model the head's write left, the rest)."""
+    model, task = tiny
+    monkeypatch.setattr(edit_values, "STEPS", 2)
+    edit = FactEdit(2, 2, task.relation_answers(2)[0], "ov", 2)
+    once, twice = (edit_facts(model, task, [edit], CONTEXTS, tries=tries, value="optimise") for tries in (1, 2))
+    both = edit_facts(model, task, [FactEdit(2, 2, edit.answer, "both", 2)], CONTEXTS, tries=1, value="optimise")
+    assert once.boosts == (1.0,) and twice.boosts == (2.0,) and both.boosts == (1.0,)
+    head = once.deltas["blocks.0.attn.W_O"]  # [head, d_head, d_model], head 2's alone
+    assert float(head[2].norm()) > 0.1 and torch.count_nonzero(head[[0, 1, 3]]) == 0
+    assert torch.allclose(twice.deltas["blocks.0.attn.W_O"], 2 * head, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(both.deltas["blocks.0.attn.W_O"], head / 2, rtol=1e-5, atol=1e-7)
+    assert set(both.deltas) == {"blocks.0.attn.W_O", "blocks.0.mlp.W_out"}
+
+
+def test_a_write_at_the_subject_s_position_optimises_its_value_there(mixed):
+    """Fact 5:0 of the two-layer mixed construction, enriched at the subject by block 0's MLP and
+    carried to the last position by block 1's heads: v* optimised where the key is read (the
+    subject's position) wins all 4 contexts at the first try, 4.5 logits clear, and keeps every
+    other fact; optimised at the last position instead (where nothing of block 0's write at the
+    subject lands) the same write misses every context by about 10 logits."""
+    from tests.test_editing_depth import PLAN, TASK, other_answer
+
+    model, (s, r) = mixed, (5, 0)
+    assert PLAN[s][r] == "enriched"
+    edited = edit_facts(model, TASK, [FactEdit(s, r, other_answer(s, r), "mlp", position="subject")], contexts=4,
+                        tries=1, value="optimise")
+    table, spec = edit_effects(model, edited.model, TASK, [(s, r, edited.old_answers[0], other_answer(s, r))],
+                               contexts=4)
+    assert edited.edits[0].layer == 0 and table["efficacy"][0] == 1.0 and table["new_margin"][0] > 2.0
+    assert spec["all"]["share"] == 1.0
