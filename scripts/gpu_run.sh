@@ -192,8 +192,11 @@ fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); gpu=${gpu:-cpu}
 
 # --------------------------------------------------------------------------- the steps
+# torch's version read from its version file, not imported (seconds of CPU; the tests step imports it)
 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
-  2>/dev/null || echo 'no GPU (nvidia-smi absent)'; $python -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'"
+  2>/dev/null || echo 'no GPU (nvidia-smi absent)'; $python -c 'import importlib.util as u, runpy; \
+v = runpy.run_path(u.find_spec(\"torch\").submodule_search_locations[0] + \"/version.py\"); \
+print(\"torch\", v[\"__version__\"], \"cuda\", v[\"cuda\"])'"
 
 # the CUDA tests: in full where the code a GPU runs changed since they last passed in full
 code=$(records hash tests)
@@ -263,7 +266,7 @@ packer() {  # pack every pack_every seconds until sent TERM, which waits for an 
 }
 # piece NAME FOLDER "SHAPES" "FLAGS": every shape searched with FLAGS into FOLDER (a step
 # fig4_left_NAME: done once it finished, resumed from its cells by the next call when cut),
-# then its tables (the transformer CLI's, --recorded-only) and the combined ones in the
+# then its tables (the transformer CLI's, --recorded-only) and the combined ones (--combine) in the
 # `after_piece` seconds kept for them. False, with
 # nothing started, when an earlier call finished it or too little time is left.
 after_piece=$([ $dry = 1 ] && echo 10 || echo 30)
@@ -281,8 +284,7 @@ piece() {
     bash -c "printf '%s\n' $shapes | xargs -P $jobs -I{} bash -c 'fig4_search $work/fig4_left_$name.flags {}'" || rc=$?
   kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
   within "$python" -m analyses.capacity transformer "${shape_flags[@]}" $flags --out "$dir" "${device[@]}" \
-    --recorded-only >"$work/fig4_left_$name.tables.txt" 2>&1 \
-    && within "$python" -m analyses.capacity.protocol combine $dry_flag >>"$work/fig4_left_$name.tables.txt" 2>&1 \
+    --recorded-only --combine "$res" >"$work/fig4_left_$name.tables.txt" 2>&1 \
     && log "fig4_left_$name: $(ls "$dir/cells" 2>/dev/null | wc -l) probes recorded in $dir;\
 $(grep '^  shape' "$work/fig4_left_$name.tables.txt" | tr -s ' ' | tr '\n' ';')" \
     && [ $rc = 0 ] && finished "fig4_left_$name"  # done with its tables

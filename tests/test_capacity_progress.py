@@ -6,6 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from analyses.capacity.plan import default_oracle, plan
@@ -132,3 +133,19 @@ def test_the_combined_table_takes_an_imported_size_only_where_no_piece_searched_
                                                   '"1,1,8",128,77,5929,98304,0.060\n')
     assert sorted(zip(write_combined(results)["piece"], write_combined(results)["S_star"])) == [("d128", 77),
                                                                                                 ("d90", 60)]
+
+
+def test_a_piece_s_tables_with_combine_also_write_every_piece_s_sizes(results, capsys):
+    """scripts/gpu_run.sh's one process a piece: the piece's tables (--recorded-only), then with
+    --combine RESULTS the combined table and figure of every piece so far."""
+    folder = protocol_folder(results)
+    (folder / "d181").mkdir(parents=True)
+    (folder / "d181" / "capacity.csv").write_text('shape,d,S_star,facts,parameters,facts_per_parameter\n'
+                                                  '"1,1,8",181,90,8100,196542,0.041\n')
+    code, out, _ = _cli([*piece("d90").argv(results, "cpu"), "--recorded-only", "--quiet"], capsys)
+    assert code == 0 and "(0 new training runs)" in out and not (folder / "fig4_left.csv").exists()
+    code, out, _ = _cli([*piece("d128").argv(results, "cpu"), "--recorded-only", "--quiet", "--combine", str(results)],
+                        capsys)
+    assert code == 0 and "(0 new training runs)" in out and (folder / "fig4_left.png").is_file()
+    table = pd.read_csv(folder / "fig4_left.csv")
+    assert sorted(zip(table["piece"], table["d"])) == [("d181", 181), (f"{IMPORTED}h100_d128", 128)]

@@ -34,7 +34,7 @@ def cli(*args, **kw):
 
 @pytest.mark.parametrize("sampler", ["generator", "counter"])
 def test_resume_from_a_middle_state_equals_the_uninterrupted_run(tmp_path, sampler):
-    run = quick(preset("tiny"), steps=120, target_accuracy=2.0, snapshots_per_octave=4, lr=(1e-2, 3e-3),
+    run = quick(preset("tiny"), steps=120, target_accuracy=2.0, snapshots_per_octave=4, lr=(1e-2, 3e-3), batch_size=256,
                 seed=(0, 1), sampler=sampler)
     full = train(run, progress=False, state_folder=tmp_path / "full")
     steps = complete_steps(tmp_path / "full")

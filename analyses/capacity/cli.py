@@ -54,6 +54,10 @@ def parser():
     cli.add_seed(t, "initialisation and data")
     cli.add_settings(t, TransformerSweep, "the transformers", exclude=("shapes", "seed"))
     cli.add_recorded_only(t)
+    t.add_argument("--combine", type=Path, metavar="RESULTS", default=None,
+                   help="then every Figure 4 left protocol piece's sizes so far under RESULTS (results/, or "
+                        "results/dry_run/) in one table and figure, as `python -m analyses.capacity.protocol "
+                        "combine` writes them (scripts/gpu_run.sh: a piece's tables and the combined ones at once)")
     n = sub.add_parser("plan", help="the model-steps and time a transformer sweep would spend, today's rules against "
                                      "the new ones, from recorded results standing in for the training")
     n.add_argument("--shape", dest="shapes", type=_shape, action="append", help="as for transformer")
@@ -128,6 +132,10 @@ def main(argv=None) -> int:
         result = transformer_tables(rows, sweep, pd.DataFrame(cells.rows()), cells.computed)
         write_transformer(result, sweep, args.out)
         print(transformer_text(result) + f"\nwrote {args.out}/ ({cells.computed} new training runs)")
+        if args.combine is not None:
+            from analyses.capacity.protocol import write_combined
+
+            write_combined(args.combine)
     return 0
 
 

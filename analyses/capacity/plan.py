@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,7 @@ class Oracle:
     recorded probes spent."""
 
     folders: tuple[Path, ...]
+    _matching: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # sweep -> [Cells]
 
     def __post_init__(self):
         tables = [pd.read_csv(f / "capacity.csv") for f in self.folders if (f / "capacity.csv").is_file()]
@@ -103,13 +104,21 @@ class Oracle:
     def recorded(self, sweep: TransformerSweep, key: str) -> dict | None:
         """The row of `key` in a recorded sweep that trained what `sweep` trains (the sampler
         and the stopping rule aside)."""
-        mine = {k: v for k, v in today(sweep).recorded().items() if k != "sampler"}
-        for folder, settings in self.settings.items():
-            if {k: v for k, v in settings.items() if k not in ("sampler", "torch_threads")} == mine:
-                row = Cells(folder, settings).recorded(key)
-                if row is not None:
-                    return row
+        for cells in self.matching(sweep):
+            row = cells.recorded(key)
+            if row is not None:
+                return row
         return None
+
+    def matching(self, sweep: TransformerSweep) -> list[Cells]:
+        """The recorded sweeps that trained what `sweep` trains, found once a sweep (a plan asks
+        for thousands of probes)."""
+        if sweep not in self._matching:
+            mine = {k: v for k, v in today(sweep).recorded().items() if k != "sampler"}
+            self._matching[sweep] = [Cells(folder, settings) for folder, settings in self.settings.items()
+                                     if {k: v for k, v in settings.items() if k not in ("sampler", "torch_threads")}
+                                     == mine]
+        return self._matching[sweep]
 
 
 def parameters(sweep: TransformerSweep, shape: tuple, d: int) -> int:

@@ -38,12 +38,19 @@ class _Own(Oracle):
     imported: frozenset = frozenset()  # (shape, d) whose S* a GPU record gives (protocol.IMPORTED folders)
 
     def own_row(self, sweep, key: str) -> dict | None:
-        if self.own is None or not (self.own / "cells").is_dir():
-            return None
-        try:
-            return Cells(self.own, sweep.recorded()).recorded(key)
-        except ValueError:  # the folder holds another sweep: nothing of this piece is recorded
-            return None
+        cells = self.own_cells(sweep)
+        return None if cells is None else cells.recorded(key)
+
+    def own_cells(self, sweep) -> Cells | None:
+        """The piece's recorded cells (None where it has none), read once a piece and sweep."""
+        if getattr(self, "_own", None) is None or self._own[:2] != (self.own, sweep):
+            try:
+                cells = Cells(self.own, sweep.recorded()) \
+                    if self.own is not None and (self.own / "cells").is_dir() else None
+            except ValueError:  # the folder holds another sweep: nothing of this piece is recorded
+                cells = None
+            self._own = (self.own, sweep, cells)
+        return self._own[2]
 
     def recorded(self, sweep, key: str) -> dict | None:
         row = self.own_row(sweep, key)
