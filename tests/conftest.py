@@ -5,6 +5,7 @@ import importlib.util
 import os
 import platform
 import resource
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -100,6 +101,12 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("triton"):
         require_triton(mark.kwargs["device"])
+
+
+def as_from_a_terminal() -> None:
+    """A child's Ctrl-C as a terminal gives it (a Popen preexec_fn): SIGINT's default action,
+    also where the suite itself runs in the background, whose shell starts it with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def quick(run: RunConfig, **train_overrides) -> RunConfig:

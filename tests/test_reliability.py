@@ -22,7 +22,7 @@ from models.checkpoint import CheckpointError
 from models.recall.presets import preset
 from models.recall.trainer import train
 from models.training.train_state import complete_steps, load_state
-from tests.conftest import quick
+from tests.conftest import as_from_a_terminal, quick
 
 DENSE = ["--steps", "600", "--target-accuracy", "2", "--snapshots-per-octave", "8", "--eval-every", "10", "--quiet"]
 
@@ -190,7 +190,7 @@ def _sigkill_then_resume(tmp_path: Path, cli) -> None:
 @pytest.mark.slow
 def test_ctrl_c_names_the_saved_step_and_the_resume_command(tmp_path):
     ckpt = tmp_path / "run"
-    proc = cli("--out", str(ckpt), *DENSE[2:], "--steps", "200")
+    proc = cli("--out", str(ckpt), *DENSE[2:], "--steps", "200", preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while not complete_steps(ckpt / "train_state") and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -21,6 +21,7 @@ import torch
 from analyses.sweeps.cells import Cell, Cells, one, run_jobs
 from analyses.sweeps.search import bisection, largest_passing, search
 from models.text import count
+from tests.conftest import as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -438,7 +439,8 @@ def test_ctrl_c_of_a_processes_sweep_says_how_to_resume_in_one_line(tmp_path):
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "analyses.capacity", "memory", "--d", "8,16", "--seeds", "0,1",
                              "--steps", "4000", "--executor", "processes", "--jobs", "2", "--quiet", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while sum("spawn_main" in c for c in _group(proc.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # the two workers started (spawned: importing, then computing)
