@@ -33,7 +33,7 @@ from models.out_folder import FORCE_HELP, prepare_out
 from models.section import one_layer
 from probe import columns, edit_keys
 from probe.edit_effects import edit_effects
-from probe.edit_values import VALUES, found_by, recorded_settings
+from probe.edit_values import VALUE_HELP, VALUES, found_by, recorded_settings
 from probe.editing import POSITIONS, FactEdit, carrying_head, checked_edits, edit_facts, held
 from probe.prompts import fact_batch
 from tasks.factual_recall import FactualRecallTask
@@ -51,12 +51,7 @@ class EditSettings:
     form: str = field(default="exact", metadata={"help": "several facts at once: exact (each key mapped to its "
                                                          "value) | memit (MEMIT's (C + K K^T)^-1 form)",
                                                  "choices": ("exact", "memit")})
-    value: str = field(default="auto", metadata={"help": "each write's value: auto (closed where it is exact: "
-                                                         "the last block's write at the last position with d_model >= "
-                                                         "the answers' count; optimise elsewhere) | closed (the margin "
-                                                         "through the unembedding or the later blocks, to first order) "
-                                                         "| optimise (ROME's v*)",
-                                                   "choices": VALUES})
+    value: str = field(default="auto", metadata={"help": VALUE_HELP, "choices": VALUES})
 
     def __post_init__(self):
         cli.at_least(self, contexts=1)

@@ -35,7 +35,7 @@ from models import load
 from models.out_folder import claim
 from probe import columns, edit_keys
 from probe.contexts import per_fact
-from probe.edit_values import VALUES, recorded_settings
+from probe.edit_values import VALUE_HELP, VALUES, recorded_settings
 from probe.editing import FactEdit, carrying_head
 from probe.hooks import has_mlp, hooked_last_logits, model_device
 from probe.prompts import fact_batch
@@ -58,12 +58,7 @@ class StudySettings:
     contexts: int = field(default=8, metadata={"help": "noise contexts per fact for the keys (and, held out, "
                                                        "for the measurements)"})
     margin: float = field(default=2.0, metadata={"help": "logits by which the new answer should win"})
-    value: str = field(default="auto", metadata={"help": "each write's value: auto (closed where it is exact: "
-                                                         "the last block's write at the last position with d_model >= "
-                                                         "the answers' count; optimise elsewhere) | closed (the margin "
-                                                         "through the unembedding or the later blocks, to first order) "
-                                                         "| optimise (ROME's v*)",
-                                                   "choices": VALUES})
+    value: str = field(default="auto", metadata={"help": VALUE_HELP, "choices": VALUES})
 
     def __post_init__(self):
         cli.at_least(self, per_label=1, draws=1, contexts=1)

@@ -25,6 +25,9 @@ WEIGHT_DECAY = 0.5  # v_weight_decay
 CLAMP = 4.0  # clamp_norm_factor
 STOP = 0.05  # the loss under which ROME stops
 VALUES = ("auto", "closed", "optimise")  # how the editor finds a write's value (probe/editing.py)
+VALUE_HELP = ("each write's value: auto (the closed form where it, doubled, makes the new answer win; ROME's v* "
+              "for the facts where it does not) | closed (the margin through the unembedding or the later blocks, to "
+              "first order) | optimise (ROME's v*)")
 
 
 def output_hook(store: str, layer: int) -> str:

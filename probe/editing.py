@@ -250,24 +250,27 @@ def _store_write(model, task, edits, batch, contexts, store, head, layer, positi
                 f"fact {e.subject}:{e.relation} has no key at {where}: its norm {norm:.3g} is under "
                 f"{edit_keys.KEY_FLOOR:g} of the keys' typical norm {typical:.3g} (root mean square over the task's "
                 "prompts), so a write there cannot reach it; write it at another store.")
+    T = batch.tokens.shape[1]
+    key_at = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, T - 1)  # [F_all * contexts]
     values = torch.zeros(len(edits), model.cfg.d_model, dtype=k_star.dtype, device=k_star.device)  # [n, d_model]
     closed = ~optimise  # [n], on the CPU as margins
     if closed.any():
         values[closed.to(values.device)] = _closed_values(
-            model, task, [e for e, c in zip(edits, closed.tolist()) if c], batch, contexts, store, layer, at,
+            model, task, [e for e, c in zip(edits, closed.tolist()) if c], batch, contexts, store, layer, at, key_at,
             rows[closed.to(rows.device)], margins[closed]).to(values)
     if optimise.any():
         if state not in found:  # ROME's v* on the model this write is keyed on: the same on every try
             found[state] = _optimised(model, task, [e for e, o in zip(edits, optimise.tolist()) if o], batch, contexts,
-                                      store, head, layer, at, rows[optimise.to(rows.device)])
+                                      store, head, layer, key_at, rows[optimise.to(rows.device)])
         values[optimise.to(values.device)] = (found[state] * (margins[optimise] / margin)[:, None].to(found[state])
                                               ).to(values)
     return edit_keys.write(C, k_star, values, form)
 
 
-def _closed_values(model, task, edits, batch, contexts, store, layer, at, rows, margins) -> torch.Tensor:
+def _closed_values(model, task, edits, batch, contexts, store, layer, at, where, rows, margins) -> torch.Tensor:
     """The closed form's value [n, d_model] of each edit: the least change of the store's output
-    that moves the logits by the margin asked, through W_U or the later blocks' first-order map."""
+    that moves the logits by the margin asked, through W_U or the later blocks' first-order map
+    (`where` [F_all * contexts]: the key's position in each prompt)."""
     logits = _fact_logits(model, task, edits, contexts, tokens=batch.tokens)  # [n, contexts, O]
     old = torch.tensor([int(task.facts[e.subject, e.relation]) for e in edits], device=rows.device)
     new = torch.tensor([e.answer for e in edits], device=rows.device)
@@ -276,18 +279,15 @@ def _closed_values(model, task, edits, batch, contexts, store, layer, at, rows, 
     if at is None and layer == model.cfg.n_layers - 1:  # the last block's write at the last position
         return edit_keys.residual_change(model.W_U.detach().float(), change)  # [n, d_model] through W_U
     # a block below the last, or the subject's position: through the later blocks, to first order
-    where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, batch.tokens.shape[1] - 1)
     prompts = (rows[:, None] * contexts + torch.arange(contexts, device=rows.device))  # [n, contexts]
     return torch.cat([edit_keys.residual_change(
         edit_keys.output_map(model, batch.tokens[p], layer, where[p], store), change[i:i + 1])
         for i, p in enumerate(prompts)])  # [n, d_model]
 
 
-def _optimised(model, task, edits, batch, contexts, store, head, layer, at, rows) -> torch.Tensor:
+def _optimised(model, task, edits, batch, contexts, store, head, layer, where, rows) -> torch.Tensor:
     """ROME's v* [n, d_model] of each edit (probe/edit_values.py): delta at the key's position
-    of the fact's prompts and, for the KL term, of the same subject's other facts' prompts."""
-    T = batch.tokens.shape[1]
-    where = batch.subject_pos if at is not None else torch.full_like(batch.subject_pos, T - 1)  # [F_all * contexts]
+    (`where`) of the fact's prompts and, for the KL term, of the same subject's other facts' prompts."""
     out = []
     for e, row in zip(edits, rows.tolist()):
         fact = torch.arange(row * contexts, (row + 1) * contexts, device=where.device)  # [contexts]

@@ -26,7 +26,7 @@ from models.out_folder import claim, only
 from probe import edit_keys
 from probe.edit_effects import edit_effects
 from probe.edit_stores import name, stores
-from probe.edit_values import VALUES, found_by
+from probe.edit_values import VALUE_HELP, VALUES, found_by
 from probe.editing import FactEdit, carrying_head, edit_facts, held
 from probe.prompts import fact_batch
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--contexts", type=int, default=8)
     p.add_argument("--margin", type=float, default=2.0)
-    p.add_argument("--value", choices=VALUES, default="auto", help="each write's value (probe/editing.py)")
+    p.add_argument("--value", choices=VALUES, default="auto", help=VALUE_HELP)
     args = p.parse_args(argv)
     try:  # the one --out rule: a folder of its own (a run per margin), refused before any edit
         claim(args.out, only("edits_margin*.csv", "table_margin*.md"), ckpt=args.ckpt)
