@@ -26,6 +26,7 @@ import torch
 
 from models import load
 from models.checkpoint import atomic_write
+from models.out_folder import refuse_inside_checkpoint
 from probe import edit_keys, edit_values
 from probe.edit_effects import HELD_OUT
 from probe.prompts import fact_batch
@@ -114,6 +115,11 @@ def main(argv=None) -> int:
         return 2
     if args.out.exists():
         print(f"error: --out {args.out} exists; give a new file (nothing is written over)", file=sys.stderr)
+        return 2
+    try:  # a file is the checkpoint's own result only in its analysis/
+        refuse_inside_checkpoint(args.out, ckpt=args.ckpt)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     edit_values.CLAMP, edit_values.STEPS, edit_values.WEIGHT_DECAY = args.clamp, args.steps, args.weight_decay
     try:

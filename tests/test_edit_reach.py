@@ -74,3 +74,11 @@ def test_a_file_already_at_out_is_kept(reach, tmp_path, capsys):
     out.write_text("mine")
     assert reach.main([str(tmp_path / "missing"), str(study), "--out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err and out.read_text() == "mine"
+
+
+@pytest.mark.slow  # builds the construction's checkpoint
+def test_a_file_inside_the_checkpoint_but_outside_its_analysis_is_refused(reach, mixed, capsys):
+    ckpt, study = mixed
+    out = ckpt / "reach.csv"
+    assert reach.main([str(ckpt), str(study), "--out", str(out)]) == 2
+    assert "inside the checkpoint" in capsys.readouterr().err and not out.exists()
