@@ -265,3 +265,14 @@ def test_a_folder_of_a_user_s_files_is_not_written_into(checkpoints, tmp_path, c
     assert code == 2 and err.strip() == (f"error: {tmp_path} holds files that are not edit_facts results (notes.txt), "
                                          "which edit_facts does not write over; move them, or choose another --out.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("value, column", [("closed", None), ("optimise", "optimised")])
+def test_edits_csv_says_each_edit_s_value_unless_the_run_is_the_closed_form_s(checkpoints, tmp_path, capsys, value,
+                                                                              column):
+    code, _, err = run_main(main, [checkpoints["attention"], "--fact", "3:1", "--to", "R1:a0", "--at", "ov",
+                                   "--head", "0", "--value", value, "--contexts", "2", "--out", tmp_path, *QUIET],
+                            capsys)
+    assert code == 0, err
+    edits = pd.read_csv(tmp_path / "edits.csv")
+    assert (edits["value"].tolist() if "value" in edits else None) == (None if column is None else [column])

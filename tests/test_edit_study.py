@@ -535,3 +535,21 @@ def test_a_checkpoint_of_another_task_is_refused_in_one_line(theorem4, tmp_path,
     assert code == 2 and err == (f"error: {other / 'config.json'}: task kind 'induction' is not a factual-recall task; "
                                  "this tool reads factual_recall checkpoints only.\n"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
+@pytest.mark.parametrize("value", ["closed", "optimise"])
+def test_each_edit_s_value_is_recorded_unless_the_run_is_the_closed_form_s(theorem4, tmp_path, capsys, value):
+    """`--value optimise`: every edit's value is ROME's v* (study.csv's `value`, mass.csv's
+    `optimised` = the batch's facts); `--value closed`: neither column, the files as before."""
+    argv = [theorem4, "--per-label", "1", "--sizes", "2", "--draws", "1", "--contexts", "2", "--value", value,
+            "--out", tmp_path, "--quiet", "--device", "cpu"]
+    code, _, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    study, mass = pd.read_csv(tmp_path / "study.csv"), pd.read_csv(tmp_path / "mass.csv")
+    if value == "closed":
+        assert "value" not in study and "optimised" not in mass
+    else:
+        made = study["refused"].isna()  # a write refused (no key) has no value
+        assert made.sum() >= 2 and (study.loc[made, "value"] == "optimised").all()
+        assert study.loc[~made, "value"].isna().all()
+        assert (mass["optimised"] == mass["facts_edited"]).all()
